@@ -1,0 +1,326 @@
+"""The one module that owns the compiled C core (``dataplane._ethp``).
+
+Everything else in the package goes through the typed wrappers here; nobody
+else imports the raw ``lib``.  Import checks that the compiled core matches
+the header this Python code was written against.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass, field
+
+try:
+    from dataplane._ethp import ffi, lib
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "the ethplus C core is not built: run `pip install -e .` in the checkout"
+    ) from exc
+
+ABI_VERSION = 1
+
+if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
+    raise ImportError(
+        f"ethplus C core ABI {lib.ethp_abi_version()} != expected {ABI_VERSION}: "
+        "the extension is stale, rerun `pip install -e .`"
+    )
+
+ETH_HDR_BYTES = lib.ETHP_ETH_HDR_BYTES
+IPV4_HDR_BYTES = lib.ETHP_IPV4_HDR_BYTES
+UDP_HDR_BYTES = lib.ETHP_UDP_HDR_BYTES
+ETHP_HDR_BYTES = lib.ETHP_HDR_BYTES
+MAX_FRAME_BYTES = lib.ETHP_MAX_FRAME_BYTES
+UDP_PORT = lib.ETHP_UDP_PORT
+ETHERTYPE_COMPACT = lib.ETHP_ETHERTYPE_COMPACT
+
+OPCODES = {"data": lib.ETHP_OP_DATA, "ack": lib.ETHP_OP_ACK, "nack": lib.ETHP_OP_NACK}
+FLAGS = {
+    "trimmed": lib.ETHP_F_TRIMMED,
+    "last": lib.ETHP_F_LAST,
+    "ecn_echo": lib.ETHP_F_ECN_ECHO,
+    "trimmable": lib.ETHP_F_TRIMMABLE,
+    "retx": lib.ETHP_F_RETX,
+}
+KINDS = {
+    lib.ETHP_KIND_OTHER: "other",
+    lib.ETHP_KIND_IPV4: "ipv4",
+    lib.ETHP_KIND_ETHP_UDP: "ethp-udp",
+    lib.ETHP_KIND_ETHP_COMPACT: "ethp-compact",
+    lib.ETHP_KIND_MACCTL: "macctl",
+}
+PARSE_ERRORS = {
+    lib.ETHP_ERR_TRUNCATED: "truncated",
+    lib.ETHP_ERR_OVERSIZE: "oversize",
+    lib.ETHP_ERR_CSUM: "bad IPv4 checksum",
+    lib.ETHP_ERR_IPV4: "bad IPv4 header",
+    lib.ETHP_ERR_VERSION: "unknown ETH+ version",
+    lib.ETHP_ERR_NOSPACE: "buffer too small",
+    lib.ETHP_ERR_ARG: "invalid argument",
+}
+
+PORT_COUNTERS: tuple[str, ...] = tuple(
+    ffi.string(lib.ethp_port_counter_name(i)).decode() for i in range(lib.ethp_port_counter_count())
+)
+
+
+class WireError(ValueError):
+    """A frame could not be built or parsed; .code is the C error."""
+
+    def __init__(self, code: int):
+        self.code = code
+        super().__init__(PARSE_ERRORS.get(code, f"error {code}"))
+
+
+def _oserror(rc: int, what: str) -> OSError:
+    return OSError(-rc, f"{what}: {os.strerror(-rc)}")
+
+
+# ---------------------------------------------------------------- wire
+
+
+@dataclass
+class Addr:
+    """Ethernet and IPv4/UDP addressing of a frame (host byte order)."""
+
+    dst_mac: bytes = b"\x02\x00\x00\x00\x00\x02"
+    src_mac: bytes = b"\x02\x00\x00\x00\x00\x01"
+    src_ip: int = 0
+    dst_ip: int = 0
+    src_port: int = 0
+    dst_port: int = UDP_PORT
+    tos: int = 0
+    ttl: int = 64
+    ip_id: int = 0
+
+
+@dataclass
+class Header:
+    """Fields of an ETH+ header (host byte order)."""
+
+    opcode: int = lib.ETHP_OP_DATA
+    flags: int = 0
+    entropy: int = 0
+    src_ep: int = 0
+    dst_ep: int = 0
+    msg_id: int = 0
+    psn: int = 0
+    offset_bytes: int = 0
+    tag: int = 0
+    len_bytes: int = 0
+    tos: int = 0
+    hops: int = 0
+    ts_ns: int = 0
+
+
+@dataclass
+class Parsed:
+    kind: str
+    ethertype: int
+    addr: Addr
+    ecn: int
+    ip_proto: int
+    payload: bytes
+    header: Header | None = None
+    offsets: dict[str, int] = field(default_factory=dict)
+
+
+_ADDR_FIELDS = ("src_ip", "dst_ip", "src_port", "dst_port", "tos", "ttl", "ip_id")
+_HDR_FIELDS = tuple(Header.__dataclass_fields__)
+
+
+def _c_addr(a: Addr):
+    c = ffi.new("struct ethp_l2l3 *")
+    ffi.memmove(c.dst_mac, a.dst_mac, 6)
+    ffi.memmove(c.src_mac, a.src_mac, 6)
+    for name in _ADDR_FIELDS:
+        setattr(c, name, getattr(a, name))
+    return c
+
+
+def _c_hdr(h: Header):
+    c = ffi.new("struct ethp_hdr_fields *")
+    for name in _HDR_FIELDS:
+        setattr(c, name, getattr(h, name))
+    return c
+
+
+def build_frame(addr: Addr, hdr: Header, payload: bytes = b"", compact: bool = False) -> bytes:
+    """Build one ETH+ frame (IPv4/UDP, or the compact EtherType form)."""
+    out = ffi.new("uint8_t[]", MAX_FRAME_BYTES + 64)
+    build = lib.ethp_build_compact if compact else lib.ethp_build_udp
+    src = ffi.from_buffer(payload) if payload else ffi.NULL
+    n = build(out, len(out), _c_addr(addr), _c_hdr(hdr), src, len(payload))
+    if n < 0:
+        raise WireError(n)
+    return bytes(ffi.buffer(out, n))
+
+
+def parse_frame(frame: bytes) -> Parsed:
+    """Parse a frame; raises WireError for malformed ones."""
+    p = ffi.new("struct ethp_parsed *")
+    rc = lib.ethp_parse(ffi.from_buffer(frame), len(frame), p)
+    if rc < 0:
+        raise WireError(rc)
+    a = p.addr
+    addr = Addr(
+        dst_mac=bytes(a.dst_mac),
+        src_mac=bytes(a.src_mac),
+        **{name: getattr(a, name) for name in _ADDR_FIELDS},
+    )
+    header = None
+    if rc in (lib.ETHP_KIND_ETHP_UDP, lib.ETHP_KIND_ETHP_COMPACT):
+        header = Header(**{name: getattr(p.hdr, name) for name in _HDR_FIELDS})
+    off = p.payload_off
+    return Parsed(
+        kind=KINDS[rc],
+        ethertype=p.ethertype,
+        addr=addr,
+        ecn=p.ecn,
+        ip_proto=p.ip_proto,
+        payload=bytes(frame[off : off + p.payload_bytes]),
+        header=header,
+        offsets={"l3": p.l3_off, "l4": p.l4_off, "hdr": p.hdr_off, "payload": off},
+    )
+
+
+def inet_csum(data: bytes) -> int:
+    """RFC 1071 checksum, as the 16-bit value stored big-endian in a header."""
+    v = lib.ethp_inet_csum(ffi.from_buffer(data), len(data))
+    return int.from_bytes(v.to_bytes(2, "little"), "big")
+
+
+def wire_bytes(frame_bytes: int) -> int:
+    """Bytes a frame occupies on the wire (FCS, preamble, gap, minimum size)."""
+    return lib.ethp_wire_bytes(frame_bytes)
+
+
+# ---------------------------------------------------------------- pool
+
+
+class Pool:
+    """A fixed set of packet buffers, allocated once."""
+
+    def __init__(self, n_pkts: int, buf_bytes: int = 2048):
+        self._p = lib.ethp_pool_new(n_pkts, buf_bytes)
+        if self._p == ffi.NULL:
+            raise MemoryError(f"cannot allocate a pool of {n_pkts} x {buf_bytes} bytes")
+        self._p = ffi.gc(self._p, lib.ethp_pool_free)
+
+    @property
+    def available(self) -> int:
+        return lib.ethp_pool_available(self._p)
+
+    @property
+    def size(self) -> int:
+        return lib.ethp_pool_size(self._p)
+
+    def get(self, n: int):
+        """Take up to n packets; returns a cffi array of struct ethp_pkt *."""
+        arr = ffi.new("struct ethp_pkt *[]", n)
+        got = lib.ethp_pool_get(self._p, arr, n)
+        return arr, got
+
+    def put(self, pkts, n: int) -> int:
+        return lib.ethp_pool_put(self._p, pkts, n)
+
+
+# ---------------------------------------------------------------- port
+
+
+@dataclass(frozen=True)
+class PortConfig:
+    block_bytes: int = 1 << 16
+    n_blocks: int = 16
+    block_timeout_ms: int = 1
+    sndbuf_bytes: int = 4 << 20
+
+
+class Port:
+    """An AF_PACKET port (TPACKET_V3 RX ring, sendmmsg TX) on one interface."""
+
+    def __init__(self, ifname: str, netns_path: str | None = None, cfg: PortConfig = PortConfig()):
+        c = ffi.new("struct ethp_port_cfg *")
+        c.block_bytes, c.n_blocks = cfg.block_bytes, cfg.n_blocks
+        c.block_timeout_ms, c.sndbuf_bytes = cfg.block_timeout_ms, cfg.sndbuf_bytes
+        err = ffi.new("int *")
+        ns = netns_path.encode() if netns_path else ffi.NULL
+        p = lib.ethp_port_open(ns, ifname.encode(), c, err)
+        if p == ffi.NULL:
+            raise _oserror(err[0], f"cannot open AF_PACKET port on {ifname}")
+        self._p = ffi.gc(p, lib.ethp_port_close)
+        self.ifname = ifname
+
+    def close(self) -> None:
+        if self._p is not None:
+            lib.ethp_port_close(ffi.gc(self._p, None))
+            self._p = None
+
+    def wait(self, timeout_ms: int) -> bool:
+        rc = lib.ethp_port_wait(self._p, timeout_ms)
+        if rc < 0:
+            raise _oserror(rc, f"poll on {self.ifname}")
+        return rc > 0
+
+    def send(self, frames: list[bytes], pool: Pool) -> int:
+        """Copy frames into pool buffers and send them in one burst."""
+        pkts, got = pool.get(len(frames))
+        try:
+            if got < len(frames):
+                raise MemoryError("packet pool exhausted")
+            for i, f in enumerate(frames):
+                if len(f) > pkts[i].cap:
+                    raise WireError(lib.ETHP_ERR_OVERSIZE)
+                ffi.memmove(pkts[i].data, f, len(f))
+                pkts[i].len = len(f)
+            return lib.ethp_port_tx_burst(self._p, pkts, got)
+        finally:
+            pool.put(pkts, got)
+
+    def recv(self, pool: Pool, n: int = 64) -> list[bytes]:
+        """Receive up to n frames that are ready now."""
+        pkts = ffi.new("struct ethp_pkt *[]", n)
+        got = lib.ethp_port_rx_burst(self._p, pool._p, pkts, n)
+        frames = [bytes(ffi.buffer(pkts[i].data, pkts[i].len)) for i in range(got)]
+        pool.put(pkts, got)
+        return frames
+
+    def counters(self) -> dict[str, int]:
+        out = ffi.new("uint64_t[]", len(PORT_COUNTERS))
+        lib.ethp_port_counters(self._p, out)
+        return dict(zip(PORT_COUNTERS, out, strict=True))
+
+
+# ---------------------------------------------------------------- netns
+
+
+def netns_rundir_init(rundir: str) -> None:
+    rc = lib.ethp_netns_rundir_init(rundir.encode())
+    if rc < 0:
+        raise _oserror(rc, f"cannot prepare {rundir}")
+
+
+def netns_create(path: str) -> None:
+    rc = lib.ethp_netns_create(path.encode())
+    if rc < 0:
+        raise _oserror(rc, f"cannot create network namespace {path}")
+
+
+def netns_delete(path: str) -> None:
+    rc = lib.ethp_netns_delete(path.encode())
+    if rc < 0 and rc != -errno.ENOENT:
+        raise _oserror(rc, f"cannot delete network namespace {path}")
+
+
+def netns_socket(path: str, domain: int, type_: int, proto: int = 0) -> int:
+    """A socket created inside the namespace at path (fd; caller closes)."""
+    fd = lib.ethp_netns_socket(path.encode(), domain, type_, proto)
+    if fd < 0:
+        raise _oserror(fd, f"cannot open a socket in {path}")
+    return fd
+
+
+def if_offloads_off(sock_fd: int, ifname: str) -> None:
+    rc = lib.ethp_if_offloads_off(sock_fd, ifname.encode())
+    if rc < 0:
+        raise _oserror(rc, f"cannot switch offloads off on {ifname}")

@@ -1,0 +1,76 @@
+/* ethp_int.h - private to the C core: on-wire layouts and small helpers. */
+#ifndef ETHP_INT_H
+#define ETHP_INT_H
+
+#include <assert.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "ethp.h"
+
+#define ETHP_PACKED __attribute__((packed))
+
+/* All multi-byte fields are in network byte order. */
+struct ethp_wire_eth {
+    uint8_t dst[6];
+    uint8_t src[6];
+    uint16_t ethertype;
+} ETHP_PACKED;
+
+struct ethp_wire_ipv4 {
+    uint8_t ver_ihl;
+    uint8_t tos;
+    uint16_t total_len;
+    uint16_t id;
+    uint16_t frag;
+    uint8_t ttl;
+    uint8_t proto;
+    uint16_t csum;
+    uint32_t src;
+    uint32_t dst;
+} ETHP_PACKED;
+
+struct ethp_wire_udp {
+    uint16_t src_port;
+    uint16_t dst_port;
+    uint16_t len;
+    uint16_t csum;
+} ETHP_PACKED;
+
+/* The ETH+ header: docs/wire-format.md documents every byte. */
+struct ethp_wire_hdr {
+    uint8_t ver_op;     /* version << 4 | opcode */
+    uint8_t flags;
+    uint16_t entropy;
+    uint16_t src_ep;
+    uint16_t dst_ep;
+    uint32_t msg_id;
+    uint32_t psn;
+    uint32_t offset;
+    uint32_t tag;
+    uint16_t len;
+    uint8_t tos;
+    uint8_t hops;
+    uint32_t ts_ns;
+} ETHP_PACKED;
+
+static_assert(sizeof(struct ethp_wire_eth) == ETHP_ETH_HDR_BYTES, "eth layout");
+static_assert(sizeof(struct ethp_wire_ipv4) == ETHP_IPV4_HDR_BYTES, "ipv4 layout");
+static_assert(sizeof(struct ethp_wire_udp) == ETHP_UDP_HDR_BYTES, "udp layout");
+static_assert(sizeof(struct ethp_wire_hdr) == ETHP_HDR_BYTES, "eth+ layout");
+static_assert(offsetof(struct ethp_wire_hdr, ts_ns) == 28, "eth+ ts offset");
+
+static inline uint64_t ethp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Enter the network namespace at path on the calling thread (NULL: stay).
+ * *saved receives the fd to go back with; see ethp_netns_leave. */
+int ethp_netns_enter(const char *path, int *saved);
+void ethp_netns_leave(int saved);
+
+#endif

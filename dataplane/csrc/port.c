@@ -1,0 +1,265 @@
+/* port.c - an AF_PACKET port: TPACKET_V3 RX ring, batched TX by sendmmsg. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ethp_int.h"
+
+#define ETHP_TX_BURST_MAX 64
+
+struct ethp_port {
+    int fd;
+    int ifindex;
+    uint8_t *ring;
+    size_t ring_bytes;
+    uint32_t block_bytes;
+    uint32_t n_blocks;
+    uint32_t block;          /* block being read */
+    uint32_t left_in_block;  /* frames not yet read from it */
+    struct tpacket3_hdr *next; /* next frame in it */
+    uint64_t c[ETHP_PORT_NCOUNTERS];
+};
+
+#define ETHP_X_NAME(name, help) #name,
+#define ETHP_X_HELP(name, help) help,
+static const char *const counter_names[] = {ETHP_PORT_COUNTERS(ETHP_X_NAME)};
+static const char *const counter_help[] = {ETHP_PORT_COUNTERS(ETHP_X_HELP)};
+static_assert(sizeof(counter_names) / sizeof(counter_names[0]) == ETHP_PORT_NCOUNTERS,
+              "one name per counter");
+
+uint32_t ethp_port_counter_count(void) { return ETHP_PORT_NCOUNTERS; }
+const char *ethp_port_counter_name(uint32_t i)
+{
+    return i < ETHP_PORT_NCOUNTERS ? counter_names[i] : NULL;
+}
+const char *ethp_port_counter_help(uint32_t i)
+{
+    return i < ETHP_PORT_NCOUNTERS ? counter_help[i] : NULL;
+}
+
+static int setup_socket(struct ethp_port *p, const char *ifname,
+                        const struct ethp_port_cfg *cfg)
+{
+    /* Protocol 0 until bind: a socket bound to ETH_P_ALL before bind would
+     * see every interface's frames. */
+    p->fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (p->fd < 0)
+        return -errno;
+    p->ifindex = (int)if_nametoindex(ifname);
+    if (!p->ifindex)
+        return -errno;
+    int v3 = TPACKET_V3, one = 1;
+    if (setsockopt(p->fd, SOL_PACKET, PACKET_VERSION, &v3, sizeof(v3)) < 0)
+        return -errno;
+    struct tpacket_req3 req = {
+        .tp_block_size = cfg->block_bytes,
+        .tp_block_nr = cfg->n_blocks,
+        .tp_frame_size = 2048, /* only a hint for V3; frames are packed */
+        .tp_frame_nr = (uint32_t)((uint64_t)cfg->block_bytes * cfg->n_blocks / 2048),
+        .tp_retire_blk_tov = cfg->block_timeout_ms,
+        .tp_sizeof_priv = 0,
+        .tp_feature_req_word = 0,
+    };
+    if (setsockopt(p->fd, SOL_PACKET, PACKET_RX_RING, &req, sizeof(req)) < 0)
+        return -errno;
+    p->block_bytes = cfg->block_bytes;
+    p->n_blocks = cfg->n_blocks;
+    p->ring_bytes = (size_t)cfg->block_bytes * cfg->n_blocks;
+    p->ring = mmap(NULL, p->ring_bytes, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_LOCKED | MAP_POPULATE, p->fd, 0);
+    if (p->ring == MAP_FAILED) {
+        p->ring = NULL;
+        return -errno;
+    }
+    /* A port never wants to read back what it sent itself. */
+    if (setsockopt(p->fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0)
+        return -errno;
+    if (cfg->sndbuf_bytes) {
+        int b = (int)cfg->sndbuf_bytes;
+        if (setsockopt(p->fd, SOL_SOCKET, SO_SNDBUFFORCE, &b, sizeof(b)) < 0)
+            return -errno;
+    }
+    struct sockaddr_ll sll = {
+        .sll_family = AF_PACKET,
+        .sll_protocol = htons(ETH_P_ALL),
+        .sll_ifindex = p->ifindex,
+    };
+    if (bind(p->fd, (struct sockaddr *)&sll, sizeof(sll)) < 0)
+        return -errno;
+    return 0;
+}
+
+static int cfg_valid(const struct ethp_port_cfg *cfg)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uint32_t b = cfg->block_bytes;
+    return b >= (uint32_t)page && (b & (b - 1)) == 0 && cfg->n_blocks > 0 &&
+           b >= ETHP_MAX_FRAME_BYTES + 128;
+}
+
+struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
+                                 const struct ethp_port_cfg *cfg, int *err)
+{
+    if (!cfg_valid(cfg)) {
+        *err = -EINVAL;
+        return NULL;
+    }
+    struct ethp_port *p = calloc(1, sizeof(*p));
+    if (!p) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    p->fd = -1;
+    int saved, rc = ethp_netns_enter(netns_path, &saved);
+    if (!rc) {
+        rc = setup_socket(p, ifname, cfg);
+        ethp_netns_leave(saved);
+    }
+    if (rc) {
+        ethp_port_close(p);
+        *err = rc;
+        return NULL;
+    }
+    *err = 0;
+    return p;
+}
+
+void ethp_port_close(struct ethp_port *p)
+{
+    if (!p)
+        return;
+    if (p->ring)
+        munmap(p->ring, p->ring_bytes);
+    if (p->fd >= 0)
+        close(p->fd);
+    free(p);
+}
+
+int ethp_port_fd(const struct ethp_port *p) { return p->fd; }
+int ethp_port_ifindex(const struct ethp_port *p) { return p->ifindex; }
+
+static struct tpacket_block_desc *block_at(struct ethp_port *p, uint32_t i)
+{
+    return (struct tpacket_block_desc *)(p->ring + (size_t)i * p->block_bytes);
+}
+
+static int block_ready(struct ethp_port *p)
+{
+    struct tpacket_block_desc *b = block_at(p, p->block);
+    return (__atomic_load_n(&b->hdr.bh1.block_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER) != 0;
+}
+
+int ethp_port_wait(struct ethp_port *p, int timeout_ms)
+{
+    if (p->left_in_block || block_ready(p))
+        return 1;
+    struct pollfd pfd = {.fd = p->fd, .events = POLLIN | POLLERR};
+    int n = poll(&pfd, 1, timeout_ms);
+    if (n < 0)
+        return errno == EINTR ? 0 : -errno;
+    return block_ready(p);
+}
+
+static void release_block(struct ethp_port *p)
+{
+    struct tpacket_block_desc *b = block_at(p, p->block);
+    __atomic_store_n(&b->hdr.bh1.block_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+    p->block = (p->block + 1) % p->n_blocks;
+    p->c[ETHP_PC_rx_blocks]++;
+}
+
+uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
+                            struct ethp_pkt **pkts, uint32_t n)
+{
+    uint32_t got = 0;
+    while (got < n) {
+        if (!p->left_in_block) {
+            if (!block_ready(p))
+                break;
+            struct tpacket_block_desc *b = block_at(p, p->block);
+            p->left_in_block = b->hdr.bh1.num_pkts;
+            p->next = (struct tpacket3_hdr *)((uint8_t *)b + b->hdr.bh1.offset_to_first_pkt);
+            if (!p->left_in_block) {
+                release_block(p);
+                continue;
+            }
+        }
+        struct tpacket3_hdr *f = p->next;
+        const uint8_t *data = (const uint8_t *)f + f->tp_mac;
+        uint32_t len = f->tp_snaplen;
+        struct ethp_pkt *k;
+        if (ethp_pool_get(pool, &k, 1) != 1) {
+            p->c[ETHP_PC_rx_no_buf]++;
+        } else if (len > k->cap) {
+            p->c[ETHP_PC_rx_truncated]++;
+            ethp_pool_put(pool, &k, 1);
+        } else {
+            memcpy(k->data, data, len);
+            k->len = len;
+            k->ts_ns = (uint64_t)f->tp_sec * 1000000000ull + f->tp_nsec;
+            pkts[got++] = k;
+            p->c[ETHP_PC_rx_frames]++;
+            p->c[ETHP_PC_rx_bytes] += len;
+        }
+        p->next = (struct tpacket3_hdr *)((uint8_t *)f + f->tp_next_offset);
+        if (--p->left_in_block == 0)
+            release_block(p);
+    }
+    return got;
+}
+
+uint32_t ethp_port_tx_burst(struct ethp_port *p, struct ethp_pkt **pkts, uint32_t n)
+{
+    uint32_t sent = 0;
+    while (sent < n) {
+        struct mmsghdr msgs[ETHP_TX_BURST_MAX];
+        struct iovec iov[ETHP_TX_BURST_MAX];
+        uint32_t m = n - sent < ETHP_TX_BURST_MAX ? n - sent : ETHP_TX_BURST_MAX;
+        memset(msgs, 0, sizeof(msgs[0]) * m);
+        for (uint32_t i = 0; i < m; i++) {
+            iov[i].iov_base = pkts[sent + i]->data;
+            iov[i].iov_len = pkts[sent + i]->len;
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int r = sendmmsg(p->fd, msgs, m, MSG_DONTWAIT);
+        p->c[ETHP_PC_tx_batches]++;
+        if (r < 0) {
+            if (errno == EAGAIN || errno == ENOBUFS) {
+                p->c[ETHP_PC_tx_again] += n - sent;
+                break;
+            }
+            /* Skip the frame the kernel refused (e.g. too long) and go on. */
+            p->c[ETHP_PC_tx_errors]++;
+            sent++;
+            continue;
+        }
+        for (int i = 0; i < r; i++)
+            p->c[ETHP_PC_tx_bytes] += pkts[sent + i]->len;
+        p->c[ETHP_PC_tx_frames] += (uint64_t)r;
+        sent += (uint32_t)r;
+        if ((uint32_t)r < m) {
+            p->c[ETHP_PC_tx_again] += n - sent;
+            break;
+        }
+    }
+    return sent;
+}
+
+void ethp_port_counters(struct ethp_port *p, uint64_t *out)
+{
+    struct tpacket_stats_v3 st;
+    socklen_t sl = sizeof(st);
+    /* The kernel resets its statistics on every read: accumulate them. */
+    if (getsockopt(p->fd, SOL_PACKET, PACKET_STATISTICS, &st, &sl) == 0)
+        p->c[ETHP_PC_rx_ring_drops] += st.tp_drops;
+    memcpy(out, p->c, sizeof(p->c));
+}

@@ -1,0 +1,397 @@
+"""Lab files (TOML): schema, defaults, validation, and the resulting LabSpec.
+
+Every mistake is reported as one line naming the file, the key and what was
+expected, e.g. ``netns-labs/x.toml: topology.planes: expected an integer > 0,
+got -2``.  Nothing is created before a file validates.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dataplane import topology as topo_mod
+from dataplane.topology import LinkParams, Topology, TopologyError
+
+LABS_DIR = Path(__file__).resolve().parent.parent / "netns-labs"
+LAB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
+FAMILIES = ("erack", "upn", "clos", "hpn")
+
+
+class LabFileError(ValueError):
+    """A user mistake in a lab file: one line, naming file, key, expectation."""
+
+    def __init__(self, path: str, key: str, expected: str, got: Any = None, *, detail: str = ""):
+        self.path, self.key = path, key
+        msg = f"{path}: {key}: expected {expected}"
+        if got is not None:
+            msg += f", got {_show(got)}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, list):
+        return "an array"
+    return str(v)
+
+
+# ---------------------------------------------------------------- field kinds
+
+
+@dataclass(frozen=True)
+class Field:
+    expected: str
+    ok: Callable[[Any], bool]
+    default: Any = None
+    help: str = ""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def pos_int(default: Any = None, help: str = "") -> Field:
+    return Field("an integer > 0", lambda v: _is_int(v) and v > 0, default, help)
+
+
+def nonneg_int(default: Any = None, help: str = "") -> Field:
+    return Field("an integer >= 0", lambda v: _is_int(v) and v >= 0, default, help)
+
+
+def pos_num(default: Any = None, help: str = "") -> Field:
+    return Field("a number > 0", lambda v: _is_num(v) and v > 0, default, help)
+
+
+def fraction(default: Any = None, help: str = "") -> Field:
+    return Field("a number in (0, 1]", lambda v: _is_num(v) and 0 < v <= 1, default, help)
+
+
+def int_range(lo: int, hi: int, default: Any = None, help: str = "") -> Field:
+    return Field(
+        f"an integer in [{lo}, {hi}]", lambda v: _is_int(v) and lo <= v <= hi, default, help
+    )
+
+
+def boolean(default: Any = None, help: str = "") -> Field:
+    return Field("true or false", lambda v: isinstance(v, bool), default, help)
+
+
+def one_of(choices: tuple[str, ...], default: Any = None, help: str = "") -> Field:
+    return Field(
+        "one of " + ", ".join(repr(c) for c in choices), lambda v: v in choices, default, help
+    )
+
+
+def text(default: Any = None, help: str = "") -> Field:
+    return Field("a string", lambda v: isinstance(v, str), default, help)
+
+
+def lab_name(default: Any = None) -> Field:
+    return Field(
+        "a name of 1-24 characters from a-z, 0-9 and '-', starting with a letter or digit",
+        lambda v: isinstance(v, str) and bool(LAB_NAME_RE.match(v)),
+        default,
+    )
+
+
+def time_scale(default: Any = "auto") -> Field:
+    return Field(
+        'a number >= 1 or "auto"',
+        lambda v: v == "auto" or (_is_num(v) and v >= 1),
+        default,
+        "real rate = nominal / time_scale; real delay = nominal * time_scale",
+    )
+
+
+# ---------------------------------------------------------------- schema
+
+MTU_MIN, MTU_MAX = 1280, 9216
+
+
+def _link_schema(rate_gbps: float, delay_ns: int, buffer_bytes: int) -> dict[str, Field]:
+    return {
+        "rate_gbps": pos_num(rate_gbps, "nominal link rate"),
+        "delay_ns": nonneg_int(delay_ns, "nominal one-way propagation delay"),
+        "buffer_bytes": pos_int(buffer_bytes, "switch egress buffer per port"),
+        "mtu_bytes": int_range(
+            MTU_MIN, MTU_MAX, 4200, "interface MTU; ETH+ carries 4096 B payload"
+        ),
+    }
+
+
+# Defaults (PROTOCOLS.md, "Defaults"): 400 Gbit/s ports; base RTT 2 us in a
+# rack (4 link traversals -> 500 ns per link), 10 us in a Clos pod (8 -> 1250
+# ns); buffer 4 x BDP without trimming (2-5 x BDP guidance).
+_FAMILY_DEFAULTS = {
+    "erack": {"delay_ns": 500, "rtt_ns": 2000, "planes": 8, "radix": 64},
+    "upn": {"delay_ns": 500, "rtt_ns": 2000, "planes": 4, "radix": 512},
+    "clos": {"delay_ns": 1250, "rtt_ns": 10000, "radix": 64},
+    "hpn": {"delay_ns": 1250, "rtt_ns": 10000, "radix": 128},
+}
+
+
+def _bdp_bytes(family: str, rate_gbps: float = 400) -> int:
+    return int(rate_gbps * _FAMILY_DEFAULTS[family]["rtt_ns"] / 8)
+
+
+def _topology_schema(family: str) -> dict[str, Field]:
+    d = _FAMILY_DEFAULTS[family]
+    radix = pos_int(d["radix"], "ports per switch")
+    if family in ("erack", "upn"):
+        return {
+            "accelerators": pos_int(64 if family == "erack" else 512),
+            "planes": pos_int(d["planes"]),
+            "switch_radix": radix,
+        }
+    if family == "clos":
+        return {
+            "leaves": pos_int(4),
+            "hosts_per_leaf": pos_int(4),
+            "spines": pos_int(4),
+            "oversubscription": pos_num(1.0, "host bandwidth / uplink bandwidth per leaf"),
+            "switch_radix": radix,
+        }
+    return {
+        "hosts": pos_int(2),
+        "accelerators_per_host": pos_int(8),
+        "tors_per_rail": pos_int(1),
+        "spines_per_plane": pos_int(2),
+        "switch_radix": radix,
+    }
+
+
+def _switch_schema(family: str) -> dict[str, Field]:
+    bdp = _bdp_bytes(family)
+    return {
+        "forwarding": one_of(
+            ("ecmp", "spray", "adaptive"),
+            "spray",
+            "ETH+ frames: per-packet by entropy, or least-loaded queue",
+        ),
+        "ecn": boolean(True),
+        "ecn_kmin_bytes": pos_int(bdp // 5, "RED Kmin (0.2 BDP)"),
+        "ecn_kmax_bytes": pos_int(bdp * 4 // 5, "RED Kmax (0.8 BDP)"),
+        "ecn_pmax": fraction(0.2),
+        "trimming": boolean(True),
+        "trim_threshold_bytes": pos_int(bdp, "1 x BDP"),
+        "lossless": boolean(False, "PFC on every switch port"),
+        "pfc_xoff_bytes": pos_int(bdp * 2),
+        "pfc_xon_bytes": pos_int(bdp),
+    }
+
+
+_NIC_SCHEMA = {
+    "encapsulation": one_of(
+        ("udp", "compact"), "udp", "ETH+ over IPv4/UDP, or the compact EtherType form"
+    ),
+}
+
+
+def _schema(family: str) -> dict[str, dict[str, Field]]:
+    bdp = _bdp_bytes(family)
+    d = _FAMILY_DEFAULTS[family]
+    s = {
+        "lab": {
+            "family": one_of(FAMILIES),
+            "name": lab_name(),
+            "description": text(""),
+            "time_scale": time_scale(),
+        },
+        "topology": _topology_schema(family),
+        "link": _link_schema(400, d["delay_ns"], 4 * bdp),
+        "switch": _switch_schema(family),
+        "nic": _NIC_SCHEMA,
+    }
+    if family in ("clos", "hpn"):
+        s["fabric_link"] = _link_schema(400, d["delay_ns"], 4 * bdp)
+    return s
+
+
+# ---------------------------------------------------------------- the spec
+
+
+@dataclass
+class LabSpec:
+    path: str
+    name: str
+    family: str
+    description: str
+    time_scale_raw: Any
+    time_scale: float
+    topology: Topology
+    switch: dict[str, Any] = field(default_factory=dict)
+    nic: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "file": self.path,
+            "family": self.family,
+            "description": self.description,
+            "time_scale": self.time_scale,
+            "time_scale_setting": self.time_scale_raw,
+            "switch": self.switch,
+            "nic": self.nic,
+            "settings": self.sections,
+            "topology": self.topology.to_dict(),
+        }
+
+
+def resolve_path(file_or_name: str) -> Path:
+    """A lab file path, or the name of one in netns-labs/ (with or without .toml)."""
+    p = Path(file_or_name)
+    if p.exists():
+        return p
+    for cand in (LABS_DIR / file_or_name, LABS_DIR / f"{file_or_name}.toml"):
+        if cand.exists():
+            return cand
+    known = ", ".join(sorted(x.stem for x in LABS_DIR.glob("*.toml")))
+    raise LabFileError(file_or_name, "file", f"an existing lab file or one of: {known}")
+
+
+def _section(path: str, data: dict, name: str, fields: dict[str, Field]) -> dict[str, Any]:
+    raw = data.get(name, {})
+    if not isinstance(raw, dict):
+        raise LabFileError(path, name, "a table", raw)
+    out = {}
+    for key, value in raw.items():
+        if key not in fields:
+            known = ", ".join(fields)
+            raise LabFileError(path, f"{name}.{key}", f"no such key; known keys: {known}")
+        if not fields[key].ok(value):
+            raise LabFileError(path, f"{name}.{key}", fields[key].expected, value)
+        out[key] = value
+    for key, f in fields.items():
+        out.setdefault(key, f.default)
+    return out
+
+
+def _link(values: dict[str, Any]) -> LinkParams:
+    return LinkParams(
+        rate_bps=int(values["rate_gbps"] * 1e9),
+        delay_ns=values["delay_ns"],
+        buffer_bytes=values["buffer_bytes"],
+        mtu_bytes=values["mtu_bytes"],
+    )
+
+
+def _build(family: str, t: dict[str, Any], host: LinkParams, fabric: LinkParams | None) -> Topology:
+    if family in ("erack", "upn"):
+        return topo_mod.single_tier(family, t["accelerators"], t["planes"], t["switch_radix"], host)
+    if family == "clos":
+        return topo_mod.clos(
+            t["leaves"],
+            t["hosts_per_leaf"],
+            t["spines"],
+            t["oversubscription"],
+            t["switch_radix"],
+            host,
+            fabric,
+        )
+    return topo_mod.hpn(
+        t["hosts"],
+        t["accelerators_per_host"],
+        t["tors_per_rail"],
+        t["spines_per_plane"],
+        t["switch_radix"],
+        host,
+        fabric,
+    )
+
+
+def _cross_checks(path: str, sw: dict[str, Any], host: LinkParams) -> None:
+    if sw["ecn_kmin_bytes"] > sw["ecn_kmax_bytes"]:
+        raise LabFileError(
+            path,
+            "switch.ecn_kmin_bytes",
+            f"at most switch.ecn_kmax_bytes ({sw['ecn_kmax_bytes']})",
+            sw["ecn_kmin_bytes"],
+        )
+    if sw["ecn_kmax_bytes"] > host.buffer_bytes:
+        raise LabFileError(
+            path,
+            "switch.ecn_kmax_bytes",
+            f"at most link.buffer_bytes ({host.buffer_bytes})",
+            sw["ecn_kmax_bytes"],
+        )
+    if sw["pfc_xon_bytes"] >= sw["pfc_xoff_bytes"]:
+        raise LabFileError(
+            path,
+            "switch.pfc_xon_bytes",
+            f"less than switch.pfc_xoff_bytes ({sw['pfc_xoff_bytes']})",
+            sw["pfc_xon_bytes"],
+        )
+
+
+def load(file_or_name: str, name: str | None = None) -> LabSpec:
+    """Read and validate a lab file.  Raises LabFileError; creates nothing."""
+    p = resolve_path(file_or_name)
+    path = str(p)
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise LabFileError(path, "file", "valid TOML", detail=str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LabFileError(path, "file", "a readable UTF-8 text file", detail=str(exc)) from None
+
+    lab_raw = data.get("lab")
+    if not isinstance(lab_raw, dict) or "family" not in lab_raw:
+        raise LabFileError(path, "lab.family", "one of " + ", ".join(repr(f) for f in FAMILIES))
+    family = lab_raw["family"]
+    if family not in FAMILIES:
+        raise LabFileError(
+            path, "lab.family", "one of " + ", ".join(repr(f) for f in FAMILIES), family
+        )
+    schema = _schema(family)
+    for section in data:
+        if section not in schema:
+            raise LabFileError(
+                path, section, "no such section; known sections: " + ", ".join(schema)
+            )
+    s = {sec: _section(path, data, sec, fields) for sec, fields in schema.items()}
+
+    lab_name_value = name if name is not None else (s["lab"]["name"] or p.stem)
+    if not LAB_NAME_RE.match(lab_name_value):
+        key = "--name" if name is not None else ("lab.name" if s["lab"]["name"] else "file name")
+        raise LabFileError(path, key, lab_name(None).expected, lab_name_value)
+
+    host = _link(s["link"])
+    fabric = _link(s["fabric_link"]) if "fabric_link" in s else None
+    _cross_checks(path, s["switch"], host)
+    try:
+        topology = _build(family, s["topology"], host, fabric)
+    except TopologyError as exc:
+        raise LabFileError(path, exc.key, "a topology that fits", detail=str(exc)) from None
+
+    ts_raw = s["lab"]["time_scale"]
+    ts = topology.auto_time_scale() if ts_raw == "auto" else float(ts_raw)
+    return LabSpec(
+        path=path,
+        name=lab_name_value,
+        family=family,
+        description=s["lab"]["description"],
+        time_scale_raw=ts_raw,
+        time_scale=ts,
+        topology=topology,
+        switch=s["switch"],
+        nic=s["nic"],
+        sections=s,
+    )

@@ -1,0 +1,170 @@
+"""The C wire format through cffi: round trips, checksums, malformed frames."""
+
+import struct
+
+import pytest
+
+from dataplane import core
+from dataplane.core import Addr, Header, WireError, build_frame, parse_frame
+
+
+def ref_csum(data: bytes) -> int:
+    """RFC 1071 in plain Python: the reference the C code is checked against."""
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+ADDR = Addr(
+    dst_mac=bytes.fromhex("02aabbccddee"),
+    src_mac=bytes.fromhex("021122334455"),
+    src_ip=0xC6120001,
+    dst_ip=0xC6121002,
+    src_port=40000,
+    tos=0x02,
+    ttl=17,
+    ip_id=321,
+)
+HDR = Header(
+    opcode=core.OPCODES["data"],
+    flags=core.FLAGS["last"] | core.FLAGS["trimmable"],
+    entropy=0xBEEF,
+    src_ep=3,
+    dst_ep=65000,
+    msg_id=0xDEADBEEF,
+    psn=123456,
+    offset_bytes=4096 * 1000,
+    tag=77,
+    len_bytes=1000,
+    tos=1,
+    hops=2,
+    ts_ns=0xFFFFFFFF,
+)
+PAYLOAD = bytes(range(256)) * 3 + bytes(232)
+
+
+def test_udp_round_trip_keeps_every_field():
+    frame = build_frame(ADDR, HDR, PAYLOAD)
+    assert len(frame) == 14 + 20 + 8 + 32 + len(PAYLOAD)
+    p = parse_frame(frame)
+    assert p.kind == "ethp-udp"
+    assert p.header == HDR
+    assert p.payload == PAYLOAD
+    assert p.addr.src_ip == ADDR.src_ip and p.addr.dst_ip == ADDR.dst_ip
+    assert p.addr.src_port == 40000 and p.addr.dst_port == core.UDP_PORT
+    assert p.addr.dst_mac == ADDR.dst_mac and p.addr.src_mac == ADDR.src_mac
+    assert p.addr.ttl == 17 and p.addr.ip_id == 321
+    assert p.ecn == 2
+    assert p.offsets == {"l3": 14, "l4": 34, "hdr": 42, "payload": 74}
+
+
+def test_compact_round_trip_and_overhead():
+    frame = build_frame(ADDR, HDR, PAYLOAD, compact=True)
+    assert len(frame) == 14 + 32 + len(PAYLOAD)
+    assert frame[12:14] == b"\x88\xb5"
+    p = parse_frame(frame)
+    assert p.kind == "ethp-compact"
+    assert p.header == HDR and p.payload == PAYLOAD
+    assert p.ecn == HDR.tos & 3
+
+
+def test_byte_layout_matches_wire_format_doc():
+    frame = build_frame(ADDR, HDR, PAYLOAD)
+    h = frame[42:74]
+    assert h[0] == 0x11  # version 1, opcode 1 (data)
+    assert h[1] == HDR.flags
+    assert h[2:4] == b"\xbe\xef"  # entropy
+    assert struct.unpack("!HHIIII", h[4:24]) == (3, 65000, 0xDEADBEEF, 123456, 4096000, 77)
+    assert struct.unpack("!HBBI", h[24:32]) == (1000, 1, 2, 0xFFFFFFFF)
+    ip = frame[14:34]
+    assert ip[0] == 0x45 and ip[9] == 17
+    assert struct.unpack("!H", ip[2:4])[0] == 20 + 8 + 32 + len(PAYLOAD)
+    assert struct.unpack("!H", frame[36:38])[0] == core.UDP_PORT
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 19, 20, 21, 1499])
+def test_inet_csum_matches_reference(n):
+    data = bytes((i * 37 + 11) & 0xFF for i in range(n))
+    assert core.inet_csum(data) == ref_csum(data)
+
+
+def test_built_ipv4_header_checksum_verifies():
+    frame = build_frame(ADDR, HDR, PAYLOAD)
+    ip = frame[14:34]
+    assert ref_csum(ip) == 0  # a correct header sums to zero
+    stored = struct.unpack("!H", ip[10:12])[0]
+    assert stored == ref_csum(ip[:10] + b"\0\0" + ip[12:])
+
+
+def test_bad_checksum_rejected():
+    frame = bytearray(build_frame(ADDR, HDR, PAYLOAD))
+    frame[14 + 8] ^= 0x01  # flip a TTL bit without fixing the checksum
+    with pytest.raises(WireError, match="checksum"):
+        parse_frame(bytes(frame))
+
+
+@pytest.mark.parametrize("cut", [0, 5, 13, 20, 33, 40, 60, 73, 100])
+def test_truncated_frames_rejected(cut):
+    frame = build_frame(ADDR, HDR, PAYLOAD)
+    with pytest.raises(WireError, match="truncated"):
+        parse_frame(frame[:cut])
+
+
+def test_truncated_compact_rejected():
+    frame = build_frame(ADDR, HDR, PAYLOAD, compact=True)
+    for cut in (20, 45, 46 + 10):
+        with pytest.raises(WireError, match="truncated"):
+            parse_frame(frame[:cut])
+
+
+def test_ethernet_padding_is_ignored():
+    hdr = Header(len_bytes=4)
+    frame = build_frame(ADDR, hdr, b"abcd") + bytes(30)
+    p = parse_frame(frame)
+    assert p.payload == b"abcd"
+
+
+def test_oversize_rejected_on_build_and_parse():
+    with pytest.raises(WireError, match="oversize"):
+        build_frame(ADDR, Header(len_bytes=0), bytes(core.MAX_FRAME_BYTES))
+    with pytest.raises(WireError, match="oversize"):
+        parse_frame(bytes(core.MAX_FRAME_BYTES + 1))
+
+
+def test_payload_longer_than_header_says_is_rejected():
+    frame = build_frame(ADDR, Header(len_bytes=10), bytes(10))
+    # IPv4 total length is right, but the ETH+ length claims fewer bytes
+    bad = bytearray(frame)
+    bad[42 + 24 : 42 + 26] = struct.pack("!H", 4)
+    with pytest.raises(WireError, match="oversize"):
+        parse_frame(bytes(bad))
+
+
+def test_trimmed_packet_keeps_its_length_field():
+    hdr = Header(flags=core.FLAGS["trimmed"], len_bytes=4096)
+    p = parse_frame(build_frame(ADDR, hdr, b""))
+    assert p.header.len_bytes == 4096 and p.payload == b""
+
+
+def test_unknown_version_rejected():
+    bad = bytearray(build_frame(ADDR, HDR, PAYLOAD, compact=True))
+    bad[14] = 0x21
+    with pytest.raises(WireError, match="version"):
+        parse_frame(bytes(bad))
+
+
+def test_other_traffic_is_classified_not_rejected():
+    eth = bytes(12)
+    assert parse_frame(eth + b"\x86\xdd" + bytes(40)).kind == "other"
+    assert parse_frame(eth + b"\x88\x08" + bytes(46)).kind == "macctl"
+    udp_other = bytearray(build_frame(ADDR, Header(len_bytes=0)))
+    udp_other[36:38] = struct.pack("!H", 53)
+    assert parse_frame(bytes(udp_other)).kind == "ipv4"
+
+
+def test_wire_bytes_counts_fcs_preamble_gap_and_minimum():
+    assert core.wire_bytes(60) == 84  # minimum frame: 64 + 8 + 12
+    assert core.wire_bytes(1514) == 1538
