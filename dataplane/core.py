@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -324,3 +324,16 @@ def if_offloads_off(sock_fd: int, ifname: str) -> None:
     rc = lib.ethp_if_offloads_off(sock_fd, ifname.encode())
     if rc < 0:
         raise _oserror(rc, f"cannot switch offloads off on {ifname}")
+
+
+def netns_sysctl(path: str, key: str, value: str) -> None:
+    rc = lib.ethp_netns_sysctl(path.encode(), key.encode(), value.encode())
+    if rc < 0:
+        raise _oserror(rc, f"cannot set {key} in {path}")
+
+
+def netns_join(path: str) -> None:
+    """Move this (single-threaded, about to exec) process into a namespace."""
+    rc = lib.ethp_netns_join(path.encode())
+    if rc < 0:
+        raise _oserror(rc, f"cannot enter {path}")

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 1
+#define ETHP_ABI_VERSION 2
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -216,6 +216,13 @@ int ethp_netns_delete(const char *path);
 /* Open a socket inside the namespace at path (the calling thread enters it
  * and returns).  Returns the fd or a negative errno. */
 int ethp_netns_socket(const char *path, int domain, int type, int protocol);
+/* Write value to /proc/sys/<key> as seen inside the namespace at path
+ * (key like "net/ipv6/conf/all/disable_ipv6").  0 or negative errno. */
+int ethp_netns_sysctl(const char *path, const char *key, const char *value);
+/* Move the calling thread into the namespace at path for good, with a
+ * private mount namespace whose /sys shows that network namespace (as
+ * `ip netns exec` does).  For a process about to exec.  0 or negative errno. */
+int ethp_netns_join(const char *path);
 /* Switch off TSO, GSO, GRO, scatter-gather and checksum offloads of ifname,
  * through sock (a socket in the interface's namespace).  0 or negative errno. */
 int ethp_if_offloads_off(int sock, const char *ifname);

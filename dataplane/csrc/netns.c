@@ -121,23 +121,113 @@ int ethp_netns_socket(const char *path, int domain, int type, int protocol)
     return fd < 0 ? rc : fd;
 }
 
-int ethp_if_offloads_off(int sock, const char *ifname)
+/* Is a feature (by its ethtool name) one of the offloads a lab turns off?
+ * Everything on the transmit side (checksum, scatter-gather, every kind of
+ * segmentation) and receive aggregation or checksum. */
+static int offload_feature(const char *name)
 {
-    /* TSO needs SG and checksum offload, so switch the dependants off first. */
-    static const uint32_t cmds[] = {
-        ETHTOOL_STSO, ETHTOOL_SGSO, ETHTOOL_SGRO,
-        ETHTOOL_SSG, ETHTOOL_STXCSUM, ETHTOOL_SRXCSUM,
+    static const char *const prefixes[] = {
+        "tx-checksum", "tx-scatter-gather", "tx-generic-segmentation",
+        "tx-tcp", "tx-udp", "tx-gso", "tx-gre", "tx-ipxip", "tx-sctp",
+        "tx-esp", "tx-tunnel", "tx-nocache-copy",
+        "rx-gro", "rx-lro", "rx-checksum", "rx-udp-gro",
     };
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+            return 1;
+    return 0;
+}
+
+static int ethtool_ioctl(int sock, const char *ifname, void *data)
+{
     struct ifreq ifr;
     memset(&ifr, 0, sizeof(ifr));
+    strcpy(ifr.ifr_name, ifname);
+    ifr.ifr_data = data;
+    return ioctl(sock, SIOCETHTOOL, &ifr) < 0 ? -errno : 0;
+}
+
+int ethp_if_offloads_off(int sock, const char *ifname)
+{
     if (strlen(ifname) >= IFNAMSIZ)
         return -ENAMETOOLONG;
-    strcpy(ifr.ifr_name, ifname);
-    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
-        struct ethtool_value v = {.cmd = cmds[i], .data = 0};
-        ifr.ifr_data = (void *)&v;
-        if (ioctl(sock, SIOCETHTOOL, &ifr) < 0 && errno != EOPNOTSUPP)
-            return -errno;
+    struct {
+        struct ethtool_sset_info hdr;
+        uint32_t len;
+    } info = {.hdr = {.cmd = ETHTOOL_GSSET_INFO, .sset_mask = 1ull << ETH_SS_FEATURES}};
+    int rc = ethtool_ioctl(sock, ifname, &info);
+    if (rc)
+        return rc;
+    uint32_t n = info.hdr.sset_mask ? info.len : 0;
+    if (!n)
+        return -EOPNOTSUPP;
+    uint32_t words = (n + 31) / 32;
+    struct ethtool_gstrings *names = calloc(1, sizeof(*names) + (size_t)n * ETH_GSTRING_LEN);
+    struct ethtool_sfeatures *set =
+        calloc(1, sizeof(*set) + words * sizeof(struct ethtool_set_features_block));
+    if (!names || !set) {
+        rc = -ENOMEM;
+        goto out;
     }
+    names->cmd = ETHTOOL_GSTRINGS;
+    names->string_set = ETH_SS_FEATURES;
+    names->len = n;
+    if ((rc = ethtool_ioctl(sock, ifname, names)))
+        goto out;
+    set->cmd = ETHTOOL_SFEATURES;
+    set->size = words;
+    for (uint32_t i = 0; i < n; i++) {
+        char name[ETH_GSTRING_LEN + 1];
+        memcpy(name, names->data + (size_t)i * ETH_GSTRING_LEN, ETH_GSTRING_LEN);
+        name[ETH_GSTRING_LEN] = 0;
+        if (offload_feature(name))
+            set->features[i / 32].valid |= 1u << (i % 32); /* requested bit stays 0 */
+    }
+    /* A positive result only flags features that are fixed on this device. */
+    rc = ethtool_ioctl(sock, ifname, set);
+out:
+    free(names);
+    free(set);
+    return rc;
+}
+
+int ethp_netns_sysctl(const char *path, const char *key, const char *value)
+{
+    char file[256];
+    if (snprintf(file, sizeof(file), "/proc/sys/%s", key) >= (int)sizeof(file))
+        return -ENAMETOOLONG;
+    int saved, rc = ethp_netns_enter(path, &saved);
+    if (rc)
+        return rc;
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = -errno;
+    } else {
+        size_t n = strlen(value);
+        if (write(fd, value, n) != (ssize_t)n)
+            rc = -errno;
+        close(fd);
+    }
+    ethp_netns_leave(saved);
+    return rc;
+}
+
+int ethp_netns_join(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = setns(fd, CLONE_NEWNET) < 0 ? -errno : 0;
+    close(fd);
+    if (rc)
+        return rc;
+    /* A /sys that lists this namespace's interfaces, as `ip netns exec`. */
+    if (unshare(CLONE_NEWNS) < 0)
+        return -errno;
+    if (mount("", "/", "none", MS_SLAVE | MS_REC, NULL) < 0)
+        return -errno;
+    umount2("/sys", MNT_DETACH);
+    if (mount("sysfs", "/sys", "sysfs", 0, NULL) < 0)
+        return -errno;
     return 0;
 }

@@ -1,0 +1,250 @@
+"""The `ethplus` command: argument parsing and printing only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dataplane.lab import LabError
+from dataplane.labfile import LabFileError
+
+EXIT_USAGE = 2
+
+
+def _fmt_rate(bps: float) -> str:
+    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.4g} {unit}"
+    return f"{bps:.4g} bit/s"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} B"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    for r in rows:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- lab
+
+
+def cmd_lab_up(args) -> int:
+    from dataplane import lab, labfile
+
+    spec = labfile.load(args.file, name=args.name)
+    if args.time_scale is not None:
+        if args.time_scale < 1:
+            raise LabFileError(spec.path, "--time-scale", "a number >= 1", args.time_scale)
+        spec.time_scale, spec.time_scale_raw = args.time_scale, args.time_scale
+    rec = lab.up(spec)
+    if args.json:
+        print(json.dumps(rec, indent=1))
+        return 0
+    t = spec.topology
+    print(
+        f"lab {spec.name} is up: {len(t.nodes)} namespaces, {len(t.links)} veth pairs, "
+        f"time scale {spec.time_scale:g} ({rec['timings_s']['total_s']:.2f} s)"
+    )
+    print(f"  ethplus lab show {spec.name}    ethplus exec {spec.name} h0 -- ip addr")
+    print(f"  ethplus lab down {spec.name}")
+    return 0
+
+
+def cmd_lab_down(args) -> int:
+    from dataplane import lab
+
+    if args.all == bool(args.name):
+        raise LabError("give a lab name or --all (not both)")
+    if args.all:
+        names = lab.down_all()
+        print(f"removed {len(names)} lab(s)" + (": " + ", ".join(names) if names else ""))
+        return 0
+    n = lab.down(args.name)
+    print(f"lab {args.name} removed ({n} namespaces)")
+    return 0
+
+
+def cmd_lab_ls(args) -> int:
+    from dataplane import lab
+
+    labs = lab.listing()
+    if args.json:
+        print(json.dumps(labs, indent=1))
+        return 0
+    if not labs:
+        print("no labs are running")
+        return 0
+    rows = [
+        [
+            x["name"],
+            x["status"],
+            x["family"],
+            x["nodes"],
+            x["links"],
+            f"{x['time_scale']:g}" if x["time_scale"] else "-",
+            x["file"],
+        ]
+        for x in labs
+    ]
+    print(_table(rows, ["NAME", "STATUS", "FAMILY", "NODES", "LINKS", "SCALE", "FILE"]))
+    return 0
+
+
+def cmd_lab_show(args) -> int:
+    from dataplane import lab
+
+    rec = lab.get(args.name)
+    if args.json:
+        print(json.dumps(rec, indent=1))
+        return 0
+    k = rec["time_scale"]
+    topo = rec["topology"]
+    setting = rec["time_scale_setting"]
+    print(f"lab {rec['name']}  ({rec['family']}, {rec['description']})")
+    print(f"  file        {rec['file']}")
+    print(
+        f"  time scale  {k:g}"
+        + (" (auto: nominal host injection / 2 Gbit/s real budget)" if setting == "auto" else "")
+    )
+    print(f"  nodes       {len(topo['nodes'])}   links {len(topo['links'])}   tag {rec['tag']}")
+    sw = rec["switch"]
+    print(
+        f"  switch      forwarding {sw['forwarding']}, ecn {sw['ecn']}, trimming {sw['trimming']}, "
+        f"lossless {sw['lossless']}; nic encapsulation {rec['nic']['encapsulation']}"
+    )
+    print()
+    rows = []
+    for n in topo["nodes"]:
+        where = []
+        if n.get("plane") is not None:
+            where.append(f"plane {n['plane']}")
+        if n.get("rail") is not None:
+            where.append(f"rail {n['rail']}")
+        addrs = ",".join(p["ip"] for p in n["ports"] if p.get("ip"))
+        rows.append([n["name"], n["kind"], len(n["ports"]), " ".join(where), addrs])
+    print(_table(rows, ["NODE", "KIND", "PORTS", "WHERE", "ADDRESSES"]))
+    print()
+    ifname = {(n["name"], p["index"]): p["ifname"] for n in topo["nodes"] for p in n["ports"]}
+    rows = []
+    for link in topo["links"]:
+        prm = link["params"]
+        rows.append(
+            [
+                link["name"],
+                ifname[link["a"], link["a_port"]],
+                ifname[link["b"], link["b_port"]],
+                _fmt_rate(prm["rate_bps"]),
+                _fmt_rate(prm["rate_bps"] / k),
+                f"{prm['delay_ns']} ns",
+                _fmt_bytes(prm["buffer_bytes"]),
+                prm["mtu_bytes"],
+            ]
+        )
+    print(
+        _table(
+            rows,
+            ["LINK", "A", "B", "RATE", "REAL RATE", "DELAY", "BUFFER", "MTU"],
+        )
+    )
+    return 0
+
+
+def cmd_exec(args) -> int:
+    from dataplane import core, lab
+
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not cmd:
+        raise LabError("nothing to run: ethplus exec LAB NODE -- CMD [ARGS...]")
+    lab.require_root("ethplus exec")
+    ns = lab.node_ns(args.lab, args.node)
+    core.netns_join(ns)
+    try:
+        os.execvp(cmd[0], cmd)
+    except FileNotFoundError:
+        print(f"ethplus: error: command not found: {cmd[0]}", file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
+def cmd_clean(args) -> int:
+    from dataplane import lab
+
+    removed = lab.clean()
+    print(
+        f"removed {removed['namespaces']} namespaces of {removed['labs']} recorded lab(s); "
+        "objects ethplus did not make were left alone"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ethplus",
+        description="ETH+ lab: AI-cluster fabrics in network namespaces on one machine",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    lab = sub.add_parser("lab", help="build, list, show and remove labs")
+    lsub = lab.add_subparsers(dest="lab_command", required=True, metavar="LAB_COMMAND")
+
+    up = lsub.add_parser("up", help="build a lab from a lab file (or a name in netns-labs/)")
+    up.add_argument("file", metavar="FILE", help="lab file, e.g. netns-labs/erack-8x4.toml")
+    up.add_argument("--name", help="lab name (default: the file's lab.name or its stem)")
+    up.add_argument("--time-scale", type=float, help="override the file's time_scale (>= 1)")
+    up.add_argument("--json", action="store_true", help="print the realised lab as JSON")
+    up.set_defaults(func=cmd_lab_up)
+
+    down = lsub.add_parser("down", help="remove a lab and everything it made")
+    down.add_argument("name", nargs="?", metavar="NAME")
+    down.add_argument("--all", action="store_true", help="remove every running lab")
+    down.set_defaults(func=cmd_lab_down)
+
+    ls = lsub.add_parser("ls", help="list running labs")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_lab_ls)
+
+    show = lsub.add_parser("show", help="nodes, links, parameters and time scale of a lab")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--json", action="store_true", help="machine-readable, for scripts")
+    show.set_defaults(func=cmd_lab_show)
+
+    ex = sub.add_parser("exec", help="run a command inside a node's namespace")
+    ex.add_argument("lab", metavar="NAME")
+    ex.add_argument("node", metavar="NODE", help="e.g. h0, plane1, leaf2, spine0")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
+    ex.set_defaults(func=cmd_exec)
+
+    cl = sub.add_parser("clean", help="remove leftovers of ethplus after a crash (only those)")
+    cl.set_defaults(func=cmd_clean)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LabFileError as exc:
+        print(f"ethplus: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LabError as exc:
+        print(f"ethplus: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Kernel objects of a lab: namespaces, veth pairs, addresses, routes.
+
+pyroute2 does the netlink work, always through its synchronous API on worker
+threads (its asyncio sockets do not run on uvloop).  Sockets inside a lab
+namespace are opened by the C core, which enters the namespace on the calling
+thread only and comes back, so no process is forked per namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from dataplane import core
+
+MARKER_PREFIX = "ethplus:"  # alias of `lo` in every namespace a lab made
+
+
+def marker(lab: str) -> str:
+    return f"{MARKER_PREFIX}{lab}"
+
+
+@dataclass(frozen=True)
+class VethSpec:
+    """One veth pair, both ends created directly in their namespaces."""
+
+    a_ns: str
+    a_if: str
+    a_mac: str
+    b_ns: str
+    b_if: str
+    b_mac: str
+    mtu_bytes: int
+
+
+@dataclass(frozen=True)
+class HostPortSpec:
+    """Addressing of one accelerator port: /32, permanent gateway, plane route."""
+
+    ifname: str
+    ip: str
+    gateway: str
+    gateway_mac: str
+    subnet: str
+
+
+def ns_ipr(path: str) -> IPRoute:
+    """A pyroute2 IPRoute whose netlink socket lives in the namespace at path."""
+    fd = core.netns_socket(path, socket.AF_NETLINK, socket.SOCK_DGRAM, 0)
+    return IPRoute(fileno=fd)
+
+
+def create_namespaces(paths: Iterable[str], rundir: str) -> None:
+    core.netns_rundir_init(rundir)
+    for p in paths:
+        core.netns_create(p)
+        # Before any interface exists: no IPv6 (no DAD, no router solicitations
+        # adding stray frames to the lab's counters).
+        core.netns_sysctl(p, "net/ipv6/conf/default/disable_ipv6", "1")
+        core.netns_sysctl(p, "net/ipv6/conf/all/disable_ipv6", "1")
+
+
+def create_veths(veths: Iterable[VethSpec]) -> None:
+    """Create veth pairs from the root namespace, each end straight into its own."""
+    fds: dict[str, int] = {}
+    try:
+        with IPRoute() as ipr:
+            for v in veths:
+                for ns in (v.a_ns, v.b_ns):
+                    if ns not in fds:
+                        fds[ns] = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
+                ipr.link(
+                    "add",
+                    ifname=v.a_if,
+                    kind="veth",
+                    net_ns_fd=fds[v.a_ns],
+                    address=v.a_mac,
+                    mtu=v.mtu_bytes,
+                    peer={
+                        "ifname": v.b_if,
+                        "net_ns_fd": fds[v.b_ns],
+                        "address": v.b_mac,
+                        "mtu": v.mtu_bytes,
+                    },
+                )
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def configure_namespace(
+    path: str, lab: str, ifnames: list[str], host_ports: list[HostPortSpec]
+) -> None:
+    """Offloads off and links up on every lab interface; addressing on hosts."""
+    sock = core.netns_socket(path, socket.AF_INET, socket.SOCK_DGRAM, 0)
+    try:
+        for ifname in ifnames:
+            core.if_offloads_off(sock, ifname)
+    finally:
+        os.close(sock)
+    with ns_ipr(path) as ipr:
+        lo = ipr.link_lookup(ifname="lo")[0]
+        ipr.link("set", index=lo, state="up", ifalias=marker(lab))
+        index = {}
+        for ifname in ifnames:
+            index[ifname] = ipr.link_lookup(ifname=ifname)[0]
+            ipr.link("set", index=index[ifname], state="up")
+        for hp in host_ports:
+            i = index[hp.ifname]
+            ipr.addr("add", index=i, address=hp.ip, prefixlen=32)
+            ipr.neigh("add", dst=hp.gateway, lladdr=hp.gateway_mac, ifindex=i, state="permanent")
+            ipr.route("add", dst=hp.subnet, gateway=hp.gateway, oif=i, prefsrc=hp.ip, flags=4)
+
+
+def read_marker(path: str) -> str | None:
+    """The alias on `lo` in a namespace: how clean recognises what it made."""
+    try:
+        with ns_ipr(path) as ipr:
+            links = ipr.link("get", ifname="lo")
+            return links[0].get("IFLA_IFALIAS") if links else None
+    except (OSError, NetlinkError):
+        return None
+
+
+def _ns_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+    except OSError:
+        return None
+
+
+def pids_in(paths: Iterable[str]) -> list[int]:
+    """Processes whose network namespace is one of paths."""
+    wanted = {i for i in (_ns_id(p) for p in paths) if i}
+    if not wanted:
+        return []
+    me = os.getpid()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        if _ns_id(f"/proc/{entry.name}/ns/net") in wanted:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_all(pids: list[int], grace_s: float = 1.0) -> None:
+    """TERM, a grace period, then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if sig == signal.SIGKILL or not alive:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            alive = [p for p in alive if os.path.exists(f"/proc/{p}")]
+            if not alive:
+                return
+            time.sleep(0.02)
+        pids = alive
+
+
+def delete_namespaces(paths: Iterable[str]) -> int:
+    """Kill what runs inside, then unmount; the kernel frees the veths.
+
+    Returns how many namespaces existed."""
+    present = [p for p in paths if os.path.exists(p)]
+    kill_all(pids_in(present))
+    for p in present:
+        core.netns_delete(p)
+    return len(present)

@@ -1,0 +1,342 @@
+"""A running lab: realise a LabSpec in the kernel, record it, tear it down.
+
+Order of ``up``: validate (done by labfile) -> under the registry lock, pick
+an interface tag and write the journal -> namespaces -> veth pairs -> per
+namespace configuration (concurrently) -> record the realised lab.  Any
+failure, SIGINT or SIGTERM removes everything made so far; a SIGKILL leaves a
+journal that ``clean`` acts on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+from dataplane import kernel, registry
+from dataplane.labfile import LabSpec
+from dataplane.topology import IF_PREFIX, Topology, plane_subnet
+
+
+class LabError(RuntimeError):
+    """A lab operation that cannot be done; the message says why and what to do."""
+
+
+def require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise LabError(f"{what} needs root (network namespaces, veth, AF_PACKET): run it with sudo")
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def mac(slot: int, node_id: int, port: int) -> str:
+    """Locally administered, unique per lab interface: 02:SS:NN:NN:PP:PP."""
+    b = [0x02, slot & 0xFF, node_id >> 8 & 0xFF, node_id & 0xFF, port >> 8 & 0xFF, port & 0xFF]
+    return ":".join(f"{x:02x}" for x in b)
+
+
+@dataclass
+class Plan:
+    """Every kernel object of a lab, named; derived from the spec and the tag."""
+
+    name: str
+    tag: str
+    slot: int
+    ns: dict[str, str] = field(default_factory=dict)  # node -> namespace path
+    ifname: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, port) -> name
+    macs: dict[tuple[str, int], str] = field(default_factory=dict)
+    veths: list[kernel.VethSpec] = field(default_factory=list)
+    host_ports: dict[str, list[kernel.HostPortSpec]] = field(default_factory=dict)
+
+
+def make_plan(spec: LabSpec, slot: int) -> Plan:
+    topo: Topology = spec.topology
+    tag = registry.tag_for(slot)
+    plan = Plan(spec.name, tag, slot)
+    for node_id, node in enumerate(topo.nodes.values()):
+        plan.ns[node.name] = registry.ns_path(spec.name, node.name)
+        for p in node.ports:
+            plan.ifname[node.name, p.index] = f"{IF_PREFIX}{tag}-{p.ifname}"
+            plan.macs[node.name, p.index] = mac(slot, node_id, p.index)
+    for link in topo.links.values():
+        plan.veths.append(
+            kernel.VethSpec(
+                a_ns=plan.ns[link.a],
+                a_if=plan.ifname[link.a, link.a_port],
+                a_mac=plan.macs[link.a, link.a_port],
+                b_ns=plan.ns[link.b],
+                b_if=plan.ifname[link.b, link.b_port],
+                b_mac=plan.macs[link.b, link.b_port],
+                mtu_bytes=link.params.mtu_bytes,
+            )
+        )
+    for h in topo.hosts():
+        ports = []
+        for p in h.ports:
+            peer_port = topo.links[p.link]
+            peer_index = peer_port.b_port if peer_port.a == h.name else peer_port.a_port
+            ports.append(
+                kernel.HostPortSpec(
+                    ifname=plan.ifname[h.name, p.index],
+                    ip=p.ip,
+                    gateway=p.gateway,
+                    gateway_mac=plan.macs[p.peer, peer_index],
+                    subnet=plane_subnet(p.plane),
+                )
+            )
+        plan.host_ports[h.name] = ports
+    return plan
+
+
+# ---------------------------------------------------------------- up
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """Turn SIGTERM (and SIGINT) into an exception so cleanup code runs."""
+
+    def handler(signum, _frame):
+        raise _Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _start(spec: LabSpec) -> registry.Journal:
+    with registry.locked():
+        if registry.lab_dir(spec.name).exists():
+            raise LabError(
+                f"a lab named {spec.name!r} already exists: `ethplus lab down {spec.name}` "
+                "or choose another with --name"
+            )
+        taken = [
+            registry.ns_name(spec.name, n)
+            for n in spec.topology.nodes
+            if (registry.NETNS_DIR / registry.ns_name(spec.name, n)).exists()
+        ]
+        if taken:
+            raise LabError(
+                f"namespace {taken[0]} already exists but no lab records it: "
+                "`ethplus clean` removes leftovers of ethplus"
+            )
+        slot = registry.free_slot()
+        if slot is None:
+            raise LabError(f"at most {registry.MAX_LABS} labs can run at once")
+        journal = registry.Journal(
+            name=spec.name,
+            tag=registry.tag_for(slot),
+            slot=slot,
+            status="creating",
+            namespaces=[registry.ns_path(spec.name, n) for n in spec.topology.nodes],
+            pid=os.getpid(),
+            file=spec.path,
+        )
+        journal.save()
+    return journal
+
+
+async def _realise(plan: Plan, spec: LabSpec, timings: dict[str, float]) -> None:
+    loop = asyncio.get_running_loop()
+    workers = max(2, min(8, os.cpu_count() or 2))
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ethp-nl") as pool:
+        t0 = time.perf_counter()
+        await loop.run_in_executor(
+            pool, kernel.create_namespaces, list(plan.ns.values()), str(registry.NETNS_DIR)
+        )
+        t1 = time.perf_counter()
+        # veth creation takes the rtnl lock for each pair anyway: two sockets
+        # keep the kernel busy while Python builds the next message.
+        halves = [plan.veths[i::2] for i in range(2)]
+        await asyncio.gather(*(loop.run_in_executor(pool, kernel.create_veths, h) for h in halves))
+        t2 = time.perf_counter()
+        jobs = []
+        for node in spec.topology.nodes.values():
+            ifnames = [plan.ifname[node.name, p.index] for p in node.ports]
+            jobs.append(
+                loop.run_in_executor(
+                    pool,
+                    kernel.configure_namespace,
+                    plan.ns[node.name],
+                    spec.name,
+                    ifnames,
+                    plan.host_ports.get(node.name, []),
+                )
+            )
+        await asyncio.gather(*jobs)
+        t3 = time.perf_counter()
+    timings.update(namespaces_s=t1 - t0, veths_s=t2 - t1, configure_s=t3 - t2)
+
+
+def _run(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(coro)
+
+
+def up(spec: LabSpec) -> dict:
+    """Build the lab; returns its record (what `lab show --json` prints)."""
+    require_root("ethplus lab up")
+    t_start = time.perf_counter()
+    journal = _start(spec)
+    timings: dict[str, float] = {}
+    try:
+        with _signals_raise():
+            plan = make_plan(spec, journal.slot)
+            _run(_realise(plan, spec, timings))
+            record = _record(spec, plan, journal, timings)
+            registry.save_lab(spec.name, record)
+            journal.status = "up"
+            journal.save()
+    except BaseException as exc:
+        journal.status = "failed"
+        journal.save()
+        _teardown(journal)
+        if isinstance(exc, _Interrupted):
+            raise LabError(f"interrupted by {exc.args[0]}; nothing of lab {spec.name!r} is left")
+        if isinstance(exc, OSError):
+            raise LabError(
+                f"building lab {spec.name!r} failed: {exc}; everything it made was removed"
+            ) from exc
+        raise
+    record["timings_s"]["total_s"] = time.perf_counter() - t_start
+    registry.save_lab(spec.name, record)
+    return record
+
+
+def _record(spec: LabSpec, plan: Plan, journal: registry.Journal, timings: dict) -> dict:
+    rec = spec.to_dict()
+    rec.update(
+        tag=plan.tag,
+        created_unix=time.time(),
+        namespaces={n: p for n, p in plan.ns.items()},
+        timings_s=dict(timings),
+    )
+    for node in rec["topology"]["nodes"]:
+        for port in node["ports"]:
+            key = (node["name"], port["index"])
+            port["ifname"] = plan.ifname[key]
+            port["mac"] = plan.macs[key]
+    return rec
+
+
+# ---------------------------------------------------------------- down, clean
+
+
+def _teardown(journal: registry.Journal) -> int:
+    journal.status = "deleting"
+    with contextlib.suppress(OSError):
+        journal.save()
+    n = kernel.delete_namespaces(journal.namespaces)
+    registry.remove(journal.name)
+    return n
+
+
+def down(name: str) -> int:
+    """Remove a lab; returns how many namespaces were removed."""
+    require_root("ethplus lab down")
+    journal = registry.Journal.load(name)
+    if journal is None:
+        known = ", ".join(registry.names()) or "none are running"
+        raise LabError(f"no lab named {name!r} ({known})")
+    with registry.locked():
+        return _teardown(journal)
+
+
+def down_all() -> list[str]:
+    require_root("ethplus lab down --all")
+    names = []
+    for j in registry.journals():
+        with registry.locked():
+            _teardown(j)
+        names.append(j.name)
+    return names
+
+
+def clean() -> dict[str, int]:
+    """Remove every leftover that ethplus made, and nothing else.
+
+    A namespace is ours if a journal lists it, or if its `lo` carries the
+    ethplus marker; a namespace that merely starts with "ethp-" is left alone.
+    """
+    require_root("ethplus clean")
+    removed = {"labs": 0, "namespaces": 0}
+    with registry.locked():
+        for name in registry.names():
+            j = registry.Journal.load(name)
+            if j is not None:
+                removed["namespaces"] += _teardown(j)
+            else:
+                registry.remove(name)
+            removed["labs"] += 1
+        stray = []
+        if registry.NETNS_DIR.is_dir():
+            for entry in os.scandir(registry.NETNS_DIR):
+                if entry.name.startswith(registry.NS_PREFIX):
+                    m = kernel.read_marker(entry.path)
+                    if m and m.startswith(kernel.MARKER_PREFIX):
+                        stray.append(entry.path)
+        removed["namespaces"] += kernel.delete_namespaces(stray)
+    return removed
+
+
+# ---------------------------------------------------------------- queries
+
+
+def get(name: str) -> dict:
+    rec = registry.load_lab(name)
+    if rec is None:
+        j = registry.Journal.load(name)
+        if j is not None:
+            raise LabError(
+                f"lab {name!r} is {j.status} (pid {j.pid}); if that process is gone, "
+                "`ethplus clean` removes it"
+            )
+        known = ", ".join(registry.names()) or "none are running"
+        raise LabError(f"no lab named {name!r} ({known})")
+    return rec
+
+
+def listing() -> list[dict]:
+    out = []
+    for j in registry.journals():
+        rec = registry.load_lab(j.name) or {}
+        topo = rec.get("topology", {})
+        out.append(
+            {
+                "name": j.name,
+                "status": j.status,
+                "family": rec.get("family", "?"),
+                "nodes": len(topo.get("nodes", [])),
+                "links": len(topo.get("links", [])),
+                "time_scale": rec.get("time_scale"),
+                "file": j.file,
+                "tag": j.tag,
+            }
+        )
+    return out
+
+
+def node_ns(name: str, node: str) -> str:
+    rec = get(name)
+    ns = rec["namespaces"].get(node)
+    if ns is None:
+        nodes = list(rec["namespaces"])
+        shown = ", ".join(nodes[:12]) + (" ..." if len(nodes) > 12 else "")
+        raise LabError(f"lab {name!r} has no node {node!r} (nodes: {shown})")
+    return ns
