@@ -208,7 +208,9 @@ def up(spec: LabSpec) -> dict:
         journal.save()
         _teardown(journal)
         if isinstance(exc, _Interrupted):
-            raise LabError(f"interrupted by {exc.args[0]}; nothing of lab {spec.name!r} is left")
+            raise LabError(
+                f"interrupted by {exc.args[0]}; nothing of lab {spec.name!r} is left"
+            ) from None
         if isinstance(exc, OSError):
             raise LabError(
                 f"building lab {spec.name!r} failed: {exc}; everything it made was removed"
