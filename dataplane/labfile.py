@@ -275,7 +275,7 @@ def _section(path: str, data: dict, name: str, fields: dict[str, Field]) -> dict
     for key, value in raw.items():
         if key not in fields:
             known = ", ".join(fields)
-            raise LabFileError(path, f"{name}.{key}", f"no such key; known keys: {known}")
+            raise LabFileError(path, f"{name}.{key}", f"a known key (one of {known})")
         if not fields[key].ok(value):
             raise LabFileError(path, f"{name}.{key}", fields[key].expected, value)
         out[key] = value
@@ -363,9 +363,7 @@ def load(file_or_name: str, name: str | None = None) -> LabSpec:
     schema = _schema(family)
     for section in data:
         if section not in schema:
-            raise LabFileError(
-                path, section, "no such section; known sections: " + ", ".join(schema)
-            )
+            raise LabFileError(path, section, "a known section (one of " + ", ".join(schema) + ")")
     s = {sec: _section(path, data, sec, fields) for sec, fields in schema.items()}
 
     lab_name_value = name if name is not None else (s["lab"]["name"] or p.stem)

@@ -138,15 +138,19 @@ class Topology:
                     radix_key,
                     f"switch {sw.name} needs {len(sw.ports)} ports but its radix is {sw.radix}",
                 )
-        for node in self.nodes.values():
-            for p in node.ports:
-                if IF_NAME_OVERHEAD_CHARS + len(p.ifname) > IFNAMSIZ_CHARS:
-                    raise TopologyError(
-                        "topology",
-                        f"interface name for {node.name} -> {p.peer} would be "
-                        f"{IF_NAME_OVERHEAD_CHARS + len(p.ifname)} characters; Linux allows "
-                        f"{IFNAMSIZ_CHARS} (use fewer nodes)",
-                    )
+
+    def check_names(self, keys: dict[str, str]) -> None:
+        """Raise TopologyError if an interface named after a node would not fit.
+
+        keys maps a node kind to the lab-file key that sets how many there are."""
+        longest = max(self.nodes.values(), key=lambda n: len(n.name))
+        if IF_NAME_OVERHEAD_CHARS + len(longest.name) > IFNAMSIZ_CHARS:
+            raise TopologyError(
+                keys.get(longest.kind, "topology"),
+                f"interfaces facing node {longest.name} would be named with "
+                f"{IF_NAME_OVERHEAD_CHARS + len(longest.name)} characters; Linux allows "
+                f"{IFNAMSIZ_CHARS}: use fewer nodes",
+            )
 
     def aggregate_host_rate_bps(self) -> int:
         return sum(link.params.rate_bps for link in self.links.values() if link.tier == "host")
@@ -218,8 +222,12 @@ def single_tier(
     _check_counts(accelerators, planes)
     topo = Topology(family=family, planes=planes, base_rtt_ns=4 * host_link.delay_ns)
     hosts = _add_hosts(topo, accelerators)
-    for p in range(planes):
-        sw = topo.add_node(Node(f"plane{p}", "switch", "plane", p, radix=switch_radix, plane=p))
+    planes_nodes = [
+        topo.add_node(Node(f"plane{p}", "switch", "plane", p, radix=switch_radix, plane=p))
+        for p in range(planes)
+    ]
+    topo.check_names({"plane": "topology.planes", "accelerator": "topology.accelerators"})
+    for p, sw in enumerate(planes_nodes):
         for h in hosts:
             topo.connect(h.name, sw.name, host_link, "host", plane=p)
     topo.check("topology.switch_radix")
@@ -257,6 +265,9 @@ def clos(
         topo.add_node(Node(f"spine{i}", "switch", "spine", i, radix=switch_radix))
         for i in range(spines)
     ]
+    topo.check_names(
+        {"spine": "topology.spines", "leaf": "topology.leaves", "accelerator": "topology.leaves"}
+    )
     for h in hosts:
         topo.connect(h.name, leaf_nodes[h.index // hosts_per_leaf].name, host_link, "host")
     for leaf in leaf_nodes:
@@ -307,6 +318,13 @@ def hpn(
             spines[p, s] = topo.add_node(
                 Node(f"spine{idx}", "switch", "spine", idx, radix=switch_radix, plane=p)
             )
+    topo.check_names(
+        {
+            "spine": "topology.spines_per_plane",
+            "tor": "topology.tors_per_rail",
+            "accelerator": "topology.hosts",
+        }
+    )
     for acc in accs:
         host_k, rail = divmod(acc.index, accelerators_per_host)
         acc.rail = rail

@@ -1,0 +1,69 @@
+"""Shared fixtures: root-only tests, unique lab names, and a guarantee that
+no test leaves a lab object behind, even when it fails."""
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+IS_ROOT = os.geteuid() == 0
+# Every lab a test makes is named with this prefix, so the finaliser can
+# remove exactly those (and a developer's own labs survive a test run).
+RUN_ID = f"t{os.getpid() % 100000}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if IS_ROOT:
+        return
+    skip = pytest.mark.skip(reason="needs root: creates real network namespaces")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
+def ethplus(*args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    r = subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=timeout
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"ethplus {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+    return r
+
+
+def netns_names() -> set[str]:
+    try:
+        return set(os.listdir("/run/netns"))
+    except FileNotFoundError:
+        return set()
+
+
+def lab_namespaces(lab: str) -> set[str]:
+    """Namespaces of lab: ethp-LAB-NODE, where node names never contain '-'."""
+    prefix = f"ethp-{lab}-"
+    return {n for n in netns_names() if n.startswith(prefix) and "-" not in n[len(prefix) :]}
+
+
+@pytest.fixture
+def lab_name(request):
+    """A unique lab name for this test; the lab is removed afterwards whatever happens."""
+    name = f"{RUN_ID}-{uuid.uuid4().hex[:6]}"
+    yield name
+    if lab_namespaces(name) or Path(f"/run/ethplus/labs/{name}").exists():
+        ethplus("lab", "down", name)
+    for ns in lab_namespaces(name):  # the command failed to: fall back to iproute2
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    assert not lab_namespaces(name), f"test left namespaces of {name} behind"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind():
+    yield
+    if not IS_ROOT:
+        return
+    left = {n for n in netns_names() if n.startswith(f"ethp-{RUN_ID}-")}
+    for ns in left:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    assert not left, f"the test run left namespaces behind: {sorted(left)}"

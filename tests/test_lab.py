@@ -1,0 +1,236 @@
+"""Real labs in real namespaces: what the kernel says, not the tool's state."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ethplus, lab_namespaces, netns_names
+
+pytestmark = pytest.mark.root
+
+ERACK = "netns-labs/erack-8x4.toml"
+
+
+def ip_json(ns: str, *args: str):
+    out = subprocess.run(["ip", "-n", ns, "-j", *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout or "[]")
+
+
+def lab_links(ns: str) -> list[dict]:
+    return [x for x in ip_json(ns, "-d", "link", "show") if x["ifname"] != "lo"]
+
+
+def offloads(ns: str, ifname: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "ethtool", "-k", ifname],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    feats = {}
+    for line in out.splitlines()[1:]:
+        k, _, v = line.strip().partition(": ")
+        feats[k] = v.split()[0] if v else ""
+    return feats
+
+
+def test_erack_8x4_up_creates_exactly_the_fabric_and_down_removes_it(lab_name):
+    r = ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    assert f"lab {lab_name} is up" in r.stdout
+    namespaces = lab_namespaces(lab_name)
+    assert len(namespaces) == 12
+    assert namespaces == {f"ethp-{lab_name}-h{i}" for i in range(8)} | {
+        f"ethp-{lab_name}-plane{p}" for p in range(4)
+    }
+    ends = {}
+    for ns in sorted(namespaces):
+        for link in lab_links(ns):
+            assert link["ifname"].startswith("ethp")
+            assert len(link["ifname"]) <= 15
+            assert link["linkinfo"]["info_kind"] == "veth"
+            assert link["mtu"] == 4200
+            assert link["operstate"] in ("UP", "UNKNOWN") or "UP" in link["flags"]
+            ends[ns, link["ifname"]] = link
+    assert len(ends) == 64  # 32 veth pairs, both ends in lab namespaces
+    # every host has one port per plane, and each plane switch one per host
+    for i in range(8):
+        names = sorted(x["ifname"] for x in lab_links(f"ethp-{lab_name}-h{i}"))
+        assert [n.split("-", 1)[1] for n in names] == [f"plane{p}" for p in range(4)]
+    for p in range(4):
+        assert len(lab_links(f"ethp-{lab_name}-plane{p}")) == 8
+    # offloads off on every lab veth, read back through ethtool
+    for ns, ifname in ends:
+        f = offloads(ns, ifname)
+        for feat in (
+            "tcp-segmentation-offload",
+            "generic-segmentation-offload",
+            "generic-receive-offload",
+            "tx-checksumming",
+            "rx-checksumming",
+            "scatter-gather",
+        ):
+            assert f[feat] == "off", (ns, ifname, feat)
+    # no route from a lab host to the host network: only lab subnets
+    h0 = f"ethp-{lab_name}-h0"
+    routes = ip_json(h0, "route", "show")
+    assert sorted(r["dst"] for r in routes) == [f"198.18.{16 * p}.0/20" for p in range(4)]
+    probe = subprocess.run(["ip", "-n", h0, "route", "get", "8.8.8.8"], capture_output=True)
+    assert probe.returncode != 0  # unreachable
+    addrs = {
+        a["local"] for x in ip_json(h0, "addr") for a in x["addr_info"] if a["family"] == "inet"
+    }
+    assert addrs == {"127.0.0.1", "198.18.0.1", "198.18.16.1", "198.18.32.1", "198.18.48.1"}
+
+    r = ethplus("lab", "down", lab_name, check=True)
+    assert lab_namespaces(lab_name) == set()
+    assert not Path(f"/run/ethplus/labs/{lab_name}").exists()
+    root_ifs = [x["ifname"] for x in json.loads(subprocess.check_output(["ip", "-j", "link"]))]
+    assert not [i for i in root_ifs if i.startswith("ethp")]
+
+
+def test_two_labs_from_one_file_coexist_and_go_down_independently(lab_name):
+    other = lab_name + "-b"
+    try:
+        ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+        ethplus("lab", "up", ERACK, "--name", other, check=True)
+        assert len(lab_namespaces(lab_name)) == 12 and len(lab_namespaces(other)) == 12
+        tags = {
+            x["ifname"].split("-")[0]
+            for lab in (lab_name, other)
+            for x in lab_links(f"ethp-{lab}-h0")
+        }
+        assert len(tags) == 2  # each lab's interfaces carry their own tag
+        ls = json.loads(ethplus("lab", "ls", "--json", check=True).stdout)
+        assert {lab_name, other} <= {x["name"] for x in ls}
+        ethplus("lab", "down", lab_name, check=True)
+        assert lab_namespaces(lab_name) == set()
+        assert len(lab_namespaces(other)) == 12
+        assert all(x["operstate"] == "UP" for x in lab_links(f"ethp-{other}-h3"))
+    finally:
+        ethplus("lab", "down", other)
+    assert lab_namespaces(other) == set()
+
+
+def test_same_name_twice_is_refused_without_touching_the_first(lab_name):
+    ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    r = ethplus("lab", "up", ERACK, "--name", lab_name)
+    assert r.returncode == 1 and "already exists" in r.stderr and "Traceback" not in r.stderr
+    assert len(lab_namespaces(lab_name)) == 12
+
+
+def test_show_json_and_exec(lab_name):
+    ethplus("lab", "up", "clos-16", "--name", lab_name, check=True)
+    rec = json.loads(ethplus("lab", "show", lab_name, "--json", check=True).stdout)
+    assert rec["family"] == "clos" and rec["time_scale"] > 1
+    assert len(rec["topology"]["nodes"]) == 24 and len(rec["topology"]["links"]) == 32
+    text = ethplus("lab", "show", lab_name, check=True).stdout
+    assert "leaf0-spine0" in text and "time scale" in text
+    r = ethplus("exec", lab_name, "h5", "--", "ip", "-j", "addr", check=True)
+    addrs = [a["local"] for x in json.loads(r.stdout) for a in x["addr_info"]]
+    assert "198.18.0.6" in addrs
+    # /sys shows the node's own interfaces, as with `ip netns exec`
+    r = ethplus("exec", lab_name, "spine0", "--", "ls", "/sys/class/net", check=True)
+    assert sorted(r.stdout.split()) == sorted(
+        ["lo"] + [x["ifname"] for x in lab_links(f"ethp-{lab_name}-spine0")]
+    )
+    r = ethplus("exec", lab_name, "nosuch", "--", "true")
+    assert r.returncode == 1 and "no node 'nosuch'" in r.stderr
+    r = ethplus("exec", lab_name, "h0", "--", "no-such-command-xyz")
+    assert r.returncode == 127
+
+
+def _decoys(tag: str):
+    """A namespace whose name looks like ours and a root-namespace veth pair."""
+    ns = f"ethp-{tag}-decoy"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "link",
+            "add",
+            f"ethp{tag[-4:]}dA",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"ethp{tag[-4:]}dB",
+        ],
+        check=True,
+    )
+    return ns, f"ethp{tag[-4:]}dA"
+
+
+def test_sigkill_mid_up_then_clean_removes_only_what_ethplus_made(lab_name):
+    decoy_ns, decoy_if = _decoys(lab_name)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "lab", "up", "erack-64x8", "--name", lab_name],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        first = f"ethp-{lab_name}-h0"
+        deadline = time.monotonic() + 30
+        while first not in netns_names() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        journal = json.loads(Path(f"/run/ethplus/labs/{lab_name}/journal.json").read_text())
+        assert journal["status"] == "creating"  # killed in the middle
+        assert lab_namespaces(lab_name)  # and it had made something
+
+        r = ethplus("clean", check=True)
+        assert "removed" in r.stdout
+        assert lab_namespaces(lab_name) == {decoy_ns}  # looks like a node of the lab, is not
+        assert not Path(f"/run/ethplus/labs/{lab_name}").exists()
+        assert decoy_ns in netns_names()
+        root_ifs = [x["ifname"] for x in json.loads(subprocess.check_output(["ip", "-j", "link"]))]
+        assert decoy_if in root_ifs
+    finally:
+        subprocess.run(["ip", "netns", "del", decoy_ns], check=False)
+        subprocess.run(["ip", "link", "del", decoy_if], check=False)
+
+
+def test_clean_recognises_its_namespaces_even_without_the_journal(lab_name):
+    decoy_ns, decoy_if = _decoys(lab_name)
+    try:
+        ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+        subprocess.run(["rm", "-rf", f"/run/ethplus/labs/{lab_name}"], check=True)
+        ethplus("clean", check=True)
+        assert lab_namespaces(lab_name) == {decoy_ns}
+    finally:
+        subprocess.run(["ip", "netns", "del", decoy_ns], check=False)
+        subprocess.run(["ip", "link", "del", decoy_if], check=False)
+
+
+def test_down_kills_what_runs_inside_the_lab(lab_name):
+    ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "exec", lab_name, "h2", "--", "sleep", "300"]
+    )
+    try:
+        ns = f"/run/netns/ethp-{lab_name}-h2"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if (
+                os.path.exists(f"/proc/{proc.pid}/ns/net")
+                and os.stat(f"/proc/{proc.pid}/ns/net").st_ino == os.stat(ns).st_ino
+            ):
+                break
+            time.sleep(0.02)
+        ethplus("lab", "down", lab_name, check=True)
+        assert proc.wait(timeout=10) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_down_unknown_lab_is_a_clear_error():
+    r = ethplus("lab", "down", "no-such-lab-here")
+    assert r.returncode == 1 and "no lab named 'no-such-lab-here'" in r.stderr
+    r = ethplus("lab", "down")
+    assert r.returncode == 1 and "--all" in r.stderr
