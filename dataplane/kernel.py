@@ -20,6 +20,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from dataplane import core
 
+IFF_UP = 0x1
 MARKER_PREFIX = "ethplus:"  # alias of `lo` in every namespace a lab made
 
 
@@ -83,6 +84,7 @@ def create_veths(veths: Iterable[VethSpec]) -> None:
                     net_ns_fd=fds[v.a_ns],
                     address=v.a_mac,
                     mtu=v.mtu_bytes,
+                    state="up",  # the peer end comes up in configure_namespace
                     peer={
                         "ifname": v.b_if,
                         "net_ns_fd": fds[v.b_ns],
@@ -106,12 +108,13 @@ def configure_namespace(
     finally:
         os.close(sock)
     with ns_ipr(path) as ipr:
-        lo = ipr.link_lookup(ifname="lo")[0]
-        ipr.link("set", index=lo, state="up", ifalias=marker(lab))
+        links = {x.get("IFLA_IFNAME"): x for x in ipr.link("dump")}
+        ipr.link("set", index=links["lo"]["index"], state="up", ifalias=marker(lab))
         index = {}
         for ifname in ifnames:
-            index[ifname] = ipr.link_lookup(ifname=ifname)[0]
-            ipr.link("set", index=index[ifname], state="up")
+            index[ifname] = links[ifname]["index"]
+            if not links[ifname]["flags"] & IFF_UP:
+                ipr.link("set", index=index[ifname], state="up")
         for hp in host_ports:
             i = index[hp.ifname]
             ipr.addr("add", index=i, address=hp.ip, prefixlen=32)
