@@ -1,0 +1,33 @@
+"""The command line itself: help, and the message a non-root user gets."""
+
+import os
+
+from conftest import ethplus
+
+from cli import main as cli_main
+
+
+def test_help_lists_the_commands():
+    r = ethplus("--help")
+    assert r.returncode == 0
+    for word in ("lab", "exec", "clean"):
+        assert word in r.stdout
+    r = ethplus("lab", "--help")
+    for word in ("up", "down", "ls", "show"):
+        assert word in r.stdout
+
+
+def test_not_root_gets_a_clear_message(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    rc = cli_main.main(["lab", "up", "erack-8x4", "--name", "never-built"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.strip() == (
+        "ethplus: error: ethplus lab up needs root (network namespaces, veth, AF_PACKET): "
+        "run it with sudo"
+    )
+
+
+def test_unknown_command_is_a_usage_error():
+    r = ethplus("lab", "explode")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
