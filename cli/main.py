@@ -159,6 +159,87 @@ def cmd_lab_show(args) -> int:
     return 0
 
 
+def _parse_value(what: str, text: str) -> float:
+    """Numbers with units: rates 400G / 25Gbit / 800M (bit/s), delays 2us / 500ns / 1ms,
+    probabilities 0.01 or 1%."""
+    t = text.strip().lower()
+    units = {
+        "rate": [
+            ("tbit", 1e12),
+            ("gbit", 1e9),
+            ("mbit", 1e6),
+            ("kbit", 1e3),
+            ("t", 1e12),
+            ("g", 1e9),
+            ("m", 1e6),
+            ("k", 1e3),
+            ("", 1e9),
+        ],
+        "delay": [("ns", 1), ("us", 1e3), ("ms", 1e6), ("s", 1e9), ("", 1)],
+        "probability": [("%", 0.01), ("", 1)],
+    }[what]
+    for suffix, scale in units:
+        if t.endswith(suffix):
+            try:
+                v = float(t[: len(t) - len(suffix)] if suffix else t) * scale
+            except ValueError:
+                break
+            if v != v or v < 0 or (what == "probability" and v > 1) or (what == "rate" and v <= 0):
+                break
+            return v
+    expected = {
+        "rate": "a rate > 0 such as 400G, 25Gbit, 800M (bare numbers are Gbit/s)",
+        "delay": "a delay >= 0 such as 500ns, 2us, 1ms (bare numbers are ns)",
+        "probability": "a probability in [0, 1] such as 0.01 or 1%",
+    }[what]
+    raise LabError(f"{what} {text!r}: expected {expected}")
+
+
+def cmd_link_set(args) -> int:
+    from dataplane import lab
+
+    a = args.change
+    if a[0] in ("up", "down") and len(a) == 1:
+        change = {"up": a[0] == "up"}
+    elif a[0] in ("loss", "corrupt") and len(a) == 2:
+        change = {a[0]: _parse_value("probability", a[1])}
+    elif a[0] == "rate" and len(a) == 2:
+        change = {"rate_bps": int(_parse_value("rate", a[1]))}
+    elif a[0] == "delay" and len(a) == 2:
+        change = {"delay_ns": int(_parse_value("delay", a[1]))}
+    else:
+        raise LabError(
+            f"cannot understand {' '.join(a)!r}: expected one of: down, up, loss P, corrupt P, "
+            "rate R, delay D"
+        )
+    resp = lab.control(args.lab, {"op": "link", "link": args.link, "set": change})
+    st = resp["link"]
+    print(
+        f"{args.link}: {'up' if st['up'] else 'DOWN'}, rate {_fmt_rate(st['rate_bps'])}, "
+        f"delay {st['delay_ns']} ns, loss {st['loss']:g}, corrupt {st['corrupt']:g} (nominal)"
+    )
+    return 0
+
+
+def cmd_node_set(args) -> int:
+    from dataplane import lab
+
+    resp = lab.control(args.lab, {"op": "node", "node": args.node, "up": args.state == "up"})
+    print(f"{resp['node']}: {'up' if resp['up'] else 'DOWN'}")
+    return 0
+
+
+def cmd_lab_stats(args) -> int:
+    from dataplane import lab, stats
+
+    st = lab.control(args.name, {"op": "stats"})["stats"]
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    print(stats.render(st, show_all=args.all))
+    return 0
+
+
 def cmd_exec(args) -> int:
     from dataplane import core, lab
 
@@ -220,6 +301,31 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name", metavar="NAME")
     show.add_argument("--json", action="store_true", help="machine-readable, for scripts")
     show.set_defaults(func=cmd_lab_show)
+
+    stats = lsub.add_parser("stats", help="switch counters: traffic, drops by reason, queues")
+    stats.add_argument("name", metavar="NAME")
+    stats.add_argument("--json", action="store_true", help="every counter of every port")
+    stats.add_argument("--all", action="store_true", help="also ports that saw no traffic")
+    stats.set_defaults(func=cmd_lab_stats)
+
+    link = sub.add_parser("link", help="change a link at run time (faults)")
+    link_sub = link.add_subparsers(dest="link_command", required=True, metavar="LINK_COMMAND")
+    ls_ = link_sub.add_parser(
+        "set",
+        help="ethplus link set LAB LINK down|up|loss P|corrupt P|rate R|delay D",
+    )
+    ls_.add_argument("lab", metavar="LAB")
+    ls_.add_argument("link", metavar="LINK", help="as named by `ethplus lab show`, e.g. h0-plane1")
+    ls_.add_argument("change", nargs="+", metavar="CHANGE")
+    ls_.set_defaults(func=cmd_link_set)
+
+    node = sub.add_parser("node", help="take a whole switch (plane) down or up")
+    node_sub = node.add_subparsers(dest="node_command", required=True, metavar="NODE_COMMAND")
+    ns_ = node_sub.add_parser("set", help="ethplus node set LAB SWITCH down|up")
+    ns_.add_argument("lab", metavar="LAB")
+    ns_.add_argument("node", metavar="SWITCH")
+    ns_.add_argument("state", choices=["down", "up"])
+    ns_.set_defaults(func=cmd_node_set)
 
     ex = sub.add_parser("exec", help="run a command inside a node's namespace")
     ex.add_argument("lab", metavar="NAME")

@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 2
+ABI_VERSION = 4
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -337,3 +337,140 @@ def netns_join(path: str) -> None:
     rc = lib.ethp_netns_join(path.encode())
     if rc < 0:
         raise _oserror(rc, f"cannot enter {path}")
+
+
+# ---------------------------------------------------------------- switch
+
+SW_COUNTERS: tuple[str, ...] = tuple(
+    ffi.string(lib.ethp_sw_counter_name(i)).decode() for i in range(lib.ethp_sw_counter_count())
+)
+SW_CLASS_COUNTERS: tuple[str, ...] = tuple(
+    ffi.string(lib.ethp_sw_class_counter_name(i)).decode()
+    for i in range(lib.ethp_sw_class_counter_count())
+)
+N_CLASSES = lib.ETHP_NCLASSES
+CLASS_NAMES = ("high", "data")
+FWD_MODES = {
+    "ecmp": lib.ETHP_FWD_ECMP,
+    "spray": lib.ETHP_FWD_SPRAY,
+    "adaptive": lib.ETHP_FWD_ADAPTIVE,
+}
+
+
+@dataclass
+class LinkState:
+    """A switch port's link in real (time-scaled) units."""
+
+    rate_bps: int
+    delay_ns: int
+    buffer_bytes: int
+    mac: str
+    peer_mac: str
+    loss: float = 0.0
+    corrupt: float = 0.0
+    up: bool = True
+    peer_is_host: bool = False
+
+    def to_c(self):
+        c = ffi.new("struct ethp_link_state *")
+        c.rate_bps, c.delay_ns, c.buffer_bytes = self.rate_bps, self.delay_ns, self.buffer_bytes
+        c.loss, c.corrupt, c.up, c.peer_is_host = (
+            self.loss,
+            self.corrupt,
+            self.up,
+            self.peer_is_host,
+        )
+        ffi.memmove(c.mac, bytes.fromhex(self.mac.replace(":", "")), 6)
+        ffi.memmove(c.peer_mac, bytes.fromhex(self.peer_mac.replace(":", "")), 6)
+        return c
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    forwarding: str = "spray"
+    ecn: bool = True
+    ecn_kmin_bytes: int = 20_000
+    ecn_kmax_bytes: int = 80_000
+    ecn_pmax: float = 0.2
+    trimming: bool = True
+    trim_threshold_bytes: int = 100_000
+    lossless: bool = False
+    pfc_xoff_bytes: int = 200_000
+    pfc_xon_bytes: int = 100_000
+    burst_ns: int = 500_000
+    seed: int = 1
+    pool_pkts: int = 8192
+    buf_bytes: int = 9300
+
+
+class Switch:
+    """One software switch: a C thread forwarding between AF_PACKET ports."""
+
+    def __init__(self, cfg: SwitchConfig, max_ports: int):
+        c = ffi.new("struct ethp_switch_cfg *")
+        c.forwarding = FWD_MODES[cfg.forwarding]
+        for name in (
+            "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
+            "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
+            "burst_ns", "seed", "pool_pkts", "buf_bytes",
+        ):  # fmt: skip
+            setattr(c, name, getattr(cfg, name))
+        sw = lib.ethp_switch_new(c, max_ports)
+        if sw == ffi.NULL:
+            raise MemoryError("cannot allocate a switch")
+        self._sw = sw
+
+    def add_port(self, netns_path: str, ifname: str, link: LinkState) -> int:
+        rc = lib.ethp_switch_add_port(self._sw, netns_path.encode(), ifname.encode(), link.to_c())
+        if rc < 0:
+            raise _oserror(rc, f"cannot add switch port {ifname}")
+        return rc
+
+    def add_route(self, kind: str, key: int, ports: list[int]) -> None:
+        k = lib.ETHP_ROUTE_IPV4 if kind == "ipv4" else lib.ETHP_ROUTE_EP
+        arr = ffi.new("uint16_t[]", ports)
+        rc = lib.ethp_switch_add_route(self._sw, k, key, arr, len(ports))
+        if rc < 0:
+            raise _oserror(rc, f"cannot add route {kind} {key} -> {ports}")
+
+    def start(self) -> None:
+        rc = lib.ethp_switch_start(self._sw)
+        if rc < 0:
+            raise _oserror(rc, "cannot start the switch thread")
+
+    def close(self) -> None:
+        if self._sw is not None:
+            lib.ethp_switch_free(self._sw)
+            self._sw = None
+
+    def set_link(self, port: int, link: LinkState) -> None:
+        rc = lib.ethp_switch_set_link(self._sw, port, link.to_c())
+        if rc < 0:
+            raise _oserror(rc, f"cannot change port {port}")
+
+    def set_up(self, up: bool) -> None:
+        lib.ethp_switch_set_up(self._sw, 1 if up else 0)
+
+    @property
+    def wakeups(self) -> int:
+        return lib.ethp_switch_wakeups(self._sw)
+
+    def counters(self, port: int) -> dict:
+        out = ffi.new("uint64_t[]", len(SW_COUNTERS))
+        cls = ffi.new("uint64_t[]", N_CLASSES * len(SW_CLASS_COUNTERS))
+        lib.ethp_switch_counters(self._sw, port, out, cls)
+        d = dict(zip(SW_COUNTERS, out, strict=True))
+        n = len(SW_CLASS_COUNTERS)
+        d["classes"] = {
+            CLASS_NAMES[c]: dict(zip(SW_CLASS_COUNTERS, cls[c * n : (c + 1) * n], strict=True))
+            for c in range(N_CLASSES)
+        }
+        return d
+
+
+def build_pfc(src_mac: bytes, class_mask: int, quanta: int) -> bytes:
+    out = ffi.new("uint8_t[]", 64)
+    n = lib.ethp_build_pfc(out, 64, src_mac, class_mask, quanta)
+    if n < 0:
+        raise WireError(n)
+    return bytes(ffi.buffer(out, n))

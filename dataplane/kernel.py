@@ -8,6 +8,7 @@ thread only and comes back, so no process is forked per namespace.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -185,3 +186,23 @@ def delete_namespaces(paths: Iterable[str]) -> int:
     for p in present:
         core.netns_delete(p)
     return len(present)
+
+
+# tbf's rate field is 32-bit bytes/s in pyroute2 (no TCA_TBF_RATE64): above
+# this a veth is the bottleneck anyway, and the uplink is left unshaped.
+TBF_MAX_RATE_BPS = 32_000_000_000
+
+
+def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
+    """Shape an accelerator's uplink to the link's real rate with tc tbf.
+
+    The bucket holds two full frames: enough for tbf to reach the rate,
+    too little to let a host burst far beyond it."""
+    with ns_ipr(path) as ipr:
+        index = ipr.link_lookup(ifname=ifname)[0]
+        if rate_bps > TBF_MAX_RATE_BPS:
+            with contextlib.suppress(NetlinkError):
+                ipr.tc("del", index=index)
+            return
+        burst = 2 * (mtu_bytes + 14)
+        ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, latency="100ms")

@@ -14,10 +14,12 @@ import concurrent.futures
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
-from dataplane import kernel, registry
+from dataplane import fabric, kernel, registry
 from dataplane.labfile import LabSpec
 from dataplane.topology import IF_PREFIX, Topology, plane_subnet
 
@@ -198,6 +200,11 @@ def up(spec: LabSpec) -> dict:
             _run(_realise(plan, spec, timings))
             record = _record(spec, plan, journal, timings)
             registry.save_lab(spec.name, record)
+            t_fabric = time.perf_counter()
+            journal.fabric_pid = _start_fabric(spec.name)
+            journal.save()
+            _wait_fabric(spec.name, journal.fabric_pid)
+            record["timings_s"]["fabric_s"] = time.perf_counter() - t_fabric
             journal.status = "up"
             journal.save()
     except BaseException as exc:
@@ -216,6 +223,61 @@ def up(spec: LabSpec) -> dict:
     record["timings_s"]["total_s"] = time.perf_counter() - t_start
     registry.save_lab(spec.name, record)
     return record
+
+
+FABRIC_START_TIMEOUT_S = 60.0
+
+
+def _start_fabric(name: str) -> int:
+    log = open(fabric.log_path(name), "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataplane.fabric", name],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # a Ctrl-C in the shell does not reach it
+            close_fds=True,
+        )
+    finally:
+        log.close()
+    return proc.pid
+
+
+def _fabric_log_tail(name: str, lines: int = 5) -> str:
+    try:
+        with open(fabric.log_path(name), errors="replace") as f:
+            return " | ".join(f.read().strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _wait_fabric(name: str, pid: int) -> None:
+    deadline = time.monotonic() + FABRIC_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if fabric.request(name, {"op": "ping"}, timeout_s=2).get("ok"):
+                return
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            raise LabError(f"the fabric of lab {name!r} exited at start: {_fabric_log_tail(name)}")
+        time.sleep(0.02)
+    raise LabError(f"the fabric of lab {name!r} did not answer within {FABRIC_START_TIMEOUT_S:g} s")
+
+
+def _stop_fabric(journal: registry.Journal) -> None:
+    pids = fabric.find_pids(journal.name)
+    kernel.kill_all(pids, grace_s=3.0)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def fabric_alive(journal: registry.Journal) -> bool:
+    return bool(journal.fabric_pid) and fabric.is_fabric(journal.fabric_pid, journal.name)
 
 
 def _record(spec: LabSpec, plan: Plan, journal: registry.Journal, timings: dict) -> dict:
@@ -241,6 +303,7 @@ def _teardown(journal: registry.Journal) -> int:
     journal.status = "deleting"
     with contextlib.suppress(OSError):
         journal.save()
+    _stop_fabric(journal)
     n = kernel.delete_namespaces(journal.namespaces)
     registry.remove(journal.name)
     return n
@@ -316,10 +379,13 @@ def listing() -> list[dict]:
     for j in registry.journals():
         rec = registry.load_lab(j.name) or {}
         topo = rec.get("topology", {})
+        status = j.status
+        if status == "up" and not fabric_alive(j):
+            status = "failed: fabric exited"
         out.append(
             {
                 "name": j.name,
-                "status": j.status,
+                "status": status,
                 "family": rec.get("family", "?"),
                 "nodes": len(topo.get("nodes", [])),
                 "links": len(topo.get("links", [])),
@@ -329,6 +395,24 @@ def listing() -> list[dict]:
             }
         )
     return out
+
+
+def control(name: str, req: dict) -> dict:
+    """A request to a running lab's fabric; LabError if the lab or fabric is gone."""
+    get(name)
+    j = registry.Journal.load(name)
+    if j is None or not fabric_alive(j):
+        raise LabError(
+            f"the fabric of lab {name!r} is not running (it crashed or was killed): "
+            f"{_fabric_log_tail(name) or 'no log'}; `ethplus lab down {name}` removes the lab"
+        )
+    try:
+        resp = fabric.request(name, req)
+    except (OSError, ValueError) as exc:
+        raise LabError(f"the fabric of lab {name!r} does not answer: {exc}") from None
+    if not resp.get("ok"):
+        raise LabError(resp.get("error", "request failed"))
+    return resp
 
 
 def node_ns(name: str, node: str) -> str:

@@ -65,6 +65,7 @@ class Journal:
     namespaces: list[str]  # full paths
     pid: int
     file: str = ""
+    fabric_pid: int = 0
 
     def save(self) -> None:
         d = lab_dir(self.name)

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 2
+#define ETHP_ABI_VERSION 4
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -135,9 +135,12 @@ struct ethp_pkt {
     uint8_t *data;
     uint32_t len;
     uint32_t cap;
-    uint64_t ts_ns;      /* receive (or scheduled departure) time */
-    uint32_t port;       /* ingress or egress port index, owner's choice */
-    uint32_t in_pool;    /* 1 while owned by the pool: catches double frees */
+    uint64_t ts_ns;      /* receive time, then the time it is due somewhere */
+    struct ethp_pkt *next; /* queue link, owned by whoever holds the packet */
+    uint16_t port;       /* ingress port index, owner's choice */
+    uint8_t cls;         /* traffic class while queued */
+    uint8_t in_pool;     /* 1 while owned by the pool: catches double frees */
+    uint32_t pad;
 };
 
 struct ethp_pool;
@@ -204,6 +207,134 @@ uint32_t ethp_port_rx_burst(struct ethp_port *port, struct ethp_pool *pool,
 uint32_t ethp_port_tx_burst(struct ethp_port *port, struct ethp_pkt **pkts, uint32_t n);
 /* Copy the counters (ETHP_PORT_NCOUNTERS values) into out. */
 void ethp_port_counters(struct ethp_port *port, uint64_t *out);
+
+/* ---------------------------------------------------------------- switch */
+
+enum {
+    ETHP_NCLASSES = 2,
+    ETHP_CLS_HIGH = 0,  /* control, acks, trimmed headers, pause */
+    ETHP_CLS_DATA = 1,
+    ETHP_MAX_GROUP_PORTS = 512,
+};
+
+enum ethp_fwd_mode {
+    ETHP_FWD_ECMP = 0,     /* every flow by its 5-tuple hash */
+    ETHP_FWD_SPRAY = 1,    /* ETH+ frames by their entropy value */
+    ETHP_FWD_ADAPTIVE = 2, /* ETH+ frames to the least-loaded egress queue */
+};
+
+enum ethp_route_kind {
+    ETHP_ROUTE_IPV4 = 0, /* key: an address in 198.18.0.0/16 */
+    ETHP_ROUTE_EP = 1,   /* key: an ETH+ endpoint (compact form) */
+};
+
+struct ethp_switch_cfg {
+    uint32_t forwarding;       /* enum ethp_fwd_mode */
+    uint32_t ecn;              /* RED-mark ECT frames on enqueue */
+    uint64_t ecn_kmin_bytes;
+    uint64_t ecn_kmax_bytes;
+    double ecn_pmax;
+    uint32_t trimming;
+    uint32_t lossless;         /* PFC on every port */
+    uint64_t trim_threshold_bytes;
+    uint64_t pfc_xoff_bytes;   /* per ingress port and class */
+    uint64_t pfc_xon_bytes;
+    uint64_t burst_ns;         /* how far ahead of its start a frame may leave its queue */
+    uint64_t seed;             /* hashing and fault randomness */
+    uint32_t pool_pkts;
+    uint32_t buf_bytes;
+};
+
+/* One port's link, in real (time-scaled) units; both directions of the link. */
+struct ethp_link_state {
+    uint64_t rate_bps;
+    uint64_t delay_ns;
+    uint64_t buffer_bytes;     /* egress buffer of this port */
+    double loss;               /* probability, each direction */
+    double corrupt;            /* probability, each direction; dropped as on a bad FCS */
+    uint32_t up;
+    uint32_t peer_is_host;     /* this port also plays the host->switch direction */
+    uint8_t mac[6];
+    uint8_t peer_mac[6];
+};
+
+/* Per-port counters.  X(name, help) */
+#define ETHP_SW_COUNTERS(X)                                                     \
+    X(rx_frames, "frames read from the ring")                                   \
+    X(rx_bytes, "bytes read from the ring")                                     \
+    X(tx_frames, "frames sent on this port")                                    \
+    X(tx_bytes, "bytes sent on this port")                                      \
+    X(drop_queue_full, "tail drops: egress buffer full")                        \
+    X(drop_loss, "injected loss")                                               \
+    X(drop_corrupt, "injected corruption, dropped as a bad FCS would be")       \
+    X(drop_link_down, "link down")                                              \
+    X(drop_node_down, "switch down")                                            \
+    X(drop_malformed, "frames the parser rejected")                             \
+    X(drop_no_route, "no route to the destination")                             \
+    X(drop_no_buf, "packet pool empty")                                         \
+    X(drop_ring, "RX ring overflow in the kernel (never read)")                 \
+    X(drop_tx_error, "the kernel refused the frame")                            \
+    X(ctl_consumed, "MAC control frames consumed here")                         \
+    X(ecn_marked, "CE marks set")                                               \
+    X(trimmed, "payloads trimmed")                                              \
+    X(pause_tx, "PFC frames sent (pause and resume)")                           \
+    X(pause_rx, "PFC frames received")                                          \
+    X(q_frames, "frames in the egress queues now")                              \
+    X(q_bytes, "bytes in the egress queues now")                                \
+    X(q_hwm_bytes, "egress queue high-water mark")                              \
+    X(wire_frames, "frames on the wire now (delay lines, both directions)")     \
+    X(late_frames, "frames that left more than 100 us after they were due")     \
+    X(late_max_ns, "largest pacer lateness")                                    \
+    X(late_sum_ns, "sum of pacer lateness")                                     \
+    X(tx_again, "sends deferred: socket buffer full")
+
+/* Per-port, per-class counters.  X(name, help) */
+#define ETHP_SW_CLASS_COUNTERS(X)                                               \
+    X(enq_frames, "frames enqueued")                                            \
+    X(tx_frames, "frames dequeued onto the link")                               \
+    X(drop_queue_full, "tail drops")                                            \
+    X(q_bytes, "bytes queued now")                                              \
+    X(q_hwm_bytes, "high-water mark")                                           \
+    X(paused_ns, "time this class was paused by the peer")
+
+#define ETHP_X_ENUM(name, help) ETHP_SC_##name,
+enum ethp_sw_counter { ETHP_SW_COUNTERS(ETHP_X_ENUM) ETHP_SW_NCOUNTERS };
+#undef ETHP_X_ENUM
+#define ETHP_X_ENUM(name, help) ETHP_CC_##name,
+enum ethp_sw_class_counter { ETHP_SW_CLASS_COUNTERS(ETHP_X_ENUM) ETHP_SW_NCLASS_COUNTERS };
+#undef ETHP_X_ENUM
+
+uint32_t ethp_sw_counter_count(void);
+const char *ethp_sw_counter_name(uint32_t i);
+uint32_t ethp_sw_class_counter_count(void);
+const char *ethp_sw_class_counter_name(uint32_t i);
+
+struct ethp_switch;
+struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t max_ports);
+/* Add a port (opens its AF_PACKET socket).  Returns its index or a negative errno. */
+int ethp_switch_add_port(struct ethp_switch *sw, const char *netns_path, const char *ifname,
+                         const struct ethp_link_state *link);
+/* Route key (enum ethp_route_kind) to an equal-cost group of ports. */
+int ethp_switch_add_route(struct ethp_switch *sw, uint32_t kind, uint32_t key,
+                          const uint16_t *ports, uint32_t n_ports);
+/* Start the forwarding thread.  0 or negative errno. */
+int ethp_switch_start(struct ethp_switch *sw);
+/* Stop and join the thread, free everything. */
+void ethp_switch_free(struct ethp_switch *sw);
+/* Change a port's link at run time (applied by the thread within one loop). */
+int ethp_switch_set_link(struct ethp_switch *sw, uint32_t port, const struct ethp_link_state *link);
+void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up);
+uint32_t ethp_switch_port_count(const struct ethp_switch *sw);
+/* Copy one port's counters: ETHP_SW_NCOUNTERS values into out, then
+ * ETHP_NCLASSES x ETHP_SW_NCLASS_COUNTERS into cls_out. */
+void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out,
+                          uint64_t *cls_out);
+/* Loop iterations and wake-ups of the thread (for idle-CPU checks). */
+uint64_t ethp_switch_wakeups(const struct ethp_switch *sw);
+
+/* Build an 802.1Qbb PFC frame pausing the classes in mask for quanta. */
+int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
+                   uint16_t quanta);
 
 /* ----------------------------------------------------------------- netns */
 

@@ -73,4 +73,7 @@ static inline uint64_t ethp_now_ns(void)
 int ethp_netns_enter(const char *path, int *saved);
 void ethp_netns_leave(int saved);
 
+/* The live counters of a port (ETHP_PORT_NCOUNTERS), for its owner thread. */
+const uint64_t *ethp_port_counters_ref(const struct ethp_port *port);
+
 #endif

@@ -180,6 +180,7 @@ uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
                             struct ethp_pkt **pkts, uint32_t n)
 {
     uint32_t got = 0;
+    uint64_t now = ethp_now_ns(); /* monotonic, unlike the ring's timestamps */
     while (got < n) {
         if (!p->left_in_block) {
             if (!block_ready(p))
@@ -204,7 +205,7 @@ uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
         } else {
             memcpy(k->data, data, len);
             k->len = len;
-            k->ts_ns = (uint64_t)f->tp_sec * 1000000000ull + f->tp_nsec;
+            k->ts_ns = now;
             pkts[got++] = k;
             p->c[ETHP_PC_rx_frames]++;
             p->c[ETHP_PC_rx_bytes] += len;
@@ -253,6 +254,8 @@ uint32_t ethp_port_tx_burst(struct ethp_port *p, struct ethp_pkt **pkts, uint32_
     }
     return sent;
 }
+
+const uint64_t *ethp_port_counters_ref(const struct ethp_port *p) { return p->c; }
 
 void ethp_port_counters(struct ethp_port *p, uint64_t *out)
 {

@@ -221,3 +221,30 @@ int ethp_parse(const uint8_t *frame, size_t len, struct ethp_parsed *p)
         return p->kind = rc;
     return p->kind = ETHP_KIND_ETHP_UDP;
 }
+
+int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
+                   uint16_t quanta)
+{
+    /* 802.1Qbb: to 01:80:c2:00:00:01, MAC control, opcode 0x0101, class
+     * enable vector, eight 16-bit quanta (unit: 512 bit times); padded to 60. */
+    static const uint8_t dst[6] = {0x01, 0x80, 0xc2, 0x00, 0x00, 0x01};
+    const size_t len = 60;
+    if (cap < len)
+        return ETHP_ERR_NOSPACE;
+    memset(out, 0, len);
+    memcpy(out, dst, 6);
+    memcpy(out + 6, src_mac, 6);
+    out[12] = 0x88;
+    out[13] = 0x08;
+    out[14] = 0x01;
+    out[15] = 0x01;
+    out[16] = 0;
+    out[17] = class_mask;
+    for (int c = 0; c < 8; c++) {
+        if (class_mask & (1u << c)) {
+            out[18 + 2 * c] = (uint8_t)(quanta >> 8);
+            out[19 + 2 * c] = (uint8_t)quanta;
+        }
+    }
+    return (int)len;
+}

@@ -1,0 +1,780 @@
+/* switch.c - a software switch: one thread, many AF_PACKET ports.
+ *
+ * Per frame, in bursts: parse -> forward (exact host lookup to an equal-cost
+ * group, ECMP / spray / adaptive choice) -> enqueue (ECN RED marking,
+ * trimming, tail drop, PFC accounting) -> schedule (strict priority between
+ * two classes, honouring the peer's pauses) -> shape (a pacer on the
+ * monotonic clock: each frame occupies the link for its wire bytes at the
+ * link's real rate) -> delay (a timestamped FIFO released at departure +
+ * delay) -> transmit (sendmmsg).  The thread sleeps in epoll_pwait2 until a
+ * ring block is ready or the next frame is due; idle, it does not wake.
+ *
+ * Link directions: a frame crossing a link from switch to anything is shaped,
+ * delayed and subjected to the link's faults at the sending switch port.  A
+ * frame from a host (whose kernel or NIC does the shaping) gets the link's
+ * delay and faults at the receiving switch port.  So each direction of each
+ * link is played exactly once.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "ethp_int.h"
+
+#define SW_BURST 64
+#define SW_LATE_NS 100000ull
+#define SW_EVFD_TAG 0xffffffffu
+#define SW_LAB_NET 0xC612u /* 198.18.0.0/16, the accelerator ports */
+
+struct pktq {
+    struct ethp_pkt *head, *tail;
+    uint64_t bytes;
+    uint32_t frames;
+};
+
+static void q_push(struct pktq *q, struct ethp_pkt *p)
+{
+    p->next = NULL;
+    if (q->tail)
+        q->tail->next = p;
+    else
+        q->head = p;
+    q->tail = p;
+    q->bytes += p->len;
+    q->frames++;
+}
+
+static void q_push_front(struct pktq *q, struct ethp_pkt *p)
+{
+    p->next = q->head;
+    q->head = p;
+    if (!q->tail)
+        q->tail = p;
+    q->bytes += p->len;
+    q->frames++;
+}
+
+static struct ethp_pkt *q_pop(struct pktq *q)
+{
+    struct ethp_pkt *p = q->head;
+    if (!p)
+        return NULL;
+    q->head = p->next;
+    if (!q->head)
+        q->tail = NULL;
+    q->bytes -= p->len;
+    q->frames--;
+    p->next = NULL;
+    return p;
+}
+
+struct sw_port {
+    struct ethp_port *io;
+    struct ethp_link_state link;
+    struct pktq q[ETHP_NCLASSES]; /* egress queues */
+    struct pktq wire;             /* egress delay line: ts_ns = due at the peer */
+    struct pktq in_wire;          /* ingress delay line (peer is a host) */
+    uint64_t next_tx_ns;          /* the link is busy until then */
+    uint64_t paused_until[ETHP_NCLASSES];
+    uint64_t paused_since[ETHP_NCLASSES];
+    uint64_t pfc_in_bytes[ETHP_NCLASSES]; /* buffered here, came in on this port */
+    uint64_t pfc_refresh_ns[ETHP_NCLASSES]; /* 0: the peer is not paused by us */
+    uint64_t c[ETHP_SW_NCOUNTERS];
+    uint64_t cc[ETHP_NCLASSES][ETHP_SW_NCLASS_COUNTERS];
+    struct ethp_link_state pending;
+    int has_pending;
+};
+
+struct sw_group {
+    uint16_t n;
+    uint16_t *ports;
+};
+
+struct ethp_switch {
+    struct ethp_switch_cfg cfg;
+    struct sw_port *ports;
+    uint32_t n_ports, max_ports;
+    struct ethp_pool *pool;
+    uint16_t *route_ip; /* 65536 entries: group index + 1, 0 = no route */
+    uint16_t *route_ep;
+    struct sw_group *groups;
+    uint32_t n_groups, cap_groups;
+    pthread_t thread;
+    int started;
+    int epfd, evfd;
+    int stop;            /* atomic */
+    uint32_t up;         /* atomic */
+    int have_pending;    /* atomic */
+    pthread_mutex_t lock;
+    uint64_t rng;
+    uint64_t wakeups;
+};
+
+/* ---------------------------------------------------------------- names */
+
+#define ETHP_X_NAME(name, help) #name,
+static const char *const sw_names[] = {ETHP_SW_COUNTERS(ETHP_X_NAME)};
+static const char *const sw_class_names[] = {ETHP_SW_CLASS_COUNTERS(ETHP_X_NAME)};
+#undef ETHP_X_NAME
+
+uint32_t ethp_sw_counter_count(void) { return ETHP_SW_NCOUNTERS; }
+const char *ethp_sw_counter_name(uint32_t i) { return i < ETHP_SW_NCOUNTERS ? sw_names[i] : NULL; }
+uint32_t ethp_sw_class_counter_count(void) { return ETHP_SW_NCLASS_COUNTERS; }
+const char *ethp_sw_class_counter_name(uint32_t i)
+{
+    return i < ETHP_SW_NCLASS_COUNTERS ? sw_class_names[i] : NULL;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static double rnd(struct ethp_switch *sw)
+{
+    /* xorshift64*: deterministic for a given seed */
+    uint64_t x = sw->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    sw->rng = x;
+    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static uint64_t ser_ns(const struct ethp_link_state *l, uint32_t frame_bytes)
+{
+    return (uint64_t)ethp_wire_bytes(frame_bytes) * 8ull * 1000000000ull / l->rate_bps;
+}
+
+static void drop(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt *p, int reason)
+{
+    port->c[reason]++;
+    ethp_pool_put(sw->pool, &p, 1);
+}
+
+static void fix_ipv4_csum(uint8_t *ip)
+{
+    ip[10] = ip[11] = 0;
+    uint16_t c = ethp_inet_csum(ip, ETHP_IPV4_HDR_BYTES);
+    memcpy(ip + 10, &c, 2);
+}
+
+/* ---------------------------------------------------------------- PFC */
+
+static void pfc_send(struct ethp_switch *sw, struct sw_port *port, int cls, uint16_t quanta,
+                     uint64_t now)
+{
+    struct ethp_pkt *p;
+    if (ethp_pool_get(sw->pool, &p, 1) != 1)
+        return;
+    p->len = (uint32_t)ethp_build_pfc(p->data, p->cap, port->link.mac, (uint8_t)(1u << cls), quanta);
+    ethp_port_tx_burst(port->io, &p, 1);
+    ethp_pool_put(sw->pool, &p, 1);
+    port->c[ETHP_SC_pause_tx]++;
+    /* Refresh a pause at half its lifetime while the queue stays above XON. */
+    uint64_t life_ns = (uint64_t)quanta * 512ull * 1000000000ull / port->link.rate_bps;
+    port->pfc_refresh_ns[cls] = quanta ? now + life_ns / 2 + 1 : 0;
+}
+
+static void pfc_receive(struct sw_port *port, const uint8_t *f, uint32_t len, uint64_t now)
+{
+    port->c[ETHP_SC_pause_rx]++;
+    if (len < 18 + 16)
+        return;
+    uint16_t opcode = (uint16_t)(f[14] << 8 | f[15]);
+    uint16_t mask = opcode == 0x0001 ? 0xff : (uint16_t)(f[16] << 8 | f[17]);
+    for (int c = 0; c < ETHP_NCLASSES; c++) {
+        if (!(mask & (1u << c)))
+            continue;
+        uint16_t quanta = opcode == 0x0001 ? (uint16_t)(f[16] << 8 | f[17])
+                                           : (uint16_t)(f[18 + 2 * c] << 8 | f[19 + 2 * c]);
+        if (port->paused_until[c] > port->paused_since[c]) {
+            uint64_t end = now < port->paused_until[c] ? now : port->paused_until[c];
+            port->cc[c][ETHP_CC_paused_ns] += end - port->paused_since[c];
+        }
+        port->paused_since[c] = now;
+        port->paused_until[c] =
+            quanta ? now + (uint64_t)quanta * 512ull * 1000000000ull / port->link.rate_bps : now;
+    }
+}
+
+/* ---------------------------------------------------------------- enqueue */
+
+static int is_ethp(int kind)
+{
+    return kind == ETHP_KIND_ETHP_UDP || kind == ETHP_KIND_ETHP_COMPACT;
+}
+
+static void trim(struct ethp_pkt *p, const struct ethp_parsed *ps, int kind)
+{
+    p->len = ps->payload_off;
+    p->data[ps->hdr_off + 1] |= ETHP_F_TRIMMED;
+    if (kind == ETHP_KIND_ETHP_UDP) {
+        uint8_t *ip = p->data + ETHP_ETH_HDR_BYTES;
+        uint16_t total = htons((uint16_t)(p->len - ETHP_ETH_HDR_BYTES));
+        uint16_t udp_len = htons((uint16_t)(p->len - ps->l4_off));
+        memcpy(ip + 2, &total, 2);
+        memcpy(p->data + ps->l4_off + 4, &udp_len, 2);
+        fix_ipv4_csum(ip);
+    }
+}
+
+/* RED: no mark below Kmin, probability rising to Pmax at Kmax, all above. */
+static int red_mark(struct ethp_switch *sw, uint64_t q)
+{
+    const struct ethp_switch_cfg *c = &sw->cfg;
+    if (q <= c->ecn_kmin_bytes)
+        return 0;
+    if (q >= c->ecn_kmax_bytes)
+        return 1;
+    double prob = c->ecn_pmax * (double)(q - c->ecn_kmin_bytes) /
+                  (double)(c->ecn_kmax_bytes - c->ecn_kmin_bytes);
+    return rnd(sw) < prob;
+}
+
+static void mark_ce(struct sw_port *e, struct ethp_pkt *p, const struct ethp_parsed *ps, int kind)
+{
+    uint8_t *tos = kind == ETHP_KIND_ETHP_COMPACT ? p->data + ps->hdr_off + 26
+                                                  : p->data + ETHP_ETH_HDR_BYTES + 1;
+    if (!(*tos & 3) || (*tos & 3) == 3)
+        return; /* not ECN-capable, or already marked */
+    *tos |= 3;
+    if (kind != ETHP_KIND_ETHP_COMPACT)
+        fix_ipv4_csum(p->data + ETHP_ETH_HDR_BYTES);
+    e->c[ETHP_SC_ecn_marked]++;
+}
+
+static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *p,
+                    const struct ethp_parsed *ps, int kind, uint64_t now)
+{
+    if (!e->link.up) {
+        drop(sw, e, p, ETHP_SC_drop_link_down);
+        return;
+    }
+    int cls = ETHP_CLS_DATA;
+    if (is_ethp(kind) && (ps->hdr.opcode != ETHP_OP_DATA || (ps->hdr.flags & ETHP_F_TRIMMED)))
+        cls = ETHP_CLS_HIGH;
+    uint64_t qb = e->q[0].bytes + e->q[1].bytes;
+    if (cls == ETHP_CLS_DATA) {
+        if (sw->cfg.trimming && is_ethp(kind) && (ps->hdr.flags & ETHP_F_TRIMMABLE) &&
+            e->q[ETHP_CLS_DATA].bytes > sw->cfg.trim_threshold_bytes) {
+            trim(p, ps, kind);
+            e->c[ETHP_SC_trimmed]++;
+            cls = ETHP_CLS_HIGH;
+        } else if (sw->cfg.ecn && red_mark(sw, qb)) {
+            mark_ce(e, p, ps, kind);
+        }
+    }
+    if (qb + p->len > e->link.buffer_bytes) {
+        e->cc[cls][ETHP_CC_drop_queue_full]++;
+        drop(sw, e, p, ETHP_SC_drop_queue_full);
+        return;
+    }
+    p->cls = (uint8_t)cls;
+    q_push(&e->q[cls], p);
+    e->cc[cls][ETHP_CC_enq_frames]++;
+    e->cc[cls][ETHP_CC_q_bytes] = e->q[cls].bytes;
+    if (e->q[cls].bytes > e->cc[cls][ETHP_CC_q_hwm_bytes])
+        e->cc[cls][ETHP_CC_q_hwm_bytes] = e->q[cls].bytes;
+    e->c[ETHP_SC_q_frames]++;
+    e->c[ETHP_SC_q_bytes] = qb + p->len;
+    if (qb + p->len > e->c[ETHP_SC_q_hwm_bytes])
+        e->c[ETHP_SC_q_hwm_bytes] = qb + p->len;
+    if (sw->cfg.lossless) {
+        struct sw_port *in = &sw->ports[p->port];
+        in->pfc_in_bytes[cls] += p->len;
+        if (in->pfc_in_bytes[cls] > sw->cfg.pfc_xoff_bytes && !in->pfc_refresh_ns[cls])
+            pfc_send(sw, in, cls, 0xffff, now);
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static uint16_t choose(struct ethp_switch *sw, const struct sw_group *g,
+                       const struct ethp_parsed *ps, int kind)
+{
+    if (g->n == 1)
+        return g->ports[0];
+    uint64_t seed = sw->cfg.seed;
+    if (is_ethp(kind) && sw->cfg.forwarding == ETHP_FWD_ADAPTIVE) {
+        uint32_t start = (uint32_t)(mix64(seed ^ ps->hdr.entropy) % g->n);
+        uint16_t best = g->ports[start];
+        uint64_t best_q = UINT64_MAX;
+        for (uint32_t i = 0; i < g->n; i++) {
+            uint16_t cand = g->ports[(start + i) % g->n];
+            struct sw_port *e = &sw->ports[cand];
+            uint64_t q = e->link.up ? e->q[0].bytes + e->q[1].bytes : UINT64_MAX - 1;
+            if (q < best_q) {
+                best_q = q;
+                best = cand;
+            }
+        }
+        return best;
+    }
+    uint64_t h;
+    if (is_ethp(kind) && sw->cfg.forwarding == ETHP_FWD_SPRAY)
+        h = mix64(seed ^ ((uint64_t)ps->hdr.entropy << 16 | ps->hdr.dst_ep));
+    else
+        h = mix64(seed ^ ((uint64_t)ps->addr.src_ip << 32 | ps->addr.dst_ip)) ^
+            mix64((uint64_t)ps->ip_proto << 32 | (uint32_t)ps->addr.src_port << 16 |
+                  ps->addr.dst_port);
+    return g->ports[h % g->n];
+}
+
+static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
+{
+    struct sw_port *in = &sw->ports[p->port];
+    struct ethp_parsed ps;
+    int kind = ethp_parse(p->data, p->len, &ps);
+    if (kind < 0) {
+        drop(sw, in, p, ETHP_SC_drop_malformed);
+        return;
+    }
+    if (kind == ETHP_KIND_MACCTL) {
+        pfc_receive(in, p->data, p->len, now);
+        drop(sw, in, p, ETHP_SC_ctl_consumed);
+        return;
+    }
+    uint16_t gi = 0;
+    if ((kind == ETHP_KIND_IPV4 || kind == ETHP_KIND_ETHP_UDP) && ps.addr.dst_ip >> 16 == SW_LAB_NET)
+        gi = sw->route_ip[ps.addr.dst_ip & 0xffff];
+    else if (kind == ETHP_KIND_ETHP_COMPACT)
+        gi = sw->route_ep[ps.hdr.dst_ep];
+    if (!gi) {
+        drop(sw, in, p, ETHP_SC_drop_no_route);
+        return;
+    }
+    struct sw_port *e = &sw->ports[choose(sw, &sw->groups[gi - 1], &ps, kind)];
+    memcpy(p->data, e->link.peer_mac, 6);
+    memcpy(p->data + 6, e->link.mac, 6);
+    if (is_ethp(kind))
+        p->data[ps.hdr_off + 27]++; /* hops */
+    enqueue(sw, e, p, &ps, kind, now);
+}
+
+/* ---------------------------------------------------------------- rx / tx */
+
+static int fault(struct ethp_switch *sw, const struct ethp_link_state *l)
+{
+    if (!__atomic_load_n(&sw->up, __ATOMIC_RELAXED))
+        return ETHP_SC_drop_node_down;
+    if (!l->up)
+        return ETHP_SC_drop_link_down;
+    if (l->loss > 0 && rnd(sw) < l->loss)
+        return ETHP_SC_drop_loss;
+    if (l->corrupt > 0 && rnd(sw) < l->corrupt)
+        return ETHP_SC_drop_corrupt;
+    return -1;
+}
+
+static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt *p, uint64_t now)
+{
+    if (!__atomic_load_n(&sw->up, __ATOMIC_RELAXED)) {
+        drop(sw, port, p, ETHP_SC_drop_node_down);
+        return;
+    }
+    if (port->link.peer_is_host) {
+        int why = fault(sw, &port->link);
+        if (why >= 0) {
+            drop(sw, port, p, why);
+            return;
+        }
+        if (port->link.delay_ns) {
+            p->ts_ns = now + port->link.delay_ns;
+            q_push(&port->in_wire, p);
+            port->c[ETHP_SC_wire_frames]++;
+            return;
+        }
+    }
+    forward(sw, p, now);
+}
+
+static void rx(struct ethp_switch *sw, uint16_t idx, uint64_t now)
+{
+    struct sw_port *port = &sw->ports[idx];
+    struct ethp_pkt *pk[SW_BURST];
+    const uint64_t *io = ethp_port_counters_ref(port->io);
+    for (;;) {
+        uint64_t lost_before = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated];
+        uint32_t n = ethp_port_rx_burst(port->io, sw->pool, pk, SW_BURST);
+        uint64_t lost = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated] - lost_before;
+        port->c[ETHP_SC_rx_frames] += n + lost;
+        port->c[ETHP_SC_drop_no_buf] += lost;
+        for (uint32_t i = 0; i < n; i++) {
+            port->c[ETHP_SC_rx_bytes] += pk[i]->len;
+            pk[i]->port = idx;
+            admit(sw, port, pk[i], now);
+        }
+        if (n < SW_BURST)
+            return;
+    }
+}
+
+static void release_ingress(struct ethp_switch *sw, struct sw_port *port, uint64_t now)
+{
+    while (port->in_wire.head && port->in_wire.head->ts_ns <= now) {
+        struct ethp_pkt *p = q_pop(&port->in_wire);
+        port->c[ETHP_SC_wire_frames]--;
+        forward(sw, p, now);
+    }
+}
+
+static int next_class(const struct sw_port *e, uint64_t now)
+{
+    for (int c = 0; c < ETHP_NCLASSES; c++)
+        if (e->q[c].frames && now >= e->paused_until[c])
+            return c;
+    return -1;
+}
+
+static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
+{
+    int c;
+    while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= now + sw->cfg.burst_ns) {
+        struct ethp_pkt *p = q_pop(&e->q[c]);
+        e->cc[c][ETHP_CC_tx_frames]++;
+        e->cc[c][ETHP_CC_q_bytes] = e->q[c].bytes;
+        e->c[ETHP_SC_q_frames]--;
+        e->c[ETHP_SC_q_bytes] = e->q[0].bytes + e->q[1].bytes;
+        if (sw->cfg.lossless) {
+            struct sw_port *in = &sw->ports[p->port];
+            in->pfc_in_bytes[c] -= p->len;
+            if (in->pfc_refresh_ns[c] && in->pfc_in_bytes[c] < sw->cfg.pfc_xon_bytes)
+                pfc_send(sw, in, c, 0, now);
+        }
+        /* A pacer with a bounded burst: a thread that woke late may catch up
+         * on up to burst_ns of link time, never more. */
+        uint64_t floor = now > sw->cfg.burst_ns ? now - sw->cfg.burst_ns : 0;
+        uint64_t start = e->next_tx_ns > floor ? e->next_tx_ns : floor;
+        e->next_tx_ns = start + ser_ns(&e->link, p->len);
+        int why = fault(sw, &e->link);
+        if (why >= 0) {
+            drop(sw, e, p, why);
+            continue;
+        }
+        p->ts_ns = e->next_tx_ns + e->link.delay_ns;
+        q_push(&e->wire, p);
+        e->c[ETHP_SC_wire_frames]++;
+    }
+}
+
+static void release_egress(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
+{
+    const uint64_t *io = ethp_port_counters_ref(e->io);
+    while (e->wire.head && e->wire.head->ts_ns <= now) {
+        struct ethp_pkt *b[SW_BURST];
+        uint32_t n = 0;
+        while (n < SW_BURST && e->wire.head && e->wire.head->ts_ns <= now)
+            b[n++] = q_pop(&e->wire);
+        uint64_t err_before = io[ETHP_PC_tx_errors];
+        uint32_t sent = ethp_port_tx_burst(e->io, b, n);
+        uint64_t errs = io[ETHP_PC_tx_errors] - err_before;
+        for (uint32_t i = n; i > sent; i--) /* socket buffer full: retry later, in order */
+            q_push_front(&e->wire, b[i - 1]);
+        e->c[ETHP_SC_tx_again] += n - sent;
+        e->c[ETHP_SC_tx_frames] += sent - errs;
+        e->c[ETHP_SC_drop_tx_error] += errs;
+        e->c[ETHP_SC_wire_frames] -= sent;
+        for (uint32_t i = 0; i < sent; i++) {
+            e->c[ETHP_SC_tx_bytes] += b[i]->len;
+            uint64_t late = now - b[i]->ts_ns;
+            e->c[ETHP_SC_late_sum_ns] += late;
+            if (late > e->c[ETHP_SC_late_max_ns])
+                e->c[ETHP_SC_late_max_ns] = late;
+            if (late > SW_LATE_NS)
+                e->c[ETHP_SC_late_frames]++;
+        }
+        ethp_pool_put(sw->pool, b, sent);
+        if (sent < n)
+            return;
+    }
+}
+
+static void pfc_refresh(struct ethp_switch *sw, struct sw_port *port, uint64_t now)
+{
+    for (int c = 0; c < ETHP_NCLASSES; c++)
+        if (port->pfc_refresh_ns[c] && now >= port->pfc_refresh_ns[c])
+            pfc_send(sw, port, c, 0xffff, now);
+}
+
+/* The earliest time anything is due, or UINT64_MAX. */
+static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
+{
+    uint64_t t = UINT64_MAX;
+#define ETHP_MIN(x) do { uint64_t v_ = (x); if (v_ < t) t = v_; } while (0)
+    for (uint32_t i = 0; i < sw->n_ports; i++) {
+        const struct sw_port *e = &sw->ports[i];
+        if (e->in_wire.head)
+            ETHP_MIN(e->in_wire.head->ts_ns);
+        if (e->wire.head)
+            ETHP_MIN(e->wire.head->ts_ns);
+        for (int c = 0; c < ETHP_NCLASSES; c++) {
+            if (!e->q[c].frames)
+                continue;
+            if (now < e->paused_until[c])
+                ETHP_MIN(e->paused_until[c]);
+            else
+                ETHP_MIN(e->next_tx_ns > sw->cfg.burst_ns ? e->next_tx_ns - sw->cfg.burst_ns : 0);
+        }
+        for (int c = 0; c < ETHP_NCLASSES; c++)
+            if (e->pfc_refresh_ns[c])
+                ETHP_MIN(e->pfc_refresh_ns[c]);
+    }
+#undef ETHP_MIN
+    return t;
+}
+
+static void apply_pending(struct ethp_switch *sw)
+{
+    if (!__atomic_exchange_n(&sw->have_pending, 0, __ATOMIC_ACQ_REL))
+        return;
+    pthread_mutex_lock(&sw->lock);
+    for (uint32_t i = 0; i < sw->n_ports; i++) {
+        struct sw_port *e = &sw->ports[i];
+        if (e->has_pending) {
+            e->link = e->pending;
+            e->has_pending = 0;
+        }
+    }
+    pthread_mutex_unlock(&sw->lock);
+}
+
+static void *sw_main(void *arg)
+{
+    struct ethp_switch *sw = arg;
+    struct epoll_event evs[64];
+    prctl(PR_SET_TIMERSLACK, 1UL); /* wake when asked, not 50 us later */
+    while (!__atomic_load_n(&sw->stop, __ATOMIC_ACQUIRE)) {
+        apply_pending(sw);
+        uint64_t now = ethp_now_ns();
+        uint64_t due = next_due(sw, now);
+        struct timespec ts, *tp = NULL;
+        if (due != UINT64_MAX) {
+            uint64_t wait = due > now ? due - now : 0;
+            ts.tv_sec = (time_t)(wait / 1000000000ull);
+            ts.tv_nsec = (long)(wait % 1000000000ull);
+            tp = &ts;
+        }
+        int n = epoll_pwait2(sw->epfd, evs, 64, tp, NULL);
+        sw->wakeups++;
+        now = ethp_now_ns();
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.u32 == SW_EVFD_TAG) {
+                uint64_t v;
+                if (read(sw->evfd, &v, sizeof(v)) < 0) { /* nothing to do */ }
+                continue;
+            }
+            rx(sw, (uint16_t)evs[i].data.u32, now);
+        }
+        for (uint32_t i = 0; i < sw->n_ports; i++) {
+            struct sw_port *e = &sw->ports[i];
+            release_ingress(sw, e, now);
+        }
+        for (uint32_t i = 0; i < sw->n_ports; i++) {
+            struct sw_port *e = &sw->ports[i];
+            schedule(sw, e, now);
+            release_egress(sw, e, now);
+            pfc_refresh(sw, e, now);
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- API */
+
+struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t max_ports)
+{
+    struct ethp_switch *sw = calloc(1, sizeof(*sw));
+    if (!sw)
+        return NULL;
+    sw->cfg = *cfg;
+    sw->max_ports = max_ports;
+    sw->ports = calloc(max_ports, sizeof(*sw->ports));
+    sw->route_ip = calloc(65536, sizeof(uint16_t));
+    sw->route_ep = calloc(65536, sizeof(uint16_t));
+    sw->pool = ethp_pool_new(cfg->pool_pkts, cfg->buf_bytes);
+    sw->epfd = epoll_create1(EPOLL_CLOEXEC);
+    sw->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    sw->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull;
+    sw->up = 1;
+    pthread_mutex_init(&sw->lock, NULL);
+    if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->pool || sw->epfd < 0 || sw->evfd < 0) {
+        ethp_switch_free(sw);
+        return NULL;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = SW_EVFD_TAG};
+    epoll_ctl(sw->epfd, EPOLL_CTL_ADD, sw->evfd, &ev);
+    return sw;
+}
+
+int ethp_switch_add_port(struct ethp_switch *sw, const char *netns_path, const char *ifname,
+                         const struct ethp_link_state *link)
+{
+    if (sw->started || sw->n_ports >= sw->max_ports || !link->rate_bps)
+        return -EINVAL;
+    /* 128 KiB blocks: a handful of MTU frames each; 1 ms retire timer. */
+    struct ethp_port_cfg pc = {.block_bytes = 1u << 17, .n_blocks = 8, .block_timeout_ms = 1,
+                               .sndbuf_bytes = 4u << 20};
+    int err;
+    struct ethp_port *io = ethp_port_open(netns_path, ifname, &pc, &err);
+    if (!io)
+        return err;
+    uint32_t idx = sw->n_ports;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = idx};
+    if (epoll_ctl(sw->epfd, EPOLL_CTL_ADD, ethp_port_fd(io), &ev) < 0) {
+        err = -errno;
+        ethp_port_close(io);
+        return err;
+    }
+    sw->ports[idx].io = io;
+    sw->ports[idx].link = *link;
+    sw->n_ports++;
+    return (int)idx;
+}
+
+int ethp_switch_add_route(struct ethp_switch *sw, uint32_t kind, uint32_t key,
+                          const uint16_t *ports, uint32_t n_ports)
+{
+    if (sw->started || !n_ports || n_ports > ETHP_MAX_GROUP_PORTS)
+        return -EINVAL;
+    if (kind == ETHP_ROUTE_IPV4 && key >> 16 != SW_LAB_NET)
+        return -EINVAL;
+    if (kind > ETHP_ROUTE_EP || (kind == ETHP_ROUTE_EP && key > 0xffff))
+        return -EINVAL;
+    for (uint32_t i = 0; i < n_ports; i++)
+        if (ports[i] >= sw->n_ports)
+            return -EINVAL;
+    if (sw->n_groups == 0xffff)
+        return -ENOSPC;
+    if (sw->n_groups == sw->cap_groups) {
+        uint32_t cap = sw->cap_groups ? sw->cap_groups * 2 : 64;
+        struct sw_group *g = realloc(sw->groups, cap * sizeof(*g));
+        if (!g)
+            return -ENOMEM;
+        sw->groups = g;
+        sw->cap_groups = cap;
+    }
+    struct sw_group *g = &sw->groups[sw->n_groups];
+    g->ports = malloc(n_ports * sizeof(uint16_t));
+    if (!g->ports)
+        return -ENOMEM;
+    memcpy(g->ports, ports, n_ports * sizeof(uint16_t));
+    g->n = (uint16_t)n_ports;
+    sw->n_groups++;
+    uint16_t *table = kind == ETHP_ROUTE_IPV4 ? sw->route_ip : sw->route_ep;
+    table[key & 0xffff] = (uint16_t)sw->n_groups;
+    return 0;
+}
+
+int ethp_switch_start(struct ethp_switch *sw)
+{
+    if (sw->started)
+        return -EALREADY;
+    int rc = pthread_create(&sw->thread, NULL, sw_main, sw);
+    if (rc)
+        return -rc;
+    sw->started = 1;
+    return 0;
+}
+
+static void kick(struct ethp_switch *sw)
+{
+    uint64_t one = 1;
+    if (write(sw->evfd, &one, sizeof(one)) < 0) { /* counter saturated: already awake */ }
+}
+
+static void free_queue(struct ethp_switch *sw, struct pktq *q)
+{
+    struct ethp_pkt *p;
+    while ((p = q_pop(q)))
+        ethp_pool_put(sw->pool, &p, 1);
+}
+
+void ethp_switch_free(struct ethp_switch *sw)
+{
+    if (!sw)
+        return;
+    if (sw->started) {
+        __atomic_store_n(&sw->stop, 1, __ATOMIC_RELEASE);
+        kick(sw);
+        pthread_join(sw->thread, NULL);
+    }
+    for (uint32_t i = 0; i < sw->n_ports && sw->ports; i++) {
+        struct sw_port *e = &sw->ports[i];
+        for (int c = 0; c < ETHP_NCLASSES; c++)
+            free_queue(sw, &e->q[c]);
+        free_queue(sw, &e->wire);
+        free_queue(sw, &e->in_wire);
+        ethp_port_close(e->io);
+    }
+    for (uint32_t i = 0; i < sw->n_groups; i++)
+        free(sw->groups[i].ports);
+    free(sw->groups);
+    free(sw->ports);
+    free(sw->route_ip);
+    free(sw->route_ep);
+    ethp_pool_free(sw->pool);
+    if (sw->epfd >= 0)
+        close(sw->epfd);
+    if (sw->evfd >= 0)
+        close(sw->evfd);
+    pthread_mutex_destroy(&sw->lock);
+    free(sw);
+}
+
+int ethp_switch_set_link(struct ethp_switch *sw, uint32_t port, const struct ethp_link_state *link)
+{
+    if (port >= sw->n_ports || !link->rate_bps)
+        return -EINVAL;
+    if (!sw->started) {
+        sw->ports[port].link = *link;
+        return 0;
+    }
+    pthread_mutex_lock(&sw->lock);
+    sw->ports[port].pending = *link;
+    sw->ports[port].has_pending = 1;
+    pthread_mutex_unlock(&sw->lock);
+    __atomic_store_n(&sw->have_pending, 1, __ATOMIC_RELEASE);
+    kick(sw);
+    return 0;
+}
+
+void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up)
+{
+    __atomic_store_n(&sw->up, up ? 1u : 0u, __ATOMIC_RELEASE);
+    kick(sw);
+}
+
+uint32_t ethp_switch_port_count(const struct ethp_switch *sw) { return sw->n_ports; }
+uint64_t ethp_switch_wakeups(const struct ethp_switch *sw)
+{
+    return __atomic_load_n(&sw->wakeups, __ATOMIC_RELAXED);
+}
+
+void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out, uint64_t *cls_out)
+{
+    if (port >= sw->n_ports)
+        return;
+    struct sw_port *e = &sw->ports[port];
+    for (int i = 0; i < ETHP_SW_NCOUNTERS; i++)
+        out[i] = __atomic_load_n(&e->c[i], __ATOMIC_RELAXED);
+    uint64_t io[ETHP_PORT_NCOUNTERS];
+    ethp_port_counters(e->io, io); /* folds the kernel's ring drops in */
+    out[ETHP_SC_drop_ring] = io[ETHP_PC_rx_ring_drops];
+    for (int c = 0; c < ETHP_NCLASSES; c++)
+        for (int i = 0; i < ETHP_SW_NCLASS_COUNTERS; i++)
+            cls_out[c * ETHP_SW_NCLASS_COUNTERS + i] = __atomic_load_n(&e->cc[c][i], __ATOMIC_RELAXED);
+}

@@ -1,0 +1,73 @@
+"""Forwarding tables of a lab's switches, computed from its topology (pure).
+
+Every accelerator port address is a destination.  The switch a host port is
+attached to forwards to that port; every other switch forwards along all
+shortest switch-to-switch paths towards it (the equal-cost group).  An ETH+
+endpoint (the host's rank) routes like the host's port that this switch can
+reach, preferring the switch's own plane.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SwitchTable:
+    name: str
+    ipv4: dict[int, list[int]] = field(default_factory=dict)  # address -> port indexes
+    ep: dict[int, list[int]] = field(default_factory=dict)  # endpoint -> port indexes
+
+
+def _switch_graph(nodes: dict[str, dict]) -> dict[str, list[tuple[int, str]]]:
+    """switch -> [(port index, neighbour switch)]"""
+    return {
+        name: [(p["index"], p["peer"]) for p in n["ports"] if nodes[p["peer"]]["role"] == "switch"]
+        for name, n in nodes.items()
+        if n["role"] == "switch"
+    }
+
+
+def _distances(graph: dict[str, list[tuple[int, str]]], target: str) -> dict[str, int]:
+    dist = {target: 0}
+    todo = deque([target])
+    while todo:
+        s = todo.popleft()
+        for _port, nb in graph[s]:
+            if nb not in dist:
+                dist[nb] = dist[s] + 1
+                todo.append(nb)
+    return dist
+
+
+def tables(topology: dict) -> dict[str, SwitchTable]:
+    nodes = {n["name"]: n for n in topology["nodes"]}
+    graph = _switch_graph(nodes)
+    out = {s: SwitchTable(s) for s in graph}
+    dist_cache: dict[str, dict[str, int]] = {}
+    # host port -> (address, attached switch, that switch's port index facing it)
+    for host in (n for n in nodes.values() if n["role"] == "host"):
+        reach: dict[str, tuple[int, list[int]]] = {}  # switch -> (plane, group) for the EP
+        for hp in host["ports"]:
+            attached = hp["peer"]
+            facing = next(p["index"] for p in nodes[attached]["ports"] if p["link"] == hp["link"])
+            addr = int(ipaddress.IPv4Address(hp["ip"]))
+            if attached not in dist_cache:
+                dist_cache[attached] = _distances(graph, attached)
+            dist = dist_cache[attached]
+            for s, d in dist.items():
+                if d == 0:
+                    group = [facing]
+                else:
+                    group = [port for port, nb in graph[s] if dist.get(nb) == d - 1]
+                out[s].ipv4[addr] = group
+                plane = hp.get("plane", 0)
+                prev = reach.get(s)
+                own_plane = nodes[s].get("plane")
+                if prev is None or (own_plane == plane and prev[0] != own_plane):
+                    reach[s] = (plane, group)
+        for s, (_plane, group) in reach.items():
+            out[s].ep[host["index"]] = group
+    return out

@@ -1,0 +1,90 @@
+"""Switch counters: totals, the conservation check, and a text rendering."""
+
+from __future__ import annotations
+
+DROP_REASONS = (
+    "drop_queue_full", "drop_loss", "drop_corrupt", "drop_link_down", "drop_node_down",
+    "drop_malformed", "drop_no_route", "drop_no_buf", "drop_tx_error",
+)  # fmt: skip
+# Frames still inside a switch: queued, or on a delay line.
+IN_FLIGHT = ("q_frames", "wire_frames")
+
+
+def totals(st: dict) -> dict[str, int]:
+    """Sum of every counter over every port of every switch (gauges included)."""
+    out: dict[str, int] = {}
+    for sw in st["switches"].values():
+        for port in sw["ports"].values():
+            for k, v in port.items():
+                if isinstance(v, int) and not k.endswith(("_max_ns", "hwm_bytes")):
+                    out[k] = out.get(k, 0) + v
+    return out
+
+
+def conservation(t: dict[str, int]) -> dict[str, int]:
+    """Every frame a switch read is forwarded, consumed, dropped for one reason,
+    or still inside: the difference must be zero."""
+    accounted = (
+        t.get("tx_frames", 0)
+        + t.get("ctl_consumed", 0)
+        + sum(t.get(k, 0) for k in DROP_REASONS)
+        + sum(t.get(k, 0) for k in IN_FLIGHT)
+    )
+    return {
+        "rx_frames": t.get("rx_frames", 0),
+        "accounted": accounted,
+        "difference": t.get("rx_frames", 0) - accounted,
+    }
+
+
+def _row(name: str, c: dict) -> list[str]:
+    drops = {k.removeprefix("drop_"): c[k] for k in (*DROP_REASONS, "drop_ring") if c.get(k)}
+    return [
+        name,
+        str(c["rx_frames"]),
+        str(c["tx_frames"]),
+        " ".join(f"{k}={v}" for k, v in drops.items()) or "-",
+        str(c["ecn_marked"]),
+        str(c["trimmed"]),
+        f"{c['pause_tx']}/{c['pause_rx']}",
+        str(c["q_bytes"]),
+        str(c["q_hwm_bytes"]),
+        f"{c['late_max_ns'] / 1000:.0f}",
+    ]
+
+
+def render(st: dict, show_all: bool = False) -> str:
+    header = [
+        "PORT",
+        "RX",
+        "TX",
+        "DROPS",
+        "ECN",
+        "TRIM",
+        "PFC TX/RX",
+        "QUEUE B",
+        "HWM B",
+        "LATE MAX us",
+    ]
+    lines = [
+        f"lab {st['lab']}: time scale {st['time_scale']:g}, fabric up {st['uptime_s']:.1f} s, "
+        f"fabric CPU {st['cpu_s']:.2f} s"
+    ]
+    for name, sw in st["switches"].items():
+        rows = [
+            _row(ifname, c)
+            for ifname, c in sw["ports"].items()
+            if show_all or c["rx_frames"] or c["tx_frames"] or c.get("drop_ring")
+        ]
+        state = "" if sw["up"] else "  (DOWN)"
+        lines.append(f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown")
+        if rows:
+            widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+            for r in [header, *rows]:
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    c = conservation(totals(st))
+    lines.append(
+        f"\nconservation: {c['rx_frames']} frames read = {c['accounted']} forwarded, consumed, "
+        f"dropped or in flight (difference {c['difference']})"
+    )
+    return "\n".join(lines)
