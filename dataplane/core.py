@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -253,7 +253,7 @@ class Port:
 
     def close(self) -> None:
         if self._p is not None:
-            lib.ethp_port_close(ffi.gc(self._p, None))
+            ffi.release(self._p)  # runs ethp_port_close now, not at garbage collection
             self._p = None
 
     def wait(self, timeout_ms: int) -> bool:
@@ -397,7 +397,8 @@ class SwitchConfig:
     lossless: bool = False
     pfc_xoff_bytes: int = 200_000
     pfc_xon_bytes: int = 100_000
-    burst_ns: int = 500_000
+    lookahead_ns: int = 50_000
+    catchup_ns: int = 2_000_000
     seed: int = 1
     pool_pkts: int = 8192
     buf_bytes: int = 9300
@@ -412,7 +413,7 @@ class Switch:
         for name in (
             "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
-            "burst_ns", "seed", "pool_pkts", "buf_bytes",
+            "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))
         sw = lib.ethp_switch_new(c, max_ports)

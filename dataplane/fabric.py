@@ -268,8 +268,20 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     server = await asyncio.start_unix_server(handle, path=path)
+
+    async def watch_lab() -> None:
+        # A fabric outlives nothing: if its lab is removed behind its back
+        # (ethplus clean, a test's fallback), it stops instead of idling on.
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            if not registry.lab_dir(fabric.name).exists():
+                print(f"fabric: lab {fabric.name} was removed; exiting", file=sys.stderr)
+                stop.set()
+
+    watcher = asyncio.create_task(watch_lab())
     async with server:
         await stop.wait()
+    watcher.cancel()
     pool.shutdown(wait=False)
 
 

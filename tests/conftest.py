@@ -58,6 +58,21 @@ def lab_name(request):
     assert not lab_namespaces(name), f"test left namespaces of {name} behind"
 
 
+def fabric_pids(prefix: str) -> dict[int, str]:
+    """Fabric processes whose lab name starts with prefix: pid -> lab."""
+    out = {}
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{e.name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dataplane.fabric" in argv and len(argv) > 3 and argv[3].startswith(prefix.encode()):
+            out[int(e.name)] = argv[3].decode()
+    return out
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind():
     yield
@@ -66,4 +81,8 @@ def nothing_left_behind():
     left = {n for n in netns_names() if n.startswith(f"ethp-{RUN_ID}-")}
     for ns in left:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+    fabrics = fabric_pids(RUN_ID)
+    for pid in fabrics:
+        os.kill(pid, 9)
     assert not left, f"the test run left namespaces behind: {sorted(left)}"
+    assert not fabrics, f"the test run left fabric processes behind: {fabrics}"

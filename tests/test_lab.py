@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ethplus, lab_namespaces, netns_names
+from conftest import ethplus, fabric_pids, lab_namespaces, netns_names
 
 pytestmark = pytest.mark.root
 
@@ -86,8 +86,10 @@ def test_erack_8x4_up_creates_exactly_the_fabric_and_down_removes_it(lab_name):
     }
     assert addrs == {"127.0.0.1", "198.18.0.1", "198.18.16.1", "198.18.32.1", "198.18.48.1"}
 
+    assert list(fabric_pids(lab_name).values()) == [lab_name]  # one fabric runs the switches
     r = ethplus("lab", "down", lab_name, check=True)
     assert lab_namespaces(lab_name) == set()
+    assert fabric_pids(lab_name) == {}
     assert not Path(f"/run/ethplus/labs/{lab_name}").exists()
     root_ifs = [x["ifname"] for x in json.loads(subprocess.check_output(["ip", "-j", "link"]))]
     assert not [i for i in root_ifs if i.startswith("ethp")]
@@ -185,6 +187,7 @@ def test_sigkill_mid_up_then_clean_removes_only_what_ethplus_made(lab_name):
 
         r = ethplus("clean", check=True)
         assert "removed" in r.stdout
+        assert fabric_pids(lab_name) == {}  # even one the killed command never recorded
         assert lab_namespaces(lab_name) == {decoy_ns}  # looks like a node of the lab, is not
         assert not Path(f"/run/ethplus/labs/{lab_name}").exists()
         assert decoy_ns in netns_names()

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 4
+#define ETHP_ABI_VERSION 5
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -239,7 +239,8 @@ struct ethp_switch_cfg {
     uint64_t trim_threshold_bytes;
     uint64_t pfc_xoff_bytes;   /* per ingress port and class */
     uint64_t pfc_xon_bytes;
-    uint64_t burst_ns;         /* how far ahead of its start a frame may leave its queue */
+    uint64_t lookahead_ns;     /* how far ahead of its start a frame may leave its queue */
+    uint64_t catchup_ns;       /* link time a late pacer may make up (the bounded burst) */
     uint64_t seed;             /* hashing and fault randomness */
     uint32_t pool_pkts;
     uint32_t buf_bytes;

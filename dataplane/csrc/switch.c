@@ -443,7 +443,7 @@ static int next_class(const struct sw_port *e, uint64_t now)
 static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 {
     int c;
-    while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= now + sw->cfg.burst_ns) {
+    while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= now + sw->cfg.lookahead_ns) {
         struct ethp_pkt *p = q_pop(&e->q[c]);
         e->cc[c][ETHP_CC_tx_frames]++;
         e->cc[c][ETHP_CC_q_bytes] = e->q[c].bytes;
@@ -456,8 +456,8 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
                 pfc_send(sw, in, c, 0, now);
         }
         /* A pacer with a bounded burst: a thread that woke late may catch up
-         * on up to burst_ns of link time, never more. */
-        uint64_t floor = now > sw->cfg.burst_ns ? now - sw->cfg.burst_ns : 0;
+         * on up to catchup_ns of link time, never more. */
+        uint64_t floor = now > sw->cfg.catchup_ns ? now - sw->cfg.catchup_ns : 0;
         uint64_t start = e->next_tx_ns > floor ? e->next_tx_ns : floor;
         e->next_tx_ns = start + ser_ns(&e->link, p->len);
         int why = fault(sw, &e->link);
@@ -527,7 +527,7 @@ static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
             if (now < e->paused_until[c])
                 ETHP_MIN(e->paused_until[c]);
             else
-                ETHP_MIN(e->next_tx_ns > sw->cfg.burst_ns ? e->next_tx_ns - sw->cfg.burst_ns : 0);
+                ETHP_MIN(e->next_tx_ns > sw->cfg.lookahead_ns ? e->next_tx_ns - sw->cfg.lookahead_ns : 0);
         }
         for (int c = 0; c < ETHP_NCLASSES; c++)
             if (e->pfc_refresh_ns[c])
@@ -625,15 +625,19 @@ int ethp_switch_add_port(struct ethp_switch *sw, const char *netns_path, const c
 {
     if (sw->started || sw->n_ports >= sw->max_ports || !link->rate_bps)
         return -EINVAL;
-    /* 128 KiB blocks: a handful of MTU frames each; 1 ms retire timer. */
-    struct ethp_port_cfg pc = {.block_bytes = 1u << 17, .n_blocks = 8, .block_timeout_ms = 1,
+    /* 16 blocks of 64 KiB: each retire timeout uses up a block however few
+     * frames it holds, so many small blocks ride out a stalled thread better
+     * than a few large ones; 1 MiB of locked memory per port. */
+    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 16, .block_timeout_ms = 1,
                                .sndbuf_bytes = 4u << 20};
     int err;
     struct ethp_port *io = ethp_port_open(netns_path, ifname, &pc, &err);
     if (!io)
         return err;
     uint32_t idx = sw->n_ports;
-    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = idx};
+    /* Edge-triggered: rx() drains every ready block, and a ring whose device
+     * vanished (its namespace deleted) must not keep the thread spinning. */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = idx};
     if (epoll_ctl(sw->epfd, EPOLL_CTL_ADD, ethp_port_fd(io), &ev) < 0) {
         err = -errno;
         ethp_port_close(io);

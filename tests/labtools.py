@@ -1,0 +1,185 @@
+"""Helpers for tests that drive real frames through a running lab.
+
+Ground truth comes from the kernel (interface statistics over netlink) and
+from frames captured with AF_PACKET in the hosts' namespaces, never from the
+switch's own bookkeeping alone.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from conftest import ethplus
+
+from dataplane import core, kernel, stats
+
+
+@dataclass
+class HostPort:
+    ns: str
+    ifname: str
+    mac: bytes
+    ip: int
+    gw_mac: bytes
+    ep: int
+
+
+class Lab:
+    """A running lab seen from outside: its record, its hosts' ports, its counters."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.rec = json.loads(ethplus("lab", "show", name, "--json", check=True).stdout)
+        self.nodes = {n["name"]: n for n in self.rec["topology"]["nodes"]}
+        self.k = self.rec["time_scale"]
+
+    def port(self, host: str, peer: str | None = None, plane: int = 0) -> HostPort:
+        node = self.nodes[host]
+        p = next(
+            p for p in node["ports"] if (peer is None and p["plane"] == plane) or p["peer"] == peer
+        )
+        sw = self.nodes[p["peer"]]
+        gw = next(q for q in sw["ports"] if q["link"] == p["link"])
+        return HostPort(
+            ns=self.rec["namespaces"][host],
+            ifname=p["ifname"],
+            mac=bytes.fromhex(p["mac"].replace(":", "")),
+            ip=int(ipaddress.IPv4Address(p["ip"])),
+            gw_mac=bytes.fromhex(gw["mac"].replace(":", "")),
+            ep=node["index"],
+        )
+
+    def stats(self) -> dict:
+        return json.loads(ethplus("lab", "stats", self.name, "--json", check=True).stdout)
+
+    def totals(self) -> dict[str, int]:
+        return stats.totals(self.stats())
+
+    def quiesce(self, timeout_s: float = 20.0) -> dict:
+        """Wait until no frame is queued or on a wire inside any switch."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.stats()
+            t = stats.totals(st)
+            if t.get("q_frames", 0) + t.get("wire_frames", 0) == 0 or time.monotonic() > deadline:
+                time.sleep(0.05)
+                return self.stats()
+            time.sleep(0.05)
+
+    def link_set(self, link: str, *change: str) -> None:
+        ethplus("link", "set", self.name, link, *change, check=True)
+
+    def sh(self, host: str, *cmd: str, timeout: float = 60, check: bool = True):
+        return subprocess.run(
+            ["ip", "netns", "exec", self.rec["namespaces"][host].rsplit("/", 1)[1], *cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+
+def if_stats(ns: str, ifname: str) -> dict[str, int]:
+    """The kernel's counters of an interface (IFLA_STATS64)."""
+    with kernel.ns_ipr(ns) as ipr:
+        link = ipr.link("get", ifname=ifname)[0]
+        return dict(link.get("IFLA_STATS64"))
+
+
+def ethp_frame(
+    src: HostPort,
+    dst: HostPort,
+    *,
+    size: int = 1000,
+    entropy: int = 0,
+    psn: int = 0,
+    flags: int = 0,
+    tos: int = 0,
+    compact: bool = False,
+    dst_port: int = core.UDP_PORT,
+    src_port: int | None = None,
+) -> bytes:
+    """An ETH+ data frame from src to dst, addressed as a host NIC would."""
+    addr = core.Addr(
+        dst_mac=src.gw_mac,
+        src_mac=src.mac,
+        src_ip=src.ip,
+        dst_ip=dst.ip,
+        src_port=entropy if src_port is None else src_port,
+        dst_port=dst_port,
+        tos=tos,
+    )
+    hdr = core.Header(
+        flags=flags,
+        entropy=entropy,
+        src_ep=src.ep,
+        dst_ep=dst.ep,
+        psn=psn,
+        len_bytes=size,
+        tos=tos,
+    )
+    payload = (bytes(range(256)) * (size // 256 + 2))[psn & 0xFF : (psn & 0xFF) + size]
+    return core.build_frame(addr, hdr, payload, compact=compact)
+
+
+def send_paced(
+    port: core.Port, pool: core.Pool, frames: list[bytes], rate_bps: float, burst: int = 16
+) -> None:
+    """Send frames in bursts, no faster than rate_bps on average (so the host's
+    own qdisc never drops: the test measures the switch, not tc)."""
+    t0 = time.monotonic()
+    sent_bytes = 0
+    for i in range(0, len(frames), burst):
+        chunk = frames[i : i + burst]
+        n = 0
+        while n < len(chunk):
+            n += port.send(chunk[n:], pool)
+            if n < len(chunk):
+                time.sleep(0.001)
+        sent_bytes += sum(map(len, chunk))
+        ahead = sent_bytes * 8 / rate_bps - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+class Capture:
+    """Frames arriving at a host port, read from an AF_PACKET ring by a thread
+    from the moment it is made (a TPACKET_V3 ring retires a block per timeout,
+    so a trickle of frames fills the ring unless someone keeps reading)."""
+
+    def __init__(self, hp: HostPort):
+        self.pool = core.Pool(8192, 9300)
+        self.port = core.Port(hp.ifname, hp.ns, core.PortConfig(block_bytes=1 << 16, n_blocks=1024))
+        self.frames: list[bytes] = []
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.port.wait(10):
+                got = self.port.recv(self.pool, 256)
+                if got:
+                    self.frames += got
+                    self.last = time.monotonic()
+
+    def drain(self, quiet_s: float = 0.3, timeout_s: float = 30.0) -> list[bytes]:
+        """Wait until nothing arrived for quiet_s, then stop reading."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and time.monotonic() - self.last < quiet_s:
+            time.sleep(0.02)
+        self._stop.set()
+        self._thread.join()
+        assert self.port.counters()["rx_ring_drops"] == 0, "the capture itself lost frames"
+        return self.frames
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.port.close()

@@ -1,0 +1,475 @@
+"""The software switch, on real labs: kernel ping/TCP/iperf3 through it,
+shaping, delay, ECN, trimming, overflow accounting, spraying, faults,
+robustness.  Ground truth is the kernel's counters and captured frames."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import RUN_ID, ethplus
+from labtools import Capture, Lab, ethp_frame, if_stats, send_paced
+
+from dataplane import core, stats
+
+pytestmark = pytest.mark.root
+
+
+def _up(name: str, file: str, *extra: str) -> Lab:
+    ethplus("lab", "up", file, "--name", name, *extra, check=True)
+    return Lab(name)
+
+
+@pytest.fixture(scope="module")
+def erack():
+    name = f"{RUN_ID}-sw-erack"
+    try:
+        yield _up(name, "erack-8x4")
+    finally:
+        ethplus("lab", "down", name)
+
+
+@pytest.fixture(scope="module")
+def clos():
+    name = f"{RUN_ID}-sw-clos"
+    try:
+        yield _up(name, "clos-16")
+    finally:
+        ethplus("lab", "down", name)
+
+
+def assert_conserved(lab: Lab) -> dict:
+    st = lab.quiesce()
+    c = stats.conservation(stats.totals(st))
+    assert c["difference"] == 0, c
+    return st
+
+
+def _ping_all(lab: Lab, hosts: list[str]) -> None:
+    """Every host pings every other host's every address, in parallel per source."""
+    addrs = {h: [p["ip"] for p in lab.nodes[h]["ports"]] for h in hosts}
+    for src in hosts:
+        dsts = " ".join(ip for h in hosts if h != src for ip in addrs[h])
+        script = (
+            f"for d in {dsts}; do (ping -n -q -c 1 -W 3 $d >/dev/null || echo FAIL $d) & done; wait"
+        )
+        r = lab.sh(src, "sh", "-c", script, timeout=60)
+        assert "FAIL" not in r.stdout, f"{src}: {r.stdout}"
+
+
+TCP_ECHO = r"""
+import hashlib, socket, sys
+mode, addr, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 5001)); s.listen(1); print("ready", flush=True)
+    c, _ = s.accept(); h = hashlib.sha256(); got = 0
+    while got < n:
+        b = c.recv(1 << 16)
+        if not b: break
+        h.update(b); got += len(b)
+    c.sendall(h.hexdigest().encode()); c.close()
+else:
+    data = bytes((i * 7) & 0xFF for i in range(n))
+    c = socket.create_connection((addr, 5001), timeout=30); c.sendall(data)
+    print(c.recv(64).decode() == hashlib.sha256(data).hexdigest())
+"""
+
+
+def _tcp_transfer(lab: Lab, src: str, dst: str, dst_ip: str, n_bytes: int = 2_000_000) -> None:
+    ns = lab.rec["namespaces"][dst].rsplit("/", 1)[1]
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "python3", "-c", TCP_ECHO, "server", dst_ip, str(n_bytes)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        r = lab.sh(src, "python3", "-c", TCP_ECHO, "client", dst_ip, str(n_bytes), timeout=120)
+        assert r.stdout.strip() == "True", r
+    finally:
+        server.kill()
+        server.wait()
+
+
+# ---------------------------------------------------------------- reachability
+
+
+def test_ping_every_pair_erack(erack):
+    _ping_all(erack, [f"h{i}" for i in range(8)])
+    assert_conserved(erack)
+
+
+def test_ping_every_pair_clos(clos):
+    _ping_all(clos, [f"h{i}" for i in range(16)])
+    assert_conserved(clos)
+
+
+def test_kernel_tcp_byte_exact_through_switches(erack, clos):
+    _tcp_transfer(erack, "h0", "h7", erack.nodes["h7"]["ports"][3]["ip"])  # plane 3
+    _tcp_transfer(clos, "h0", "h15", clos.nodes["h15"]["ports"][0]["ip"])  # leaf0 -> spine -> leaf3
+    t = clos.totals()
+    assert t["tx_frames"] > 400  # it really went through the switches
+
+
+# ---------------------------------------------------------------- shaping and delay
+
+
+def _iperf_bps(lab: Lab, src: str, dst: str, dst_ip: str, seconds: int = 5) -> float:
+    ns = lab.rec["namespaces"][dst].rsplit("/", 1)[1]
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "iperf3", "-s", "-D", "-1", "-B", dst_ip],
+        check=True,
+        capture_output=True,
+    )
+    time.sleep(0.3)
+    r = lab.sh(src, "iperf3", "-c", dst_ip, "-t", str(seconds), "-O", "1", "-J", timeout=60)
+    return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
+
+
+def _tcp_goodput_fraction(mtu: int) -> float:
+    """TCP payload per wire byte: IPv4 20 + TCP 32 (timestamps) inside the MTU;
+    Ethernet 14 + FCS 4 + preamble 8 + gap 12 outside."""
+    return (mtu - 52) / core.wire_bytes(mtu + 14)
+
+
+@pytest.mark.parametrize("real_mbps", [20, 45])
+def test_iperf3_achieves_the_shaped_rate(erack, real_mbps):
+    link = "h1-plane1"
+    nominal_bps = real_mbps * 1e6 * erack.k
+    try:
+        erack.link_set(link, "rate", f"{nominal_bps / 1e9:.6f}G")
+        bps = _iperf_bps(erack, "h0", "h1", erack.nodes["h1"]["ports"][1]["ip"])
+    finally:
+        erack.link_set(link, "rate", "400G")
+    expected = real_mbps * 1e6 * _tcp_goodput_fraction(4200)
+    assert abs(bps - expected) / expected < 0.05, (bps, expected)
+
+
+def _ping_rtt_ms(lab: Lab, src: str, dst_ip: str, n: int = 12) -> float:
+    r = lab.sh(src, "ping", "-n", "-c", str(n), "-i", "0.05", dst_ip, timeout=60)
+    rtts = sorted(float(x) for x in re.findall(r"time=([\d.]+) ms", r.stdout))
+    assert len(rtts) == n, r.stdout
+    return rtts[n // 2]
+
+
+def test_link_delay_shows_in_ping_rtt(erack):
+    dst = erack.nodes["h3"]["ports"][2]["ip"]
+    links = ("h2-plane2", "h3-plane2")
+    try:
+        for lk in links:
+            erack.link_set(lk, "delay", "0")
+        base_ms = _ping_rtt_ms(erack, "h2", dst)
+        erack.link_set("h3-plane2", "delay", "2us")
+        rtt_ms = _ping_rtt_ms(erack, "h2", dst)
+    finally:
+        for lk in links:
+            erack.link_set(lk, "delay", "500ns")
+    # the path crosses h3-plane2 twice per round trip
+    expected_ms = base_ms + 2 * 2e-6 * erack.k * 1e3
+    assert abs(rtt_ms - expected_ms) / expected_ms < 0.10, (rtt_ms, expected_ms, base_ms)
+
+
+# ---------------------------------------------------------------- congestion
+
+
+def _incast(lab: Lab, senders: list[str], dst: str, plane: int, n_each: int, **frame_kw) -> list:
+    """Several hosts blast ETH+ frames at one host on one plane; returns captured frames."""
+    d = lab.port(dst, plane=plane)
+    cap = Capture(d)
+    pool = core.Pool(4096, 9300)
+    try:
+        threads = []
+        for i, s in enumerate(senders):
+            sp = lab.port(s, plane=plane)
+            frames = [
+                ethp_frame(sp, d, psn=j, entropy=i * 1000 + j, **frame_kw) for j in range(n_each)
+            ]
+            port = core.Port(sp.ifname, sp.ns)
+            threads.append(
+                threading.Thread(target=send_paced, args=(port, pool, frames, 60e6 / 1.0))
+            )
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return cap.drain()
+    finally:
+        cap.close()
+
+
+def _frames_to(frames: list[bytes], dst: int) -> list[core.Parsed]:
+    out = []
+    for f in frames:
+        try:
+            p = core.parse_frame(f)
+        except core.WireError:
+            continue
+        if p.header is not None and p.addr.dst_ip == dst:
+            out.append(p)
+    return out
+
+
+def test_congested_egress_marks_ce_and_receiver_sees_it(erack):
+    d = erack.port("h4", plane=0)
+    got = _frames_to(_incast(erack, ["h5", "h6", "h7"], "h4", 0, 300, size=3000, tos=0x02), d.ip)
+    assert got
+    ce = [p for p in got if p.ecn == 3]
+    assert ce, "no CE mark reached the receiver"
+    assert all(p.ecn in (2, 3) for p in got)
+    t = erack.quiesce()["switches"]["plane0"]["ports"]
+    marked = sum(p["ecn_marked"] for p in t.values())
+    assert marked >= len(ce)
+    assert_conserved(erack)
+
+
+def test_trimming_cuts_payload_and_flags_it(erack):
+    d = erack.port("h0", plane=1)
+    got = _frames_to(
+        _incast(
+            erack, ["h1", "h2", "h3", "h4"], "h0", 1, 300, size=4000, flags=core.FLAGS["trimmable"]
+        ),
+        d.ip,
+    )
+    trimmed = [p for p in got if p.header.flags & core.FLAGS["trimmed"]]
+    assert trimmed, "a synchronised burst produced no trimmed frame"
+    for p in trimmed:
+        assert p.payload == b"" and p.header.len_bytes == 4000
+    intact = [p for p in got if not p.header.flags & core.FLAGS["trimmed"]]
+    for p in intact:
+        assert len(p.payload) == 4000
+    st = assert_conserved(erack)
+    assert sum(p["trimmed"] for p in st["switches"]["plane1"]["ports"].values()) >= len(trimmed)
+
+
+def test_overflow_drops_equal_frames_lost_exactly(erack):
+    """Sent minus received, from the kernel's interface counters, equals the
+    switch's counted drops: no frame vanishes unaccounted."""
+    plane = 2
+    hosts = [f"h{i}" for i in range(8)]
+    ports = {h: erack.port(h, plane=plane) for h in hosts}
+    before = {h: if_stats(p.ns, p.ifname) for h, p in ports.items()}
+    st0 = erack.stats()
+    _incast(erack, ["h0", "h1", "h2", "h3", "h5", "h6"], "h7", plane, 400, size=4000)
+    st1 = assert_conserved(erack)
+    after = {h: if_stats(p.ns, p.ifname) for h, p in ports.items()}
+    sent = sum(after[h]["tx_packets"] - before[h]["tx_packets"] for h in hosts)
+    received = sum(after[h]["rx_packets"] - before[h]["rx_packets"] for h in hosts)
+
+    def drops(st):
+        sw = st["switches"][f"plane{plane}"]["ports"].values()
+        return sum(p[k] for p in sw for k in (*stats.DROP_REASONS, "drop_ring"))
+
+    dropped = drops(st1) - drops(st0)
+    assert dropped > 0, "the burst did not overflow the buffer"
+    assert sent - received == dropped
+
+
+# ---------------------------------------------------------------- spraying
+
+
+def test_spraying_spreads_over_all_spines_tcp_stays_on_one(clos):
+    src, dst = clos.port("h0"), clos.port("h4")  # leaf0 -> leaf1 over 4 spines
+    leaf_ports = {p["peer"]: p["ifname"] for p in clos.nodes["leaf0"]["ports"]}
+    spines = [f"spine{i}" for i in range(4)]
+
+    def spine_tx():
+        ports = clos.stats()["switches"]["leaf0"]["ports"]
+        return [ports[leaf_ports[s]]["tx_frames"] for s in spines]
+
+    rng = random.Random(7)
+    n = 4000
+    frames = [ethp_frame(src, dst, size=200, entropy=rng.randrange(65536), psn=i) for i in range(n)]
+    before = spine_tx()
+    send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 50e6)
+    clos.quiesce()
+    counts = [a - b for a, b in zip(spine_tx(), before, strict=True)]
+    assert sum(counts) == n
+    chi2 = sum((c - n / 4) ** 2 / (n / 4) for c in counts)
+    assert chi2 < 16.27, counts  # 3 degrees of freedom, p = 0.001
+
+    for flow in range(3):
+        before = spine_tx()
+        _tcp_transfer(clos, "h0", "h4", clos.nodes["h4"]["ports"][0]["ip"], 300_000 + flow)
+        clos.quiesce()
+        used = [a - b for a, b in zip(spine_tx(), before, strict=True)]
+        assert sum(1 for u in used if u > 0) == 1, used  # one flow, one spine
+
+
+# ---------------------------------------------------------------- faults
+
+
+def test_link_down_counts_and_up_restores(erack):
+    dst = erack.nodes["h6"]["ports"][0]["ip"]
+    try:
+        erack.link_set("h6-plane0", "down")
+        r = erack.sh("h5", "ping", "-n", "-c", "3", "-i", "0.1", "-W", "1", dst, check=False)
+        assert r.returncode != 0
+        port = erack.stats()["switches"]["plane0"]["ports"]
+        assert sum(p["drop_link_down"] for p in port.values()) >= 3
+    finally:
+        erack.link_set("h6-plane0", "up")
+    assert erack.sh("h5", "ping", "-n", "-c", "2", "-W", "3", dst, check=False).returncode == 0
+
+
+def test_injected_loss_rate(erack):
+    src, dst = erack.port("h2", plane=3), erack.port("h3", plane=3)
+    n = 20000
+    frames = [ethp_frame(src, dst, size=64, psn=i, entropy=i) for i in range(n)]
+    before = if_stats(dst.ns, dst.ifname)["rx_packets"]
+    try:
+        erack.link_set("h3-plane3", "loss", "1%")
+        send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 40e6)
+        erack.quiesce()
+    finally:
+        erack.link_set("h3-plane3", "loss", "0")
+    received = if_stats(dst.ns, dst.ifname)["rx_packets"] - before
+    lost = (n - received) / n
+    assert 0.007 < lost < 0.013, (
+        lost,
+        {k: v for k, v in erack.totals().items() if k.startswith("drop") and v},
+    )
+    assert_conserved(erack)
+
+
+def test_plane_down_and_up(erack):
+    dst = erack.nodes["h1"]["ports"][3]["ip"]
+    try:
+        ethplus("node", "set", erack.name, "plane3", "down", check=True)
+        r = erack.sh("h0", "ping", "-n", "-c", "2", "-i", "0.1", "-W", "1", dst, check=False)
+        assert r.returncode != 0
+        ports = erack.stats()["switches"]["plane3"]["ports"]
+        assert sum(p["drop_node_down"] for p in ports.values()) >= 2
+        other = erack.nodes["h1"]["ports"][2]["ip"]
+        assert (
+            erack.sh("h0", "ping", "-n", "-c", "1", "-W", "3", other, check=False).returncode == 0
+        )
+    finally:
+        ethplus("node", "set", erack.name, "plane3", "up", check=True)
+    assert erack.sh("h0", "ping", "-n", "-c", "2", "-W", "3", dst, check=False).returncode == 0
+
+
+def test_fault_commands_reject_bad_input(erack):
+    for args, msg in [
+        (("no-such-link", "down"), "no link 'no-such-link'"),
+        (("h0-plane0", "loss", "150%"), "expected a probability"),
+        (("h0-plane0", "rate", "0G"), "expected a rate"),
+        (("h0-plane0", "delay", "soon"), "expected a delay"),
+        (("h0-plane0", "explode"), "expected one of"),
+    ]:
+        r = ethplus("link", "set", erack.name, *args)
+        assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = ethplus("node", "set", erack.name, "h0", "down")
+    assert r.returncode == 1 and "no switch 'h0'" in r.stderr
+
+
+# ---------------------------------------------------------------- robustness
+
+
+def _garbage(rng: random.Random, src) -> bytes:
+    kind = rng.randrange(5)
+    eth = src.gw_mac + src.mac
+    if kind == 0:  # random bytes
+        return rng.randbytes(rng.randrange(14, 200))
+    if kind == 1:  # bad EtherType
+        return eth + rng.randrange(0x0600, 0xFFFF).to_bytes(2, "big") + bytes(40)
+    good = ethp_frame(src, src, size=rng.randrange(0, 300), psn=rng.randrange(1 << 30))
+    if kind == 2:  # truncated
+        return good[: rng.randrange(14, max(15, len(good) - 1))]
+    if kind == 3:  # IPv4 total length beyond the frame (checksum fixed: only the length lies)
+        b = bytearray(good)
+        b[16:18] = min(65535, len(good) - 14 + rng.randrange(1, 1000)).to_bytes(2, "big")
+        b[24:26] = b"\0\0"
+        c = core.inet_csum(bytes(b[14:34]))
+        b[24:26] = c.to_bytes(2, "big")
+        return bytes(b)
+    b = bytearray(good)  # ETH+ length larger than the payload it carries
+    b[42 + 24 : 42 + 26] = (len(good) - 74 + rng.randrange(1, 1000)).to_bytes(2, "big")
+    return bytes(b)
+
+
+def test_switch_survives_100k_malformed_frames_and_keeps_forwarding(erack):
+    src = erack.port("h4", plane=1)
+    rng = random.Random(3)
+    frames = [_garbage(rng, src) for _ in range(100_000)]
+    before_tx = if_stats(src.ns, src.ifname)["tx_packets"]
+    st0 = stats.totals(erack.stats())
+    dst = erack.nodes["h5"]["ports"][1]["ip"]
+    ns = erack.rec["namespaces"]["h6"].rsplit("/", 1)[1]
+    ping = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "ping", "-n", "-q", "-i", "0.05", "-W", "2", "-c", "60", dst],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    send_paced(core.Port(src.ifname, src.ns), core.Pool(2048, 9300), frames, 55e6, burst=64)
+    out, _ = ping.communicate(timeout=60)
+    assert " 0% packet loss" in out, out
+    erack.quiesce()
+    injected = if_stats(src.ns, src.ifname)["tx_packets"] - before_tx
+    assert injected >= 100_000
+    st1 = stats.totals(erack.stats())
+    delta = {k: st1[k] - st0[k] for k in (*stats.DROP_REASONS, "drop_ring", "ctl_consumed")}
+    assert sum(delta.values()) == injected, delta
+    assert st1["drop_malformed"] - st0["drop_malformed"] > 30_000
+    assert_conserved(erack)
+
+
+def test_stats_command_reports_and_conserves(erack):
+    out = ethplus("lab", "stats", erack.name, check=True).stdout
+    assert "conservation:" in out and "difference 0" in out
+    st = erack.stats()
+    assert set(st["switches"]) == {f"plane{i}" for i in range(4)}
+    port = next(iter(st["switches"]["plane0"]["ports"].values()))
+    assert set(core.SW_COUNTERS) <= set(port)
+    assert set(port["classes"]) == {"high", "data"}
+
+
+def test_fabric_crash_is_reported(lab_name):
+    ethplus("lab", "up", "erack-8x4", "--name", lab_name, check=True)
+    j = json.loads(open(f"/run/ethplus/labs/{lab_name}/journal.json").read())
+    os.kill(j["fabric_pid"], signal.SIGKILL)
+    time.sleep(0.2)
+    ls = json.loads(ethplus("lab", "ls", "--json", check=True).stdout)
+    assert next(x for x in ls if x["name"] == lab_name)["status"].startswith("failed")
+    r = ethplus("lab", "stats", lab_name)
+    assert r.returncode == 1 and "not running" in r.stderr
+
+
+def test_lossless_fabric_pauses_instead_of_dropping(tmp_path, lab_name):
+    f = tmp_path / "lossless.toml"
+    f.write_text(
+        '[lab]\nfamily = "clos"\n[switch]\nlossless = true\nforwarding = "ecmp"\n'
+        "trimming = false\necn = false\npfc_xoff_bytes = 40000\npfc_xon_bytes = 20000\n"
+        "[link]\nbuffer_bytes = 2000000\n[fabric_link]\nbuffer_bytes = 2000000\n"
+    )
+    lab = _up(lab_name, str(f))
+    src, dst = lab.port("h0"), lab.port("h4")
+    # the spines' links into leaf1 are slow: leaf1 fills, pauses the spines,
+    # which fill and pause leaf0; h0's frames wait in leaf0 instead of dying
+    for s in range(4):
+        lab.link_set(f"leaf1-spine{s}", "rate", "25G")
+    cap = Capture(dst)
+    try:
+        frames = [
+            ethp_frame(src, dst, size=4000, psn=i, entropy=i, src_port=777) for i in range(250)
+        ]
+        send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 60e6)
+        st = assert_conserved(lab)
+        got = _frames_to(cap.drain(quiet_s=1.0), dst.ip)
+    finally:
+        cap.close()
+    t = stats.totals(st)
+    assert t["pause_tx"] > 0 and t["pause_rx"] > 0
+    assert sum(t[k] for k in stats.DROP_REASONS) == 0
+    assert sorted(p.header.psn for p in got) == list(range(250))
+    paused = sum(
+        c["classes"]["data"]["paused_ns"]
+        for sw in st["switches"].values()
+        for c in sw["ports"].values()
+    )
+    assert paused > 0
