@@ -53,11 +53,29 @@ def cmd_lab_up(args) -> int:
     t = spec.topology
     print(
         f"lab {spec.name} is up: {len(t.nodes)} namespaces, {len(t.links)} veth pairs, "
-        f"time scale {spec.time_scale:g} ({rec['timings_s']['total_s']:.2f} s)"
+        f"{len(t.switches())} switches ({rec['timings_s']['total_s']:.2f} s)"
     )
+    print(f"  time scale {spec.time_scale:g}: {_scale_reason(spec)}")
     print(f"  ethplus lab show {spec.name}    ethplus exec {spec.name} h0 -- ip addr")
     print(f"  ethplus lab down {spec.name}")
     return 0
+
+
+def _scale_reason(spec) -> str:
+    from dataplane.topology import AUTO_REAL_BUDGET_BPS
+
+    total = spec.topology.total_link_rate_bps()
+    how = (
+        f"auto, the smallest k that fits {len(spec.topology.links)} links, "
+        f"{_fmt_rate(total)} nominal, into this machine's {_fmt_rate(AUTO_REAL_BUDGET_BPS)} "
+        "real budget"
+        if spec.time_scale_raw == "auto"
+        else f"set by {'--time-scale' if isinstance(spec.time_scale_raw, float) else 'the file'}"
+    )
+    return (
+        f"{how}; real rate = nominal / {spec.time_scale:g}, real delay = nominal x "
+        f"{spec.time_scale:g} ({_fmt_rate(total / spec.time_scale)} real in all)"
+    )
 
 
 def cmd_lab_down(args) -> int:
@@ -114,7 +132,7 @@ def cmd_lab_show(args) -> int:
     print(f"  file        {rec['file']}")
     print(
         f"  time scale  {k:g}"
-        + (" (auto: nominal host injection / 2 Gbit/s real budget)" if setting == "auto" else "")
+        + (" (auto: total nominal link rate / 2 Gbit/s real budget)" if setting == "auto" else "")
     )
     print(f"  nodes       {len(topo['nodes'])}   links {len(topo['links'])}   tag {rec['tag']}")
     sw = rec["switch"]

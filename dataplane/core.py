@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 5
+ABI_VERSION = 7
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -285,6 +285,12 @@ class Port:
         pool.put(pkts, got)
         return frames
 
+    def blast(
+        self, frame: bytes, n_frames: int, vary_off: int = 0, timeout_ms: int = 60_000
+    ) -> int:
+        """Send n_frames copies of frame from C (a traffic generator); the GIL is released."""
+        return lib.ethp_port_blast(self._p, frame, len(frame), n_frames, vary_off, timeout_ms)
+
     def counters(self) -> dict[str, int]:
         out = ffi.new("uint64_t[]", len(PORT_COUNTERS))
         lib.ethp_port_counters(self._p, out)
@@ -451,6 +457,12 @@ class Switch:
 
     def set_up(self, up: bool) -> None:
         lib.ethp_switch_set_up(self._sw, 1 if up else 0)
+
+    def ring_counters(self) -> dict[str, int]:
+        """Frames lost before any port saw them (the switch's one ring)."""
+        out = ffi.new("uint64_t[3]")
+        lib.ethp_switch_ring_counters(self._sw, out)
+        return dict(zip(("drop_ring", "drop_no_buf", "drop_foreign"), out, strict=True))
 
     @property
     def wakeups(self) -> int:

@@ -200,7 +200,12 @@ class Fabric:
                 c["link"] = p["link"]
                 c["peer"] = p["peer"]
                 ports[p["ifname"]] = c
-            out[name] = {"up": self.node_up[name], "wakeups": sw.wakeups, "ports": ports}
+            out[name] = {
+                "up": self.node_up[name],
+                "wakeups": sw.wakeups,
+                "ring": sw.ring_counters(),
+                "ports": ports,
+            }
         return {
             "lab": self.name,
             "time_scale": self.k,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 DROP_REASONS = (
     "drop_queue_full", "drop_loss", "drop_corrupt", "drop_link_down", "drop_node_down",
-    "drop_malformed", "drop_no_route", "drop_no_buf", "drop_tx_error",
+    "drop_malformed", "drop_no_route", "drop_tx_error",
 )  # fmt: skip
+# Lost before any port read them: counted per switch, on its one RX ring.
+LOST_BEFORE_READ = ("drop_ring", "drop_no_buf", "drop_foreign")
 # Frames still inside a switch: queued, or on a delay line.
 IN_FLIGHT = ("q_frames", "wire_frames")
 
@@ -14,6 +16,8 @@ def totals(st: dict) -> dict[str, int]:
     """Sum of every counter over every port of every switch (gauges included)."""
     out: dict[str, int] = {}
     for sw in st["switches"].values():
+        for k, v in sw["ring"].items():
+            out[k] = out.get(k, 0) + v
         for port in sw["ports"].values():
             for k, v in port.items():
                 if isinstance(v, int) and not k.endswith(("_max_ns", "hwm_bytes")):
@@ -37,8 +41,13 @@ def conservation(t: dict[str, int]) -> dict[str, int]:
     }
 
 
+def switch_drops(sw: dict) -> int:
+    """Every frame one switch dropped, for any reason, ring included."""
+    return sum(sw["ring"].values()) + sum(p[k] for p in sw["ports"].values() for k in DROP_REASONS)
+
+
 def _row(name: str, c: dict) -> list[str]:
-    drops = {k.removeprefix("drop_"): c[k] for k in (*DROP_REASONS, "drop_ring") if c.get(k)}
+    drops = {k.removeprefix("drop_"): c[k] for k in DROP_REASONS if c.get(k)}
     return [
         name,
         str(c["rx_frames"]),
@@ -74,10 +83,14 @@ def render(st: dict, show_all: bool = False) -> str:
         rows = [
             _row(ifname, c)
             for ifname, c in sw["ports"].items()
-            if show_all or c["rx_frames"] or c["tx_frames"] or c.get("drop_ring")
+            if show_all or c["rx_frames"] or c["tx_frames"]
         ]
         state = "" if sw["up"] else "  (DOWN)"
-        lines.append(f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown")
+        lost = " ".join(f"{k.removeprefix('drop_')}={v}" for k, v in sw["ring"].items() if v)
+        lines.append(
+            f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown"
+            + (f"; lost before a port read them: {lost}" if lost else "")
+        )
         if rows:
             widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
             for r in [header, *rows]:

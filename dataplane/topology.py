@@ -32,9 +32,12 @@ GATEWAY_NET = ipaddress.IPv4Network("198.19.0.0/16")  # virtual next hops, one p
 MAX_PLANES = 16
 MAX_HOSTS_PER_PLANE = 4094  # 198.18.0.0/16 is cut into 16 /20 blocks, one per plane
 
-# Real forwarding budget of this class of machine (ARCHITECTURE.md: a few
-# Gbit/s in all); time_scale = "auto" slows the lab until its aggregate
-# nominal injection rate fits in it.
+# Real link-rate budget of this class of machine for time_scale = "auto": the
+# smallest k with (sum of every link's nominal rate) / k <= this.  Measured by
+# scripts/bench_switch.py: one ethplus switch forwarded 7.6 Gbit/s of MTU
+# frames with both cores busy (a generator on one); a lab also runs its
+# senders, receivers and transports on the same two cores, so a quarter of
+# that is what its links may carry together.  docs/performance.md.
 AUTO_REAL_BUDGET_BPS = 2_000_000_000
 
 
@@ -152,12 +155,12 @@ class Topology:
                 f"{IFNAMSIZ_CHARS}: use fewer nodes",
             )
 
-    def aggregate_host_rate_bps(self) -> int:
-        return sum(link.params.rate_bps for link in self.links.values() if link.tier == "host")
+    def total_link_rate_bps(self) -> int:
+        return sum(link.params.rate_bps for link in self.links.values())
 
     def auto_time_scale(self) -> float:
-        """The time scale 'auto' resolves to: nominal host injection / real budget."""
-        return max(1.0, self.aggregate_host_rate_bps() / AUTO_REAL_BUDGET_BPS)
+        """The time scale 'auto' resolves to: total nominal link rate / real budget."""
+        return max(1.0, self.total_link_rate_bps() / AUTO_REAL_BUDGET_BPS)
 
     def to_dict(self) -> dict:
         return {

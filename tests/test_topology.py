@@ -107,5 +107,5 @@ def test_to_dict_is_json_ready():
 def test_auto_time_scale_fits_the_real_budget():
     spec = labfile.load("erack-8x4")
     t = spec.topology
-    real = t.aggregate_host_rate_bps() / spec.time_scale
+    real = t.total_link_rate_bps() / spec.time_scale
     assert real == pytest.approx(topology.AUTO_REAL_BUDGET_BPS)

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 5
+#define ETHP_ABI_VERSION 7
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -140,7 +140,7 @@ struct ethp_pkt {
     uint16_t port;       /* ingress port index, owner's choice */
     uint8_t cls;         /* traffic class while queued */
     uint8_t in_pool;     /* 1 while owned by the pool: catches double frees */
-    uint32_t pad;
+    int32_t ifindex;     /* interface it arrived on (a port bound to all of them) */
 };
 
 struct ethp_pool;
@@ -187,8 +187,9 @@ struct ethp_port_cfg {
 
 struct ethp_port;
 /* Open an AF_PACKET port on ifname inside the network namespace at
- * netns_path (NULL: the caller's).  On failure returns NULL and stores a
- * negative errno in *err. */
+ * netns_path (NULL: the caller's).  ifname NULL binds to every interface of
+ * the namespace: one ring for all of them, each frame tagged with its
+ * ifindex.  On failure returns NULL and stores a negative errno in *err. */
 struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
                                  const struct ethp_port_cfg *cfg, int *err);
 void ethp_port_close(struct ethp_port *port);
@@ -205,6 +206,16 @@ uint32_t ethp_port_rx_burst(struct ethp_port *port, struct ethp_pool *pool,
  * buffer full) are counted in tx_again and left for the caller to retry.
  * The caller keeps ownership of every packet. */
 uint32_t ethp_port_tx_burst(struct ethp_port *port, struct ethp_pkt **pkts, uint32_t n);
+/* The same, out of interface ifindex (for a port bound to all interfaces). */
+uint32_t ethp_port_tx_burst_to(struct ethp_port *port, struct ethp_pkt **pkts, uint32_t n,
+                               int ifindex);
+/* A traffic generator: send n_frames copies of frame in sendmmsg bursts.
+ * If vary_off is non-zero, the 16-bit big-endian field at that offset counts
+ * up by one per frame (e.g. a UDP source port, to make many flows).  Waits
+ * for room when the socket is full; gives up after timeout_ms.  Returns how
+ * many frames the kernel took. */
+uint64_t ethp_port_blast(struct ethp_port *port, const uint8_t *frame, uint32_t len,
+                         uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms);
 /* Copy the counters (ETHP_PORT_NCOUNTERS values) into out. */
 void ethp_port_counters(struct ethp_port *port, uint64_t *out);
 
@@ -272,8 +283,6 @@ struct ethp_link_state {
     X(drop_node_down, "switch down")                                            \
     X(drop_malformed, "frames the parser rejected")                             \
     X(drop_no_route, "no route to the destination")                             \
-    X(drop_no_buf, "packet pool empty")                                         \
-    X(drop_ring, "RX ring overflow in the kernel (never read)")                 \
     X(drop_tx_error, "the kernel refused the frame")                            \
     X(ctl_consumed, "MAC control frames consumed here")                         \
     X(ecn_marked, "CE marks set")                                               \
@@ -326,6 +335,10 @@ void ethp_switch_free(struct ethp_switch *sw);
 int ethp_switch_set_link(struct ethp_switch *sw, uint32_t port, const struct ethp_link_state *link);
 void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up);
 uint32_t ethp_switch_port_count(const struct ethp_switch *sw);
+/* Frames lost before a port saw them, for the whole switch (its one ring):
+ * out[0] kernel ring overflow, out[1] packet pool empty, out[2] from an
+ * interface that is not a port. */
+void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out);
 /* Copy one port's counters: ETHP_SW_NCOUNTERS values into out, then
  * ETHP_NCLASSES x ETHP_SW_NCLASS_COUNTERS into cls_out. */
 void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out,
@@ -345,6 +358,8 @@ int ethp_netns_rundir_init(const char *dir);
 int ethp_netns_create(const char *path);
 /* Unmount and unlink a namespace bind mount.  0 or negative errno. */
 int ethp_netns_delete(const char *path);
+/* The ifindex of ifname inside the namespace at path, or a negative errno. */
+int ethp_netns_ifindex(const char *path, const char *ifname);
 /* Open a socket inside the namespace at path (the calling thread enters it
  * and returns).  Returns the fd or a negative errno. */
 int ethp_netns_socket(const char *path, int domain, int type, int protocol);

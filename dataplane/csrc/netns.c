@@ -109,6 +109,17 @@ int ethp_netns_delete(const char *path)
     return rc;
 }
 
+int ethp_netns_ifindex(const char *path, const char *ifname)
+{
+    int saved, rc = ethp_netns_enter(path, &saved);
+    if (rc)
+        return rc;
+    unsigned idx = if_nametoindex(ifname);
+    rc = idx ? (int)idx : -errno;
+    ethp_netns_leave(saved);
+    return rc;
+}
+
 int ethp_netns_socket(const char *path, int domain, int type, int protocol)
 {
     int saved, rc = ethp_netns_enter(path, &saved);

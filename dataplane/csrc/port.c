@@ -53,9 +53,12 @@ static int setup_socket(struct ethp_port *p, const char *ifname,
     p->fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (p->fd < 0)
         return -errno;
-    p->ifindex = (int)if_nametoindex(ifname);
-    if (!p->ifindex)
-        return -errno;
+    p->ifindex = 0; /* every interface */
+    if (ifname) {
+        p->ifindex = (int)if_nametoindex(ifname);
+        if (!p->ifindex)
+            return -errno;
+    }
     int v3 = TPACKET_V3, one = 1;
     if (setsockopt(p->fd, SOL_PACKET, PACKET_VERSION, &v3, sizeof(v3)) < 0)
         return -errno;
@@ -195,6 +198,8 @@ uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
         }
         struct tpacket3_hdr *f = p->next;
         const uint8_t *data = (const uint8_t *)f + f->tp_mac;
+        const struct sockaddr_ll *sll =
+            (const struct sockaddr_ll *)((const uint8_t *)f + TPACKET_ALIGN(sizeof(*f)));
         uint32_t len = f->tp_snaplen;
         struct ethp_pkt *k;
         if (ethp_pool_get(pool, &k, 1) != 1) {
@@ -206,6 +211,7 @@ uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
             memcpy(k->data, data, len);
             k->len = len;
             k->ts_ns = now;
+            k->ifindex = sll->sll_ifindex;
             pkts[got++] = k;
             p->c[ETHP_PC_rx_frames]++;
             p->c[ETHP_PC_rx_bytes] += len;
@@ -219,6 +225,13 @@ uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
 
 uint32_t ethp_port_tx_burst(struct ethp_port *p, struct ethp_pkt **pkts, uint32_t n)
 {
+    return ethp_port_tx_burst_to(p, pkts, n, 0);
+}
+
+uint32_t ethp_port_tx_burst_to(struct ethp_port *p, struct ethp_pkt **pkts, uint32_t n,
+                               int ifindex)
+{
+    struct sockaddr_ll to = {.sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6};
     uint32_t sent = 0;
     while (sent < n) {
         struct mmsghdr msgs[ETHP_TX_BURST_MAX];
@@ -230,6 +243,10 @@ uint32_t ethp_port_tx_burst(struct ethp_port *p, struct ethp_pkt **pkts, uint32_
             iov[i].iov_len = pkts[sent + i]->len;
             msgs[i].msg_hdr.msg_iov = &iov[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
+            if (ifindex) {
+                msgs[i].msg_hdr.msg_name = &to;
+                msgs[i].msg_hdr.msg_namelen = sizeof(to);
+            }
         }
         int r = sendmmsg(p->fd, msgs, m, MSG_DONTWAIT);
         p->c[ETHP_PC_tx_batches]++;
@@ -265,4 +282,41 @@ void ethp_port_counters(struct ethp_port *p, uint64_t *out)
     if (getsockopt(p->fd, SOL_PACKET, PACKET_STATISTICS, &st, &sl) == 0)
         p->c[ETHP_PC_rx_ring_drops] += st.tp_drops;
     memcpy(out, p->c, sizeof(p->c));
+}
+
+uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len,
+                         uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms)
+{
+    if (!len || len > ETHP_MAX_FRAME_BYTES || (vary_off && vary_off + 2 > len))
+        return 0;
+    struct ethp_pool *pool = ethp_pool_new(ETHP_TX_BURST_MAX, len);
+    if (!pool)
+        return 0;
+    struct ethp_pkt *b[ETHP_TX_BURST_MAX];
+    uint32_t nb = ethp_pool_get(pool, b, ETHP_TX_BURST_MAX);
+    for (uint32_t i = 0; i < nb; i++) {
+        memcpy(b[i]->data, frame, len);
+        b[i]->len = len;
+    }
+    uint16_t v = vary_off ? (uint16_t)(frame[vary_off] << 8 | frame[vary_off + 1]) : 0;
+    uint64_t sent = 0, deadline = ethp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (sent < n_frames && ethp_now_ns() < deadline) {
+        uint32_t m = n_frames - sent < nb ? (uint32_t)(n_frames - sent) : nb;
+        if (vary_off)
+            for (uint32_t i = 0; i < m; i++, v++) {
+                b[i]->data[vary_off] = (uint8_t)(v >> 8);
+                b[i]->data[vary_off + 1] = (uint8_t)v;
+            }
+        uint32_t k = ethp_port_tx_burst(p, b, m);
+        sent += k;
+        if (vary_off)
+            v = (uint16_t)(v - (m - k)); /* resend the unsent values */
+        if (k < m) {
+            struct pollfd pfd = {.fd = p->fd, .events = POLLOUT};
+            poll(&pfd, 1, 10);
+        }
+    }
+    ethp_pool_put(pool, b, nb);
+    ethp_pool_free(pool);
+    return sent;
 }

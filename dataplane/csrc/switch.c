@@ -23,6 +23,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "ethp_int.h"
@@ -75,7 +76,7 @@ static struct ethp_pkt *q_pop(struct pktq *q)
 }
 
 struct sw_port {
-    struct ethp_port *io;
+    int ifindex;
     struct ethp_link_state link;
     struct pktq q[ETHP_NCLASSES]; /* egress queues */
     struct pktq wire;             /* egress delay line: ts_ns = due at the peer */
@@ -98,6 +99,12 @@ struct sw_group {
 
 struct ethp_switch {
     struct ethp_switch_cfg cfg;
+    /* One AF_PACKET socket bound to every interface of the switch's
+     * namespace: one RX ring (one retire timer, one wake-up) for all ports. */
+    struct ethp_port *io;
+    char netns_path[256];
+    uint16_t *port_of_if; /* ifindex -> port index + 1 */
+    uint64_t foreign;     /* frames from an interface that is no port */
     struct sw_port *ports;
     uint32_t n_ports, max_ports;
     struct ethp_pool *pool;
@@ -181,7 +188,7 @@ static void pfc_send(struct ethp_switch *sw, struct sw_port *port, int cls, uint
     if (ethp_pool_get(sw->pool, &p, 1) != 1)
         return;
     p->len = (uint32_t)ethp_build_pfc(p->data, p->cap, port->link.mac, (uint8_t)(1u << cls), quanta);
-    ethp_port_tx_burst(port->io, &p, 1);
+    ethp_port_tx_burst_to(sw->io, &p, 1, port->ifindex);
     ethp_pool_put(sw->pool, &p, 1);
     port->c[ETHP_SC_pause_tx]++;
     /* Refresh a pause at half its lifetime while the queue stays above XON. */
@@ -284,6 +291,7 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
         return;
     }
     p->cls = (uint8_t)cls;
+    p->ts_ns = now; /* when it joined the queue: it cannot start on the link before */
     q_push(&e->q[cls], p);
     e->cc[cls][ETHP_CC_enq_frames]++;
     e->cc[cls][ETHP_CC_q_bytes] = e->q[cls].bytes;
@@ -402,21 +410,25 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
     forward(sw, p, now);
 }
 
-static void rx(struct ethp_switch *sw, uint16_t idx, uint64_t now)
+static void rx(struct ethp_switch *sw, uint64_t now)
 {
-    struct sw_port *port = &sw->ports[idx];
     struct ethp_pkt *pk[SW_BURST];
-    const uint64_t *io = ethp_port_counters_ref(port->io);
     for (;;) {
-        uint64_t lost_before = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated];
-        uint32_t n = ethp_port_rx_burst(port->io, sw->pool, pk, SW_BURST);
-        uint64_t lost = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated] - lost_before;
-        port->c[ETHP_SC_rx_frames] += n + lost;
-        port->c[ETHP_SC_drop_no_buf] += lost;
+        uint32_t n = ethp_port_rx_burst(sw->io, sw->pool, pk, SW_BURST);
         for (uint32_t i = 0; i < n; i++) {
-            port->c[ETHP_SC_rx_bytes] += pk[i]->len;
-            pk[i]->port = idx;
-            admit(sw, port, pk[i], now);
+            struct ethp_pkt *p = pk[i];
+            int ifx = p->ifindex;
+            uint16_t idx1 = ifx > 0 && ifx < 65536 ? sw->port_of_if[ifx] : 0;
+            if (!idx1) {
+                sw->foreign++;
+                ethp_pool_put(sw->pool, &p, 1);
+                continue;
+            }
+            struct sw_port *port = &sw->ports[idx1 - 1];
+            port->c[ETHP_SC_rx_frames]++;
+            port->c[ETHP_SC_rx_bytes] += p->len;
+            p->port = (uint16_t)(idx1 - 1);
+            admit(sw, port, p, now);
         }
         if (n < SW_BURST)
             return;
@@ -455,10 +467,15 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
             if (in->pfc_refresh_ns[c] && in->pfc_in_bytes[c] < sw->cfg.pfc_xon_bytes)
                 pfc_send(sw, in, c, 0, now);
         }
-        /* A pacer with a bounded burst: a thread that woke late may catch up
-         * on up to catchup_ns of link time, never more. */
+        /* A pacer with a bounded burst: a thread that woke late may make up
+         * to catchup_ns of link time it lost, but a frame never starts before
+         * it was queued (an idle link earns no credit) or the link was free. */
         uint64_t floor = now > sw->cfg.catchup_ns ? now - sw->cfg.catchup_ns : 0;
-        uint64_t start = e->next_tx_ns > floor ? e->next_tx_ns : floor;
+        uint64_t start = e->next_tx_ns;
+        if (p->ts_ns > start)
+            start = p->ts_ns;
+        if (floor > start)
+            start = floor;
         e->next_tx_ns = start + ser_ns(&e->link, p->len);
         int why = fault(sw, &e->link);
         if (why >= 0) {
@@ -473,14 +490,14 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 
 static void release_egress(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 {
-    const uint64_t *io = ethp_port_counters_ref(e->io);
+    const uint64_t *io = ethp_port_counters_ref(sw->io);
     while (e->wire.head && e->wire.head->ts_ns <= now) {
         struct ethp_pkt *b[SW_BURST];
         uint32_t n = 0;
         while (n < SW_BURST && e->wire.head && e->wire.head->ts_ns <= now)
             b[n++] = q_pop(&e->wire);
         uint64_t err_before = io[ETHP_PC_tx_errors];
-        uint32_t sent = ethp_port_tx_burst(e->io, b, n);
+        uint32_t sent = ethp_port_tx_burst_to(sw->io, b, n, e->ifindex);
         uint64_t errs = io[ETHP_PC_tx_errors] - err_before;
         for (uint32_t i = n; i > sent; i--) /* socket buffer full: retry later, in order */
             q_push_front(&e->wire, b[i - 1]);
@@ -577,7 +594,7 @@ static void *sw_main(void *arg)
                 if (read(sw->evfd, &v, sizeof(v)) < 0) { /* nothing to do */ }
                 continue;
             }
-            rx(sw, (uint16_t)evs[i].data.u32, now);
+            rx(sw, now);
         }
         for (uint32_t i = 0; i < sw->n_ports; i++) {
             struct sw_port *e = &sw->ports[i];
@@ -605,13 +622,15 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
     sw->ports = calloc(max_ports, sizeof(*sw->ports));
     sw->route_ip = calloc(65536, sizeof(uint16_t));
     sw->route_ep = calloc(65536, sizeof(uint16_t));
+    sw->port_of_if = calloc(65536, sizeof(uint16_t));
     sw->pool = ethp_pool_new(cfg->pool_pkts, cfg->buf_bytes);
     sw->epfd = epoll_create1(EPOLL_CLOEXEC);
     sw->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sw->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull;
     sw->up = 1;
     pthread_mutex_init(&sw->lock, NULL);
-    if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->pool || sw->epfd < 0 || sw->evfd < 0) {
+    if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->port_of_if || !sw->pool ||
+        sw->epfd < 0 || sw->evfd < 0) {
         ethp_switch_free(sw);
         return NULL;
     }
@@ -620,31 +639,49 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
     return sw;
 }
 
+static int open_ring(struct ethp_switch *sw, const char *netns_path)
+{
+    /* 64 KiB blocks, 4 per port (16 to 512): each 1 ms retire timeout uses a
+     * block however few frames it holds, so many small blocks ride out a
+     * stalled thread better than a few large ones. */
+    uint32_t blocks = sw->max_ports * 4;
+    blocks = blocks < 16 ? 16 : blocks > 512 ? 512 : blocks;
+    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = blocks,
+                               .block_timeout_ms = 1, .sndbuf_bytes = 4u << 20};
+    int err;
+    sw->io = ethp_port_open(netns_path, NULL, &pc, &err);
+    if (!sw->io)
+        return err;
+    /* Edge-triggered: rx() drains every ready block, and a ring whose
+     * namespace was deleted must not keep the thread spinning. */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = 0};
+    if (epoll_ctl(sw->epfd, EPOLL_CTL_ADD, ethp_port_fd(sw->io), &ev) < 0)
+        return -errno;
+    snprintf(sw->netns_path, sizeof(sw->netns_path), "%s", netns_path ? netns_path : "");
+    return 0;
+}
+
 int ethp_switch_add_port(struct ethp_switch *sw, const char *netns_path, const char *ifname,
                          const struct ethp_link_state *link)
 {
     if (sw->started || sw->n_ports >= sw->max_ports || !link->rate_bps)
         return -EINVAL;
-    /* 16 blocks of 64 KiB: each retire timeout uses up a block however few
-     * frames it holds, so many small blocks ride out a stalled thread better
-     * than a few large ones; 1 MiB of locked memory per port. */
-    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 16, .block_timeout_ms = 1,
-                               .sndbuf_bytes = 4u << 20};
-    int err;
-    struct ethp_port *io = ethp_port_open(netns_path, ifname, &pc, &err);
-    if (!io)
-        return err;
-    uint32_t idx = sw->n_ports;
-    /* Edge-triggered: rx() drains every ready block, and a ring whose device
-     * vanished (its namespace deleted) must not keep the thread spinning. */
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = idx};
-    if (epoll_ctl(sw->epfd, EPOLL_CTL_ADD, ethp_port_fd(io), &ev) < 0) {
-        err = -errno;
-        ethp_port_close(io);
-        return err;
+    if (!sw->io) {
+        int rc = open_ring(sw, netns_path);
+        if (rc)
+            return rc;
+    } else if (strcmp(sw->netns_path, netns_path ? netns_path : "") != 0) {
+        return -EXDEV; /* every port of a switch lives in its namespace */
     }
-    sw->ports[idx].io = io;
+    int ifx = ethp_netns_ifindex(netns_path, ifname);
+    if (ifx < 0)
+        return ifx;
+    if (ifx >= 65536 || sw->port_of_if[ifx])
+        return -EINVAL;
+    uint32_t idx = sw->n_ports;
+    sw->ports[idx].ifindex = ifx;
     sw->ports[idx].link = *link;
+    sw->port_of_if[ifx] = (uint16_t)(idx + 1);
     sw->n_ports++;
     return (int)idx;
 }
@@ -722,8 +759,9 @@ void ethp_switch_free(struct ethp_switch *sw)
             free_queue(sw, &e->q[c]);
         free_queue(sw, &e->wire);
         free_queue(sw, &e->in_wire);
-        ethp_port_close(e->io);
     }
+    ethp_port_close(sw->io);
+    free(sw->port_of_if);
     for (uint32_t i = 0; i < sw->n_groups; i++)
         free(sw->groups[i].ports);
     free(sw->groups);
@@ -763,6 +801,15 @@ void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up)
 }
 
 uint32_t ethp_switch_port_count(const struct ethp_switch *sw) { return sw->n_ports; }
+
+void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out)
+{
+    uint64_t io[ETHP_PORT_NCOUNTERS];
+    ethp_port_counters(sw->io, io); /* folds the kernel's ring drops in */
+    out[0] = io[ETHP_PC_rx_ring_drops];
+    out[1] = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated];
+    out[2] = __atomic_load_n(&sw->foreign, __ATOMIC_RELAXED);
+}
 uint64_t ethp_switch_wakeups(const struct ethp_switch *sw)
 {
     return __atomic_load_n(&sw->wakeups, __ATOMIC_RELAXED);
@@ -775,9 +822,6 @@ void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out, 
     struct sw_port *e = &sw->ports[port];
     for (int i = 0; i < ETHP_SW_NCOUNTERS; i++)
         out[i] = __atomic_load_n(&e->c[i], __ATOMIC_RELAXED);
-    uint64_t io[ETHP_PORT_NCOUNTERS];
-    ethp_port_counters(e->io, io); /* folds the kernel's ring drops in */
-    out[ETHP_SC_drop_ring] = io[ETHP_PC_rx_ring_drops];
     for (int c = 0; c < ETHP_NCLASSES; c++)
         for (int i = 0; i < ETHP_SW_NCLASS_COUNTERS; i++)
             cls_out[c * ETHP_SW_NCLASS_COUNTERS + i] = __atomic_load_n(&e->cc[c][i], __ATOMIC_RELAXED);

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Forwarding speed of the ethplus switch against the kernel, in one run.
+
+Three namespaces in a line, A -- S -- B, joined by veth pairs with offloads
+off.  A blasts frames (a C generator on an AF_PACKET socket) at B through S;
+S forwards them with, in turn: a kernel bridge, kernel IPv4 forwarding, and
+the ethplus switch (full pipeline on: parse, route, ECN check, trimming check,
+pacer at an unreachable 1 Tbit/s, delay line, counters).  Frames/s and Gbit/s
+are what B's kernel counted; CPU per frame is the whole machine's busy time
+(/proc/stat) over frames forwarded, so sender and receiver costs, the same in
+every variant, are included.  Then the idle CPU of erack-64x8.
+
+    sudo python3 scripts/bench_switch.py [--seconds 3] [--no-idle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from dataplane import core, kernel, lab, labfile
+from dataplane.registry import NETNS_DIR
+
+NS = {x: f"ethp-bsw-{x}" for x in "ASB"}
+MAC = {
+    "A": "02:bb:00:00:00:0a", "SA": "02:bb:00:00:00:1a",
+    "SB": "02:bb:00:00:00:1b", "B": "02:bb:00:00:00:0b",
+}  # fmt: skip
+IP = {"A": "198.18.0.1", "SA": "198.18.0.254", "SB": "198.18.1.254", "B": "198.18.1.1"}
+MTU = 1500
+
+
+def _path(x: str) -> str:
+    return str(NETNS_DIR / NS[x])
+
+
+def _ip(x: str, *args: str) -> None:
+    subprocess.run(["ip", "-n", NS[x], *args], check=True, capture_output=True)
+
+
+def build() -> None:
+    kernel.create_namespaces([_path(x) for x in "ASB"], str(NETNS_DIR))
+    kernel.create_veths(
+        [
+            kernel.VethSpec(_path("A"), "ethpbA", MAC["A"], _path("S"), "ethpbSA", MAC["SA"], MTU),
+            kernel.VethSpec(_path("S"), "ethpbSB", MAC["SB"], _path("B"), "ethpbB", MAC["B"], MTU),
+        ]
+    )
+    for x, ifs in (("A", ["ethpbA"]), ("S", ["ethpbSA", "ethpbSB"]), ("B", ["ethpbB"])):
+        kernel.configure_namespace(_path(x), "bench-switch", ifs, [])
+
+
+def teardown() -> None:
+    kernel.delete_namespaces([_path(x) for x in "ASB"])
+
+
+def frame(size: int) -> bytes:
+    a = core.Addr(
+        dst_mac=bytes.fromhex(MAC["SA"].replace(":", "")),
+        src_mac=bytes.fromhex(MAC["A"].replace(":", "")),
+        src_ip=0xC6120001, dst_ip=0xC6120101, src_port=1000, ttl=64,
+    )  # fmt: skip
+    if size >= 74:  # an ETH+ data frame: the switch's full ETH+ path
+        return core.build_frame(a, core.Header(len_bytes=size - 74), bytes(size - 74))
+    f = bytearray(core.build_frame(a, core.Header(len_bytes=0)))  # then cut to a plain UDP frame
+    f = f[:size]
+    f[16:18] = (size - 14).to_bytes(2, "big")
+    f[38:40] = (size - 34).to_bytes(2, "big")
+    f[36:38] = (9).to_bytes(2, "big")  # discard port: plain IPv4/UDP, not ETH+
+    f[24:26] = b"\0\0"
+    f[24:26] = core.inet_csum(bytes(f[14:34])).to_bytes(2, "big")
+    return bytes(f)
+
+
+def _busy_s() -> float:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _rx_packets() -> int:
+    return kernel_stats("B", "ethpbB")["rx_packets"]
+
+
+def kernel_stats(x: str, ifname: str) -> dict:
+    with kernel.ns_ipr(_path(x)) as ipr:
+        return dict(ipr.link("get", ifname=ifname)[0].get("IFLA_STATS64"))
+
+
+def with_bridge(fn):
+    _ip("S", "link", "add", "ethpbr0", "type", "bridge")
+    for i in ("ethpbSA", "ethpbSB", "ethpbr0"):
+        _ip("S", "link", "set", i, *(["master", "ethpbr0"] if i != "ethpbr0" else []), "up")
+    try:
+        # a bridge forwards on the destination MAC: address B directly
+        return fn(bridge=True)
+    finally:
+        _ip("S", "link", "del", "ethpbr0")
+
+
+def with_ipfwd(fn):
+    core.netns_sysctl(_path("S"), "net/ipv4/ip_forward", "1")
+    _ip("S", "addr", "add", f"{IP['SA']}/24", "dev", "ethpbSA")
+    _ip("S", "addr", "add", f"{IP['SB']}/24", "dev", "ethpbSB")
+    _ip("S", "neigh", "replace", IP["B"], "lladdr", MAC["B"], "dev", "ethpbSB", "nud", "permanent")
+    try:
+        return fn(bridge=False)
+    finally:
+        core.netns_sysctl(_path("S"), "net/ipv4/ip_forward", "0")
+        _ip("S", "addr", "flush", "dev", "ethpbSA")
+        _ip("S", "addr", "flush", "dev", "ethpbSB")
+
+
+def with_ethplus(fn):
+    sw = core.Switch(core.SwitchConfig(forwarding="spray", pool_pkts=16384, buf_bytes=2048), 2)
+    for ifname, mac, peer in (("ethpbSA", MAC["SA"], MAC["A"]), ("ethpbSB", MAC["SB"], MAC["B"])):
+        sw.add_port(_path("S"), ifname, core.LinkState(
+            rate_bps=10**12, delay_ns=0, buffer_bytes=16 << 20, mac=mac, peer_mac=peer,
+            peer_is_host=True,
+        ))  # fmt: skip
+    sw.add_route("ipv4", 0xC6120101, [1])
+    sw.add_route("ipv4", 0xC6120001, [0])
+    sw.start()
+    try:
+        return fn(bridge=False)
+    finally:
+        sw.close()
+
+
+def idle_cpu(seconds: float) -> dict:
+    """Machine busy time with erack-64x8 up and silent, against none, same run."""
+    base0 = _busy_s()
+    time.sleep(seconds)
+    base = (_busy_s() - base0) / seconds
+    spec = labfile.load("erack-64x8")
+    spec.name = "bench-idle"
+    lab.up(spec)
+    try:
+        time.sleep(2)
+        j = lab.registry.Journal.load("bench-idle")
+        pid = j.fabric_pid
+
+        def proc_s() -> float:
+            with open(f"/proc/{pid}/stat") as f:
+                v = f.read().rsplit(")", 1)[1].split()
+            return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+        p0, b0 = proc_s(), _busy_s()
+        time.sleep(seconds)
+        fabric = (proc_s() - p0) / seconds
+        busy = (_busy_s() - b0) / seconds
+    finally:
+        lab.down("bench-idle")
+    return {"baseline_cores": base, "with_lab_cores": busy, "fabric_cores": fabric}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--no-idle", action="store_true")
+    args = ap.parse_args()
+    lab.require_root("scripts/bench_switch.py")
+    teardown()
+    build()
+    results = {}
+    try:
+        for size in (64, MTU + 14):
+            for name, wrap in (
+                ("bridge", with_bridge),
+                ("ipfwd", with_ipfwd),
+                ("ethplus", with_ethplus),
+            ):
+
+                def run(bridge: bool, size=size):
+                    f = bytearray(frame(size))
+                    if bridge:
+                        f[0:6] = bytes.fromhex(MAC["B"].replace(":", ""))
+                    return measure_frame(bytes(f), args.seconds)
+
+                results[name, size] = wrap(run)
+                r = results[name, size]
+                print(
+                    f"{size:5d} B  {name:8s} {r['fps'] / 1e6:6.3f} Mpps  {r['gbps']:6.2f} Gbit/s  "
+                    f"{r['us_per_frame']:5.2f} us CPU/frame  {r['cores']:4.2f} cores busy",
+                    flush=True,
+                )
+    finally:
+        teardown()
+    print()
+    for size in (64, MTU + 14):
+        e, b, i = (results[n, size] for n in ("ethplus", "bridge", "ipfwd"))
+        print(
+            f"{size:5d} B: ethplus / bridge = {e['fps'] / b['fps']:.2f}x frames/s "
+            f"(target {'1.5' if size == 64 else '1.2'}x), / ip forwarding = "
+            f"{e['fps'] / i['fps']:.2f}x; CPU per frame ethplus / bridge = "
+            f"{e['us_per_frame'] / b['us_per_frame']:.2f} (target <= 1)"
+        )
+    if not args.no_idle:
+        r = idle_cpu(10.0)
+        print(
+            f"\nidle erack-64x8 (72 namespaces, 512 switch ports): fabric process "
+            f"{r['fabric_cores'] * 100:.2f}% of a core; whole machine "
+            f"{r['with_lab_cores'] * 100:.2f}% busy against "
+            f"{r['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
+        )
+    return 0
+
+
+def measure_frame(f: bytes, seconds: float) -> dict:
+    tx = core.Port("ethpbA", _path("A"))
+    r0, c0, t0 = _rx_packets(), _busy_s(), time.monotonic()
+    tx.blast(f, 10**9, 34, int(seconds * 1000))
+    time.sleep(0.2)
+    r1, c1, t1 = _rx_packets(), _busy_s(), time.monotonic()
+    tx.close()
+    frames = r1 - r0
+    dt = t1 - t0 - 0.2
+    return {
+        "fps": frames / dt,
+        "gbps": frames * len(f) * 8 / dt / 1e9,
+        "us_per_frame": (c1 - c0) / frames * 1e6 if frames else float("nan"),
+        "cores": (c1 - c0) / (t1 - t0),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
