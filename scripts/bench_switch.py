@@ -175,10 +175,12 @@ def main() -> int:
                 ("ethplus", with_ethplus),
             ):
 
-                def run(bridge: bool, size=size):
+                def run(bridge: bool, size=size, name=name):
                     f = bytearray(frame(size))
                     if bridge:
                         f[0:6] = bytes.fromhex(MAC["B"].replace(":", ""))
+                    if name == "ethplus":  # to the switch port's wire MAC, not its kernel's
+                        f[0] = 0x06
                     return measure_frame(bytes(f), args.seconds)
 
                 results[name, size] = wrap(run)

@@ -334,6 +334,24 @@ def test_injected_loss_rate(erack):
     assert_conserved(erack)
 
 
+def test_injected_corruption_is_dropped_as_a_bad_fcs_would_be(erack):
+    src, dst = erack.port("h5", plane=2), erack.port("h1", plane=2)
+    n = 5000
+    frames = [ethp_frame(src, dst, size=200, psn=i, entropy=i) for i in range(n)]
+    before = if_stats(dst.ns, dst.ifname)["rx_packets"]
+    t0 = erack.totals()
+    try:
+        erack.link_set("h5-plane2", "corrupt", "5%")  # host -> switch direction
+        send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 40e6)
+        erack.quiesce()
+    finally:
+        erack.link_set("h5-plane2", "corrupt", "0")
+    received = if_stats(dst.ns, dst.ifname)["rx_packets"] - before
+    corrupted = erack.totals()["drop_corrupt"] - t0["drop_corrupt"]
+    assert n - received == corrupted
+    assert 0.035 < corrupted / n < 0.065, corrupted
+
+
 def test_plane_down_and_up(erack):
     dst = erack.nodes["h1"]["ports"][3]["ip"]
     try:

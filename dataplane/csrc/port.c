@@ -82,6 +82,10 @@ static int setup_socket(struct ethp_port *p, const char *ifname,
         p->ring = NULL;
         return -errno;
     }
+    /* Straight to the driver: a port paces itself, and a lab veth has no
+     * queue worth going through (tc shapes only hosts' own kernel traffic). */
+    if (setsockopt(p->fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof(one)) < 0)
+        return -errno;
     /* A port never wants to read back what it sent itself. */
     if (setsockopt(p->fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0)
         return -errno;
