@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 7
+#define ETHP_ABI_VERSION 8
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -349,6 +349,90 @@ uint64_t ethp_switch_wakeups(const struct ethp_switch *sw);
 /* Build an 802.1Qbb PFC frame pausing the classes in mask for quanta. */
 int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
                    uint16_t quanta);
+
+/* ------------------------------------------------------------------- nic */
+
+/* Per-endpoint counters.  X(name, help) */
+#define ETHP_NIC_COUNTERS(X)                                                    \
+    X(tx_data_pkts, "data packets sent (first transmissions and retransmissions)") \
+    X(tx_data_bytes, "payload bytes sent")                                      \
+    X(retx_pkts, "data packets retransmitted")                                  \
+    X(retx_bytes, "payload bytes retransmitted")                                \
+    X(retx_sack, "retransmissions on SACK-inferred loss")                       \
+    X(retx_nack, "retransmissions on a trimmed-packet NACK")                    \
+    X(retx_timeout, "retransmissions on a retransmit timeout")                  \
+    X(rx_data_pkts, "data packets received")                                    \
+    X(rx_data_bytes, "payload bytes placed")                                    \
+    X(rx_dup_pkts, "duplicate data packets discarded")                          \
+    X(rx_unexpected_pkts, "data for no posted receive, discarded")              \
+    X(rx_trimmed_pkts, "trimmed packets seen (each answered by a NACK)")        \
+    X(rx_ce_pkts, "CE-marked packets seen")                                     \
+    X(rx_malformed, "frames that were not valid ETH+ for this endpoint")        \
+    X(tx_acks, "acks sent")                                                     \
+    X(rx_acks, "acks received")                                                 \
+    X(tx_nacks, "nacks sent")                                                   \
+    X(rx_nacks, "nacks received")                                               \
+    X(ecn_echoes, "acks that echoed CE")                                        \
+    X(rtt_samples, "RTT samples taken")                                         \
+    X(rtt_last_ns, "last RTT sample (real ns)")                                 \
+    X(cwnd_bytes, "congestion window now (sum over peers)")                     \
+    X(pauses_rx, "PFC pause frames honoured")                                   \
+    X(msgs_sent, "messages completed by the sender")                            \
+    X(msgs_received, "messages completed by the receiver")                      \
+    X(tx_again, "sends deferred: socket buffer full")
+
+#define ETHP_X_ENUM(name, help) ETHP_NC_##name,
+enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
+#undef ETHP_X_ENUM
+uint32_t ethp_nic_counter_count(void);
+const char *ethp_nic_counter_name(uint32_t i);
+
+enum {
+    ETHP_NIC_MAX_PLANES = 16,
+    ETHP_NIC_OK = 0,
+    ETHP_NIC_PENDING = 1,
+    ETHP_NIC_ERR_TOO_SMALL = -100,  /* a message longer than the posted buffer */
+    ETHP_NIC_ERR_UNREACHABLE = -101, /* the retry budget ran out */
+    ETHP_NIC_ERR_NO_SUCH = -102,     /* unknown handle or peer */
+};
+
+struct ethp_nic_cfg {
+    uint32_t ep;                /* this endpoint (its rank) */
+    uint32_t compact;           /* compact EtherType form instead of IPv4/UDP */
+    uint32_t payload_bytes;     /* payload per packet */
+    uint32_t n_evs;             /* entropy values per peer */
+    uint32_t adaptive;          /* avoid EVs recently marked, trimmed or lost */
+    uint32_t max_retries;       /* timeouts in a row before a peer is unreachable */
+    uint64_t rate_bps;          /* real rate of each port */
+    uint64_t base_rtt_ns;       /* real */
+    uint64_t rto_ns;            /* real, initial */
+    uint64_t max_cwnd_bytes;    /* 1.5 x BDP over all planes */
+    uint64_t seed;
+};
+
+struct ethp_nic;
+struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_path,
+                              uint32_t max_peers, int *err);
+/* A port (plane): interface, its MAC and IPv4 address, the next hop's MAC. */
+int ethp_nic_add_port(struct ethp_nic *nic, const char *ifname, const uint8_t *mac,
+                      const uint8_t *gw_mac, uint32_t ip);
+/* A peer endpoint and its address on each plane (index = port order). */
+int ethp_nic_add_peer(struct ethp_nic *nic, uint32_t ep, const uint32_t *ips, uint32_t n);
+int ethp_nic_start(struct ethp_nic *nic);
+void ethp_nic_free(struct ethp_nic *nic);
+/* Post a send or receive of len bytes at buf (which must stay valid until
+ * completion).  Returns a handle > 0 or a negative error. */
+int64_t ethp_nic_post_send(struct ethp_nic *nic, uint32_t peer, uint32_t tag,
+                           const uint8_t *buf, uint64_t len);
+int64_t ethp_nic_post_recv(struct ethp_nic *nic, uint32_t peer, uint32_t tag, uint8_t *buf,
+                           uint64_t len);
+/* Wait up to timeout_ms (-1: forever) for a handle.  Returns ETHP_NIC_OK,
+ * ETHP_NIC_PENDING or an error; *bytes gets the message length. */
+int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t *bytes);
+/* Counters of the endpoint (peer < 0) or of one peer. */
+void ethp_nic_counters(struct ethp_nic *nic, int32_t peer, uint64_t *out);
+/* Take a plane out of (or back into) the sender's rotation. */
+int ethp_nic_set_plane(struct ethp_nic *nic, uint32_t plane, uint32_t up);
 
 /* ----------------------------------------------------------------- netns */
 

@@ -1,0 +1,1103 @@
+/* nic.c - the ETH+ software NIC: a transport engine in one thread.
+ *
+ * Sender: messages are cut into packets of payload_bytes, each with its own
+ * PSN (per peer), sprayed over the planes (ports) and entropy values, paced
+ * per port at the link's real rate and limited by a congestion window per
+ * peer.  Loss is inferred from SACKs (a packet 3 PSNs below the highest
+ * SACKed one), signalled at once by a NACK when a switch trimmed a packet,
+ * and caught by a retransmit timeout as a last resort; a retransmission takes
+ * another plane and entropy value.
+ *
+ * Receiver: every payload goes straight to its offset in the posted buffer,
+ * whatever the arrival order; a bitmap per peer discards duplicates; acks
+ * carry the cumulative PSN and a 64-bit SACK bitmap, echo the sender's
+ * timestamp, entropy value and CE marks, and are coalesced per burst.
+ *
+ * Congestion control: NSCC-like (PROTOCOLS.md), in cc_on_ack / cc_on_loss.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/filter.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ethp_int.h"
+
+#define NIC_WIN 16384u  /* packets in flight per peer; power of two */
+#define NIC_RWIN 16384u /* receive bitmap window */
+#define NIC_DUPTHRESH 3u
+#define NIC_ACK_EVERY 8u
+#define NIC_BURST 64
+#define NIC_SACK_BITS 64u
+#define NIC_EVFD_TAG 1u
+#define NIC_RING_TAG 0u
+
+enum { PKT_FREE = 0, PKT_INFLIGHT, PKT_ACKED, PKT_LOST };
+
+struct nic_msg {
+    int64_t handle;
+    uint32_t peer, tag, msg_id;
+    uint8_t *buf;
+    uint64_t len;
+    uint64_t done_bytes; /* recv: placed; send: acknowledged */
+    uint64_t total;      /* recv: known once the last packet came */
+    uint64_t next_off;   /* send: next byte to packetize */
+    int status;
+    int is_send, bound, queued;
+    struct nic_msg *next;
+};
+
+struct tx_pkt {
+    struct nic_msg *m;
+    uint64_t sent_ns;
+    uint32_t off;
+    uint16_t len;
+    uint8_t state;
+    uint8_t plane;
+    uint16_t ev;
+    uint8_t last, retx;
+};
+
+struct nic_peer {
+    uint32_t ep;
+    uint32_t ip[ETHP_NIC_MAX_PLANES];
+    int known;
+    /* send */
+    struct tx_pkt *win;
+    uint32_t snd_una, snd_nxt, high_sack;
+    int have_sack;
+    struct nic_msg *sq_head, *sq_tail;
+    uint32_t msg_id_next;
+    uint64_t inflight_bytes, cwnd;
+    uint64_t rto_ns, rto_deadline;
+    uint32_t timeouts;
+    uint64_t rtt_epoch_ns, acked_epoch, acked_last_rtt, last_decrease_ns;
+    uint32_t n_lost;
+    uint64_t reo_ns; /* reordering window of the loss detector (RACK-like) */
+    /* recv */
+    uint32_t rcv_nxt;
+    uint8_t *rbits;
+    struct nic_msg *rq_head, *rq_tail; /* posted, not yet bound */
+    struct nic_msg *bound[64];
+    int ack_pending, ce_seen, dup_seen;
+    uint32_t ack_count, ts_echo;
+    uint16_t ev_echo;
+    uint64_t c[ETHP_NIC_NCOUNTERS];
+};
+
+struct nic_port {
+    int ifindex;
+    uint8_t mac[6], gw_mac[6];
+    uint32_t ip;
+    uint64_t next_tx_ns, paused_until;
+    int up;
+    struct ethp_pkt *txq[NIC_BURST];
+    uint32_t ntx;
+};
+
+struct ethp_nic {
+    struct ethp_nic_cfg cfg;
+    char netns_path[256];
+    struct ethp_port *io;
+    struct ethp_pool *pool;
+    int epfd, evfd, udp_fd;
+    struct nic_port ports[ETHP_NIC_MAX_PLANES];
+    uint32_t n_ports;
+    struct nic_peer *peers;
+    uint32_t max_peers;
+    uint64_t rng;
+    pthread_t thread;
+    int started, stop;
+    /* posted from other threads */
+    pthread_mutex_t lock;
+    pthread_cond_t done;
+    struct nic_msg *cmd_head, *cmd_tail;
+    struct nic_msg **msgs;
+    uint64_t n_msgs, cap_msgs;
+    uint64_t c[ETHP_NIC_NCOUNTERS];
+};
+
+#define ETHP_X_NAME(name, help) #name,
+static const char *const nic_names[] = {ETHP_NIC_COUNTERS(ETHP_X_NAME)};
+#undef ETHP_X_NAME
+uint32_t ethp_nic_counter_count(void) { return ETHP_NIC_NCOUNTERS; }
+const char *ethp_nic_counter_name(uint32_t i)
+{
+    return i < ETHP_NIC_NCOUNTERS ? nic_names[i] : NULL;
+}
+
+static uint64_t rnd64(struct ethp_nic *n)
+{
+    uint64_t x = n->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    n->rng = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static void count(struct ethp_nic *n, struct nic_peer *p, int c, uint64_t v)
+{
+    n->c[c] += v;
+    if (p)
+        p->c[c] += v;
+}
+
+/* ---------------------------------------------------------------- completion */
+
+static void complete(struct ethp_nic *n, struct nic_msg *m, int status)
+{
+    pthread_mutex_lock(&n->lock);
+    m->status = status;
+    pthread_cond_broadcast(&n->done);
+    pthread_mutex_unlock(&n->lock);
+    if (status == ETHP_NIC_OK)
+        n->c[m->is_send ? ETHP_NC_msgs_sent : ETHP_NC_msgs_received]++;
+}
+
+/* ---------------------------------------------------------------- transmit */
+
+static uint64_t ser_ns(const struct ethp_nic *n, uint32_t frame_bytes)
+{
+    return (uint64_t)ethp_wire_bytes(frame_bytes) * 8000000000ull / n->cfg.rate_bps;
+}
+
+static void flush_port(struct ethp_nic *n, struct nic_port *pt)
+{
+    uint32_t done = 0;
+    while (done < pt->ntx) {
+        uint32_t k = ethp_port_tx_burst_to(n->io, pt->txq + done, pt->ntx - done, pt->ifindex);
+        if (!k) {
+            n->c[ETHP_NC_tx_again]++;
+            struct pollfd pfd = {.fd = ethp_port_fd(n->io), .events = POLLOUT};
+            poll(&pfd, 1, 1);
+            continue;
+        }
+        done += k;
+    }
+    ethp_pool_put(n->pool, pt->txq, pt->ntx);
+    pt->ntx = 0;
+}
+
+static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
+                const struct ethp_hdr_fields *h, const uint8_t *payload, uint32_t len)
+{
+    struct nic_port *pt = &n->ports[plane];
+    struct ethp_pkt *k;
+    if (ethp_pool_get(n->pool, &k, 1) != 1)
+        return -ENOBUFS;
+    int fl = n->cfg.compact ? ethp_build_compact(k->data, k->cap, a, h, payload, len)
+                            : ethp_build_udp(k->data, k->cap, a, h, payload, len);
+    if (fl < 0) {
+        ethp_pool_put(n->pool, &k, 1);
+        return fl;
+    }
+    k->len = (uint32_t)fl;
+    uint64_t now = ethp_now_ns();
+    uint64_t start = pt->next_tx_ns > now ? pt->next_tx_ns : now;
+    pt->next_tx_ns = start + ser_ns(n, (uint32_t)fl);
+    pt->txq[pt->ntx++] = k;
+    if (pt->ntx == NIC_BURST)
+        flush_port(n, pt);
+    return 0;
+}
+
+static void addr_for(struct ethp_nic *n, uint32_t plane, const struct nic_peer *p, uint16_t ev,
+                     struct ethp_l2l3 *a)
+{
+    const struct nic_port *pt = &n->ports[plane];
+    memset(a, 0, sizeof(*a));
+    memcpy(a->dst_mac, pt->gw_mac, 6);
+    memcpy(a->src_mac, pt->mac, 6);
+    a->src_ip = pt->ip;
+    a->dst_ip = p->ip[plane];
+    a->src_port = (uint16_t)(0xC000 | (ev & 0x3fff)); /* entropy in the UDP source port */
+    a->dst_port = ETHP_UDP_PORT;
+    a->tos = 0x02; /* ECT(0) */
+    a->ttl = 64;
+}
+
+static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_t psn,
+                     uint8_t flags, uint32_t ts, uint16_t ev, const uint8_t *body, uint32_t len)
+{
+    uint32_t plane = ev % n->n_ports;
+    for (uint32_t i = 0; i < n->n_ports && !n->ports[plane].up; i++)
+        plane = (plane + 1) % n->n_ports;
+    struct ethp_l2l3 a;
+    addr_for(n, plane, p, ev, &a);
+    struct ethp_hdr_fields h = {.opcode = op, .flags = flags, .entropy = ev,
+                                .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
+                                .psn = psn, .len_bytes = (uint16_t)len, .tos = 0x02,
+                                .ts_ns = ts};
+    emit(n, plane, &a, &h, body, len);
+}
+
+static uint32_t pick_plane(struct ethp_nic *n, uint32_t psn)
+{
+    /* Oblivious: strict round robin over the planes that are up.  Adaptive:
+     * the plane whose pacer frees first (the least-loaded egress). */
+    uint32_t best = UINT32_MAX;
+    if (n->cfg.adaptive) {
+        uint64_t t = UINT64_MAX;
+        for (uint32_t i = 0; i < n->n_ports; i++)
+            if (n->ports[i].up && n->ports[i].next_tx_ns < t) {
+                t = n->ports[i].next_tx_ns;
+                best = i;
+            }
+        return best;
+    }
+    uint32_t up = 0;
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        up += n->ports[i].up != 0;
+    if (!up)
+        return UINT32_MAX;
+    uint32_t k = psn % up;
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        if (n->ports[i].up && k-- == 0)
+            return i;
+    return UINT32_MAX;
+}
+
+#define NIC_LOOKAHEAD_NS 20000ull
+
+static int port_free(const struct ethp_nic *n, uint32_t plane, uint64_t now)
+{
+    const struct nic_port *pt = &n->ports[plane];
+    return pt->up && now >= pt->paused_until && pt->next_tx_ns <= now + NIC_LOOKAHEAD_NS;
+}
+
+/* A retransmission goes out on the up plane that frees first, other than
+ * the one that lost it when there is a choice. */
+static uint32_t retx_plane(const struct ethp_nic *n, uint32_t old)
+{
+    uint32_t best = UINT32_MAX;
+    uint64_t t = UINT64_MAX;
+    for (uint32_t i = 0; i < n->n_ports; i++) {
+        const struct nic_port *pt = &n->ports[i];
+        uint64_t free_at = pt->next_tx_ns > pt->paused_until ? pt->next_tx_ns : pt->paused_until;
+        if (pt->up && (i != old || best == UINT32_MAX) && (free_at < t || best == old)) {
+            t = free_at;
+            best = i;
+        }
+    }
+    return best;
+}
+
+static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32_t plane,
+                    uint64_t now)
+{
+    struct tx_pkt *t = &p->win[psn % NIC_WIN];
+    t->ev = (uint16_t)(rnd64(n) % n->cfg.n_evs);
+    t->plane = (uint8_t)plane;
+    t->sent_ns = now;
+    struct ethp_l2l3 a;
+    addr_for(n, plane, p, t->ev, &a);
+    uint8_t flags = ETHP_F_TRIMMABLE | (t->last ? ETHP_F_LAST : 0) | (t->retx ? ETHP_F_RETX : 0);
+    struct ethp_hdr_fields h = {.opcode = ETHP_OP_DATA, .flags = flags, .entropy = t->ev,
+                                .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
+                                .msg_id = t->m->msg_id, .psn = psn, .offset_bytes = t->off,
+                                .tag = t->m->tag, .len_bytes = t->len, .tos = 0x02,
+                                .ts_ns = (uint32_t)now};
+    int rc = emit(n, plane, &a, &h, t->m->buf + t->off, t->len);
+    if (rc)
+        return rc;
+    count(n, p, ETHP_NC_tx_data_pkts, 1);
+    count(n, p, ETHP_NC_tx_data_bytes, t->len);
+    if (!p->rto_deadline)
+        p->rto_deadline = now + p->rto_ns;
+    return 0;
+}
+
+static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+{
+    /* retransmissions first */
+    for (uint32_t psn = p->snd_una; p->n_lost && psn != p->snd_nxt; psn++) {
+        struct tx_pkt *t = &p->win[psn % NIC_WIN];
+        if (t->state != PKT_LOST)
+            continue;
+        uint32_t plane = retx_plane(n, t->plane);
+        if (plane == UINT32_MAX || !port_free(n, plane, now))
+            return;
+        t->retx = 1;
+        t->state = PKT_INFLIGHT;
+        p->n_lost--;
+        p->inflight_bytes += t->len;
+        if (send_pkt(n, p, psn, plane, now) == 0) {
+            count(n, p, ETHP_NC_retx_pkts, 1);
+            count(n, p, ETHP_NC_retx_bytes, t->len);
+        }
+    }
+    /* new packets, each on its plane when that plane's pacer is free */
+    while (p->sq_head && p->inflight_bytes < p->cwnd && p->snd_nxt - p->snd_una < NIC_WIN) {
+        uint32_t plane = pick_plane(n, p->snd_nxt);
+        if (plane == UINT32_MAX || !port_free(n, plane, now))
+            return;
+        struct nic_msg *m = p->sq_head;
+        uint32_t len = (uint32_t)(m->len - m->next_off < n->cfg.payload_bytes
+                                      ? m->len - m->next_off
+                                      : n->cfg.payload_bytes);
+        struct tx_pkt *t = &p->win[p->snd_nxt % NIC_WIN];
+        *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
+                             .state = PKT_INFLIGHT};
+        m->next_off += len;
+        t->last = m->next_off >= m->len;
+        if (t->last) {
+            p->sq_head = m->next;
+            if (!p->sq_head)
+                p->sq_tail = NULL;
+        }
+        p->inflight_bytes += len;
+        uint32_t psn = p->snd_nxt++;
+        send_pkt(n, p, psn, plane, now);
+    }
+}
+
+/* ---------------------------------------------------------------- congestion control */
+
+static void cc_on_ack(struct ethp_nic *n, struct nic_peer *p, uint64_t acked, uint64_t rtt_ns,
+                      int ecn, uint64_t now)
+{
+    /* NSCC-like (PROTOCOLS.md): target delay T = base RTT (0.75 x with
+     * trimming in the fabric; we do not know, so 1.0); d = queueing delay. */
+    const uint64_t mss = n->cfg.payload_bytes;
+    uint64_t base = n->cfg.base_rtt_ns;
+    uint64_t d = rtt_ns > base ? rtt_ns - base : 0;
+    uint64_t T = base;
+    p->acked_epoch += acked;
+    if (now - p->rtt_epoch_ns > base) {
+        p->acked_last_rtt = p->acked_epoch;
+        p->acked_epoch = 0;
+        p->rtt_epoch_ns = now;
+    }
+    if (!ecn && d < T) {
+        p->cwnd += acked * (T - d) / T; /* proportional increase */
+    } else if (!ecn) {
+        p->cwnd += mss * acked / (p->cwnd ? p->cwnd : 1); /* fair additive increase */
+    } else if (d >= T && now - p->last_decrease_ns > rtt_ns) {
+        double f = 1.0 - 0.8 * (double)(d - T) / (double)d;
+        if (f < 0.5)
+            f = 0.5;
+        p->cwnd = (uint64_t)((double)p->cwnd * f);
+        p->last_decrease_ns = now;
+    } /* ECN without delay: keep the window, move off that path */
+    if (p->cwnd > n->cfg.max_cwnd_bytes)
+        p->cwnd = n->cfg.max_cwnd_bytes;
+    if (p->cwnd < mss)
+        p->cwnd = mss;
+}
+
+static void cc_on_loss(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+{
+    if (now - p->last_decrease_ns < n->cfg.base_rtt_ns)
+        return;
+    uint64_t w = p->acked_last_rtt > n->cfg.payload_bytes ? p->acked_last_rtt : n->cfg.payload_bytes;
+    if (w < p->cwnd)
+        p->cwnd = w;
+    p->last_decrease_ns = now;
+}
+
+/* ---------------------------------------------------------------- receive */
+
+static struct nic_peer *peer_of(struct ethp_nic *n, uint32_t ep)
+{
+    return ep < n->max_peers && n->peers[ep].known ? &n->peers[ep] : NULL;
+}
+
+static void send_ack(struct ethp_nic *n, struct nic_peer *p)
+{
+    uint8_t body[8];
+    uint64_t bits = 0;
+    for (uint32_t i = 0; i < NIC_SACK_BITS; i++) {
+        uint32_t psn = p->rcv_nxt + 1 + i;
+        if (p->rbits[(psn % NIC_RWIN) / 8] & (1u << (psn % 8)))
+            bits |= 1ull << i;
+    }
+    for (int i = 0; i < 8; i++)
+        body[i] = (uint8_t)(bits >> (56 - 8 * i));
+    /* RETX on an ack: a duplicate arrived, the sender's loss guess was wrong */
+    uint8_t flags = (p->ce_seen ? ETHP_F_ECN_ECHO : 0) | (p->dup_seen ? ETHP_F_RETX : 0);
+    send_ctl(n, p, ETHP_OP_ACK, p->rcv_nxt, flags, p->ts_echo, p->ev_echo, body, 8);
+    count(n, p, ETHP_NC_tx_acks, 1);
+    p->ack_pending = 0;
+    p->ack_count = 0;
+    p->ce_seen = 0;
+    p->dup_seen = 0;
+}
+
+static struct nic_msg *bind_msg(struct nic_peer *p, uint32_t msg_id, uint32_t tag)
+{
+    for (int i = 0; i < 64; i++)
+        if (p->bound[i] && p->bound[i]->msg_id == msg_id)
+            return p->bound[i];
+    struct nic_msg *prev = NULL;
+    for (struct nic_msg *m = p->rq_head; m; prev = m, m = m->next) {
+        if (m->tag != tag)
+            continue;
+        for (int i = 0; i < 64; i++) {
+            if (p->bound[i])
+                continue;
+            if (prev)
+                prev->next = m->next;
+            else
+                p->rq_head = m->next;
+            if (p->rq_tail == m)
+                p->rq_tail = prev;
+            m->next = NULL;
+            m->msg_id = msg_id;
+            m->bound = 1;
+            p->bound[i] = m;
+            return m;
+        }
+        return NULL;
+    }
+    return NULL;
+}
+
+static void unbind(struct nic_peer *p, struct nic_msg *m)
+{
+    for (int i = 0; i < 64; i++)
+        if (p->bound[i] == m)
+            p->bound[i] = NULL;
+}
+
+static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                    const uint8_t *payload)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    if (h->flags & ETHP_F_TRIMMED) {
+        count(n, p, ETHP_NC_rx_trimmed_pkts, 1);
+        send_ctl(n, p, ETHP_OP_NACK, h->psn, 0, h->ts_ns, h->entropy, NULL, 0);
+        count(n, p, ETHP_NC_tx_nacks, 1);
+        return;
+    }
+    if (ps->ecn == 3) {
+        p->ce_seen = 1;
+        count(n, p, ETHP_NC_rx_ce_pkts, 1);
+    }
+    uint32_t d = h->psn - p->rcv_nxt;
+    int dup = d >= 0x80000000u || (p->rbits[(h->psn % NIC_RWIN) / 8] & (1u << (h->psn % 8)));
+    p->ts_echo = h->ts_ns;
+    p->ev_echo = h->entropy;
+    p->ack_pending = 1;
+    if (dup) {
+        count(n, p, ETHP_NC_rx_dup_pkts, 1);
+        p->dup_seen = 1;
+        return;
+    }
+    if (d >= NIC_RWIN)
+        return; /* beyond the window: the sender will resend */
+    struct nic_msg *m = bind_msg(p, h->msg_id, h->tag);
+    if (!m) {
+        count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
+        return; /* no receive posted yet: not acked, so it comes again */
+    }
+    if (m->status != ETHP_NIC_PENDING) {
+        /* a message that already failed (buffer too small): swallow the rest */
+    } else if ((uint64_t)h->offset_bytes + h->len_bytes > m->len) {
+        complete(n, m, ETHP_NIC_ERR_TOO_SMALL); /* stays bound: its packets keep coming */
+    } else {
+        memcpy(m->buf + h->offset_bytes, payload, h->len_bytes);
+        m->done_bytes += h->len_bytes;
+        if (h->flags & ETHP_F_LAST)
+            m->total = (uint64_t)h->offset_bytes + h->len_bytes;
+        count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
+        if (m->done_bytes == m->total) {
+            unbind(p, m);
+            complete(n, m, ETHP_NIC_OK);
+        }
+    }
+    count(n, p, ETHP_NC_rx_data_pkts, 1);
+    p->rbits[(h->psn % NIC_RWIN) / 8] |= (uint8_t)(1u << (h->psn % 8));
+    while (p->rbits[(p->rcv_nxt % NIC_RWIN) / 8] & (1u << (p->rcv_nxt % 8))) {
+        p->rbits[(p->rcv_nxt % NIC_RWIN) / 8] &= (uint8_t)~(1u << (p->rcv_nxt % 8));
+        p->rcv_nxt++;
+    }
+    if (++p->ack_count >= NIC_ACK_EVERY || (h->flags & ETHP_F_LAST))
+        send_ack(n, p);
+}
+
+static void acked(struct ethp_nic *n, struct nic_peer *p, struct tx_pkt *t, uint64_t *bytes)
+{
+    if (t->state == PKT_INFLIGHT)
+        p->inflight_bytes -= t->len;
+    else if (t->state == PKT_LOST)
+        p->n_lost--;
+    else
+        return;
+    t->state = PKT_ACKED;
+    *bytes += t->len;
+    struct nic_msg *m = t->m;
+    m->done_bytes += t->len;
+    if (m->done_bytes == m->len && m->status == ETHP_NIC_PENDING)
+        complete(n, m, ETHP_NIC_OK);
+}
+
+static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                   const uint8_t *payload, uint64_t now)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    count(n, p, ETHP_NC_rx_acks, 1);
+    if (ps->payload_bytes < 8 || !p->win)
+        return;
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; i++)
+        bits = bits << 8 | payload[i];
+    uint32_t cum = h->psn;
+    if (cum - p->snd_una > p->snd_nxt - p->snd_una)
+        return; /* stale or bogus */
+    uint64_t bytes = 0;
+    int progress = cum != p->snd_una;
+    for (; p->snd_una != cum; p->snd_una++) {
+        struct tx_pkt *t = &p->win[p->snd_una % NIC_WIN];
+        acked(n, p, t, &bytes);
+        t->state = PKT_FREE;
+    }
+    for (uint32_t i = 0; i < NIC_SACK_BITS; i++) {
+        if (!(bits & (1ull << i)))
+            continue;
+        uint32_t psn = cum + 1 + i;
+        if (psn - p->snd_una >= p->snd_nxt - p->snd_una)
+            break;
+        uint64_t before = bytes;
+        acked(n, p, &p->win[psn % NIC_WIN], &bytes);
+        progress |= bytes != before;
+        if (!p->have_sack || (int32_t)(psn - p->high_sack) > 0) {
+            p->high_sack = psn;
+            p->have_sack = 1;
+        }
+    }
+    /* SACK-inferred loss, RACK-like: in flight, DUPTHRESH PSNs below the
+     * highest SACK, and sent a reordering window before it.  Spraying over
+     * planes with unequal queues reorders by more than a few PSNs; the window
+     * (a quarter of the base RTT, at least 2 ms for the unscaled ring and
+     * scheduling latency of this machine) keeps that from looking like loss. */
+    if (h->flags & ETHP_F_RETX) /* a spurious retransmission: widen the window */
+        p->reo_ns = p->reo_ns * 2 < p->rto_ns / 2 ? p->reo_ns * 2 : p->rto_ns / 2;
+    if (p->have_sack && (int32_t)(p->high_sack - p->snd_una) > 0) {
+        uint64_t reo_ns = p->reo_ns;
+        uint64_t hs_sent = p->win[p->high_sack % NIC_WIN].sent_ns;
+        hs_sent = hs_sent > reo_ns ? hs_sent - reo_ns : 0;
+        int lost = 0;
+        for (uint32_t psn = p->snd_una; (int32_t)(p->high_sack - psn) >= (int32_t)NIC_DUPTHRESH;
+             psn++) {
+            struct tx_pkt *t = &p->win[psn % NIC_WIN];
+            if (t->state == PKT_INFLIGHT && t->sent_ns < hs_sent) {
+                t->state = PKT_LOST;
+                p->inflight_bytes -= t->len;
+                p->n_lost++;
+                count(n, p, ETHP_NC_retx_sack, 1);
+                lost = 1;
+            }
+        }
+        if (lost)
+            cc_on_loss(n, p, now);
+    }
+    uint32_t rtt = (uint32_t)now - h->ts_ns;
+    count(n, p, ETHP_NC_rtt_samples, 1);
+    p->c[ETHP_NC_rtt_last_ns] = n->c[ETHP_NC_rtt_last_ns] = rtt;
+    int ecn = (h->flags & ETHP_F_ECN_ECHO) != 0;
+    if (ecn)
+        count(n, p, ETHP_NC_ecn_echoes, 1);
+    if (bytes)
+        cc_on_ack(n, p, bytes, rtt, ecn, now);
+    if (progress) {
+        p->timeouts = 0;
+        p->rto_ns = n->cfg.rto_ns;
+        p->rto_deadline = p->snd_una != p->snd_nxt ? now + p->rto_ns : 0;
+    }
+}
+
+static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                    uint64_t now)
+{
+    count(n, p, ETHP_NC_rx_nacks, 1);
+    uint32_t psn = ps->hdr.psn;
+    if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
+        return;
+    struct tx_pkt *t = &p->win[psn % NIC_WIN];
+    if (t->state != PKT_INFLIGHT)
+        return;
+    t->state = PKT_LOST;
+    p->inflight_bytes -= t->len;
+    p->n_lost++;
+    count(n, p, ETHP_NC_retx_nack, 1);
+    cc_on_loss(n, p, now);
+}
+
+static void on_pause(struct ethp_nic *n, const struct ethp_pkt *k, uint64_t now)
+{
+    for (uint32_t i = 0; i < n->n_ports; i++) {
+        struct nic_port *pt = &n->ports[i];
+        if (pt->ifindex != k->ifindex || k->len < 20)
+            continue;
+        uint16_t q = (uint16_t)(k->data[18 + 2 * ETHP_CLS_DATA] << 8 |
+                                k->data[19 + 2 * ETHP_CLS_DATA]);
+        if (!(k->data[17] & (1u << ETHP_CLS_DATA)))
+            return;
+        pt->paused_until = q ? now + (uint64_t)q * 512ull * 1000000000ull / n->cfg.rate_bps : now;
+        n->c[ETHP_NC_pauses_rx]++;
+    }
+}
+
+static void rx(struct ethp_nic *n, uint64_t now)
+{
+    struct ethp_pkt *pk[NIC_BURST];
+    uint32_t got;
+    do {
+        got = ethp_port_rx_burst(n->io, n->pool, pk, NIC_BURST);
+        for (uint32_t i = 0; i < got; i++) {
+            struct ethp_parsed ps;
+            int kind = ethp_parse(pk[i]->data, pk[i]->len, &ps);
+            if (kind == ETHP_KIND_MACCTL) {
+                on_pause(n, pk[i], now);
+                continue;
+            }
+            int ethertype_ethp = ps.ethertype == ETHP_ETHERTYPE_COMPACT;
+            int udp_ethp = ps.ethertype == ETHP_ETHERTYPE_IPV4 && ps.ip_proto == 17 &&
+                           ps.addr.dst_port == ETHP_UDP_PORT;
+            if (kind < 0 && (ethertype_ethp || udp_ethp || ps.l4_off == 0)) {
+                if (ethertype_ethp || udp_ethp || ps.ethertype == ETHP_ETHERTYPE_IPV4)
+                    n->c[ETHP_NC_rx_malformed]++;
+                continue;
+            }
+            if (kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
+                continue; /* the host's own traffic */
+            struct nic_peer *p = peer_of(n, ps.hdr.src_ep);
+            if (!p || ps.hdr.dst_ep != n->cfg.ep) {
+                n->c[ETHP_NC_rx_malformed]++;
+                continue;
+            }
+            const uint8_t *payload = pk[i]->data + ps.payload_off;
+            switch (ps.hdr.opcode) {
+            case ETHP_OP_DATA:
+                on_data(n, p, &ps, payload);
+                break;
+            case ETHP_OP_ACK:
+                on_ack(n, p, &ps, payload, now);
+                break;
+            case ETHP_OP_NACK:
+                on_nack(n, p, &ps, now);
+                break;
+            default:
+                n->c[ETHP_NC_rx_malformed]++;
+            }
+        }
+        ethp_pool_put(n->pool, pk, got);
+    } while (got == NIC_BURST);
+}
+
+/* ---------------------------------------------------------------- timers, loop */
+
+static void fail_peer(struct ethp_nic *n, struct nic_peer *p)
+{
+    for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
+        struct tx_pkt *t = &p->win[psn % NIC_WIN];
+        if (t->m->status == ETHP_NIC_PENDING)
+            complete(n, t->m, ETHP_NIC_ERR_UNREACHABLE);
+        t->state = PKT_FREE;
+    }
+    for (struct nic_msg *m = p->sq_head; m; m = m->next)
+        if (m->status == ETHP_NIC_PENDING)
+            complete(n, m, ETHP_NIC_ERR_UNREACHABLE);
+    p->sq_head = p->sq_tail = NULL;
+    p->snd_una = p->snd_nxt;
+    p->inflight_bytes = 0;
+    p->n_lost = 0;
+    p->rto_deadline = 0;
+}
+
+static void timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+{
+    if (!p->rto_deadline || now < p->rto_deadline)
+        return;
+    if (p->snd_una == p->snd_nxt) {
+        p->rto_deadline = 0;
+        return;
+    }
+    if (++p->timeouts > n->cfg.max_retries) {
+        fail_peer(n, p);
+        return;
+    }
+    for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
+        struct tx_pkt *t = &p->win[psn % NIC_WIN];
+        if (t->state == PKT_INFLIGHT) {
+            t->state = PKT_LOST;
+            p->inflight_bytes -= t->len;
+            p->n_lost++;
+            count(n, p, ETHP_NC_retx_timeout, 1);
+        }
+    }
+    p->cwnd = n->cfg.payload_bytes * 4 > p->cwnd ? p->cwnd : n->cfg.payload_bytes * 4;
+    p->rto_ns = p->rto_ns * 2 > n->cfg.rto_ns * 64 ? n->cfg.rto_ns * 64 : p->rto_ns * 2;
+    p->rto_deadline = now + p->rto_ns;
+}
+
+static void take_commands(struct ethp_nic *n)
+{
+    pthread_mutex_lock(&n->lock);
+    struct nic_msg *m = n->cmd_head;
+    n->cmd_head = n->cmd_tail = NULL;
+    pthread_mutex_unlock(&n->lock);
+    while (m) {
+        struct nic_msg *next = m->next;
+        struct nic_peer *p = &n->peers[m->peer];
+        m->next = NULL;
+        if (m->is_send) {
+            if (!p->win) {
+                p->win = calloc(NIC_WIN, sizeof(*p->win));
+                if (!p->win) {
+                    complete(n, m, -ENOMEM);
+                    m = next;
+                    continue;
+                }
+            }
+            m->msg_id = p->msg_id_next++;
+            if (p->sq_tail)
+                p->sq_tail->next = m;
+            else
+                p->sq_head = m;
+            p->sq_tail = m;
+        } else {
+            if (p->rq_tail)
+                p->rq_tail->next = m;
+            else
+                p->rq_head = m;
+            p->rq_tail = m;
+        }
+        m = next;
+    }
+}
+
+static uint64_t free_at(const struct ethp_nic *n, uint32_t plane)
+{
+    const struct nic_port *pt = &n->ports[plane];
+    uint64_t t = pt->next_tx_ns > NIC_LOOKAHEAD_NS ? pt->next_tx_ns - NIC_LOOKAHEAD_NS : 0;
+    return t > pt->paused_until ? t : pt->paused_until;
+}
+
+/* The earliest time something is due: a timeout, or the port the next
+ * packet of some peer waits for. */
+static uint64_t next_due(struct ethp_nic *n)
+{
+    uint64_t t = UINT64_MAX;
+    for (uint32_t i = 0; i < n->max_peers; i++) {
+        struct nic_peer *p = &n->peers[i];
+        if (!p->known)
+            continue;
+        if (p->rto_deadline && p->rto_deadline < t)
+            t = p->rto_deadline;
+        uint32_t plane = UINT32_MAX;
+        if (p->n_lost)
+            plane = retx_plane(n, UINT32_MAX);
+        else if (p->sq_head && p->inflight_bytes < p->cwnd && p->snd_nxt - p->snd_una < NIC_WIN)
+            plane = pick_plane(n, p->snd_nxt);
+        if (plane != UINT32_MAX && free_at(n, plane) < t)
+            t = free_at(n, plane);
+    }
+    return t;
+}
+
+static void *nic_main(void *arg)
+{
+    struct ethp_nic *n = arg;
+    struct epoll_event evs[8];
+    prctl(PR_SET_TIMERSLACK, 1UL);
+    while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
+        uint64_t now = ethp_now_ns();
+        uint64_t due = next_due(n);
+        struct timespec ts, *tp = NULL;
+        if (due != UINT64_MAX) {
+            uint64_t w = due > now ? due - now : 0;
+            ts.tv_sec = (time_t)(w / 1000000000ull);
+            ts.tv_nsec = (long)(w % 1000000000ull);
+            tp = &ts;
+        }
+        int k = epoll_pwait2(n->epfd, evs, 8, tp, NULL);
+        for (int i = 0; i < k; i++)
+            if (evs[i].data.u32 == NIC_EVFD_TAG) {
+                uint64_t v;
+                if (read(n->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
+            }
+        take_commands(n);
+        now = ethp_now_ns();
+        rx(n, now);
+        for (uint32_t i = 0; i < n->max_peers; i++) {
+            struct nic_peer *p = &n->peers[i];
+            if (!p->known)
+                continue;
+            if (p->ack_pending)
+                send_ack(n, p);
+            timers(n, p, now);
+            pump(n, p, now);
+        }
+        for (uint32_t i = 0; i < n->n_ports; i++)
+            if (n->ports[i].ntx)
+                flush_port(n, &n->ports[i]);
+        uint64_t cw = 0;
+        for (uint32_t i = 0; i < n->max_peers; i++)
+            cw += n->peers[i].known && n->peers[i].win ? n->peers[i].cwnd : 0;
+        n->c[ETHP_NC_cwnd_bytes] = cw;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- API */
+
+static int quiet_udp_port(const char *netns_path)
+{
+    /* A UDP socket on the ETH+ port whose filter drops everything: the host's
+     * kernel then has a listener and never answers ETH+ frames with ICMP
+     * port unreachable, and never queues them either. */
+    int fd = ethp_netns_socket(netns_path, AF_INET, SOCK_DGRAM, 0);
+    if (fd < 0)
+        return fd;
+    struct sock_filter drop = BPF_STMT(BPF_RET | BPF_K, 0);
+    struct sock_fprog prog = {.len = 1, .filter = &drop};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(ETHP_UDP_PORT)};
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) < 0 ||
+        bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    return fd;
+}
+
+struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_path,
+                              uint32_t max_peers, int *err)
+{
+    if (!cfg->rate_bps || !cfg->payload_bytes || cfg->payload_bytes > 9000 || !cfg->n_evs ||
+        !max_peers || max_peers > 65536) {
+        *err = -EINVAL;
+        return NULL;
+    }
+    struct ethp_nic *n = calloc(1, sizeof(*n));
+    if (!n) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    n->cfg = *cfg;
+    snprintf(n->netns_path, sizeof(n->netns_path), "%s", netns_path ? netns_path : "");
+    n->max_peers = max_peers;
+    n->udp_fd = -1;
+    n->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull;
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_cond_init(&n->done, NULL);
+    n->peers = calloc(max_peers, sizeof(*n->peers));
+    n->pool = ethp_pool_new(8192, cfg->payload_bytes + 256);
+    n->epfd = epoll_create1(EPOLL_CLOEXEC);
+    n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 256, .block_timeout_ms = 1,
+                               .sndbuf_bytes = 4u << 20};
+    int rc = 0;
+    if (!n->peers || !n->pool || n->epfd < 0 || n->evfd < 0)
+        rc = -ENOMEM;
+    if (!rc) {
+        n->io = ethp_port_open(netns_path, NULL, &pc, &rc);
+        if (n->io) {
+            struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = NIC_RING_TAG};
+            struct epoll_event ev2 = {.events = EPOLLIN, .data.u32 = NIC_EVFD_TAG};
+            if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, ethp_port_fd(n->io), &ev) < 0 ||
+                epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->evfd, &ev2) < 0)
+                rc = -errno;
+        }
+    }
+    if (!rc && !cfg->compact) {
+        n->udp_fd = quiet_udp_port(netns_path);
+        if (n->udp_fd < 0)
+            rc = n->udp_fd;
+    }
+    if (rc) {
+        ethp_nic_free(n);
+        *err = rc;
+        return NULL;
+    }
+    *err = 0;
+    return n;
+}
+
+int ethp_nic_add_port(struct ethp_nic *n, const char *ifname, const uint8_t *mac,
+                      const uint8_t *gw_mac, uint32_t ip)
+{
+    if (n->started || n->n_ports >= ETHP_NIC_MAX_PLANES)
+        return -EINVAL;
+    int ifx = ethp_netns_ifindex(n->netns_path[0] ? n->netns_path : NULL, ifname);
+    if (ifx < 0)
+        return ifx;
+    struct nic_port *pt = &n->ports[n->n_ports];
+    pt->ifindex = ifx;
+    memcpy(pt->mac, mac, 6);
+    memcpy(pt->gw_mac, gw_mac, 6);
+    pt->ip = ip;
+    pt->up = 1;
+    return (int)n->n_ports++;
+}
+
+int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint32_t count_ips)
+{
+    if (n->started || ep >= n->max_peers || ep == n->cfg.ep || count_ips != n->n_ports)
+        return -EINVAL;
+    struct nic_peer *p = &n->peers[ep];
+    p->ep = ep;
+    memcpy(p->ip, ips, count_ips * sizeof(uint32_t));
+    p->rbits = calloc(NIC_RWIN / 8, 1);
+    if (!p->rbits)
+        return -ENOMEM;
+    p->cwnd = n->cfg.max_cwnd_bytes; /* initial window = max window */
+    p->rto_ns = n->cfg.rto_ns;
+    /* half a base RTT, at least 4 ms: this machine reorders sprayed packets by
+     * a few ms (1 ms ring timers per hop, late thread wake-ups per plane) */
+    p->reo_ns = n->cfg.base_rtt_ns / 2 > 4000000 ? n->cfg.base_rtt_ns / 2 : 4000000;
+    p->known = 1;
+    return 0;
+}
+
+int ethp_nic_start(struct ethp_nic *n)
+{
+    if (n->started || !n->n_ports)
+        return -EINVAL;
+    int rc = pthread_create(&n->thread, NULL, nic_main, n);
+    if (rc)
+        return -rc;
+    n->started = 1;
+    return 0;
+}
+
+static void kick(struct ethp_nic *n)
+{
+    uint64_t one = 1;
+    if (write(n->evfd, &one, sizeof(one)) < 0) { /* saturated: it is awake */ }
+}
+
+void ethp_nic_free(struct ethp_nic *n)
+{
+    if (!n)
+        return;
+    if (n->started) {
+        __atomic_store_n(&n->stop, 1, __ATOMIC_RELEASE);
+        kick(n);
+        pthread_join(n->thread, NULL);
+    }
+    for (uint32_t i = 0; n->peers && i < n->max_peers; i++) {
+        free(n->peers[i].win);
+        free(n->peers[i].rbits);
+    }
+    for (uint64_t i = 0; i < n->n_msgs; i++)
+        free(n->msgs[i]);
+    free(n->msgs);
+    free(n->peers);
+    ethp_port_close(n->io);
+    ethp_pool_free(n->pool);
+    if (n->udp_fd >= 0)
+        close(n->udp_fd);
+    if (n->epfd >= 0)
+        close(n->epfd);
+    if (n->evfd >= 0)
+        close(n->evfd);
+    pthread_mutex_destroy(&n->lock);
+    pthread_cond_destroy(&n->done);
+    free(n);
+}
+
+static int64_t post(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *buf, uint64_t len,
+                    int is_send)
+{
+    if (!peer_of(n, peer))
+        return ETHP_NIC_ERR_NO_SUCH;
+    if (len > 0xffffffffull || (len && !buf))
+        return -EINVAL;
+    struct nic_msg *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    *m = (struct nic_msg){.peer = peer, .tag = tag, .buf = buf, .len = len, .is_send = is_send,
+                          .status = ETHP_NIC_PENDING, .total = is_send ? len : UINT64_MAX};
+    pthread_mutex_lock(&n->lock);
+    if (n->n_msgs == n->cap_msgs) {
+        uint64_t cap = n->cap_msgs ? n->cap_msgs * 2 : 1024;
+        struct nic_msg **a = realloc(n->msgs, cap * sizeof(*a));
+        if (!a) {
+            pthread_mutex_unlock(&n->lock);
+            free(m);
+            return -ENOMEM;
+        }
+        n->msgs = a;
+        n->cap_msgs = cap;
+    }
+    n->msgs[n->n_msgs++] = m;
+    m->handle = (int64_t)n->n_msgs;
+    if (n->cmd_tail)
+        n->cmd_tail->next = m;
+    else
+        n->cmd_head = m;
+    n->cmd_tail = m;
+    pthread_mutex_unlock(&n->lock);
+    kick(n);
+    return m->handle;
+}
+
+int64_t ethp_nic_post_send(struct ethp_nic *n, uint32_t peer, uint32_t tag, const uint8_t *buf,
+                           uint64_t len)
+{
+    return post(n, peer, tag, (uint8_t *)buf, len, 1);
+}
+
+int64_t ethp_nic_post_recv(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *buf,
+                           uint64_t len)
+{
+    return post(n, peer, tag, buf, len, 0);
+}
+
+int ethp_nic_wait(struct ethp_nic *n, int64_t handle, int timeout_ms, uint64_t *bytes)
+{
+    pthread_mutex_lock(&n->lock);
+    if (handle < 1 || (uint64_t)handle > n->n_msgs) {
+        pthread_mutex_unlock(&n->lock);
+        return ETHP_NIC_ERR_NO_SUCH;
+    }
+    struct nic_msg *m = n->msgs[handle - 1];
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
+    dl.tv_sec += (time_t)(ns / 1000000000ull);
+    dl.tv_nsec = (long)(ns % 1000000000ull);
+    while (m->status == ETHP_NIC_PENDING && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&n->done, &n->lock);
+        else if (pthread_cond_timedwait(&n->done, &n->lock, &dl) == ETIMEDOUT)
+            break;
+    }
+    int st = m->status;
+    if (bytes)
+        *bytes = m->is_send ? m->len : (m->total == UINT64_MAX ? 0 : m->total);
+    pthread_mutex_unlock(&n->lock);
+    return st;
+}
+
+void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
+{
+    const uint64_t *c = peer < 0 ? n->c : (peer_of(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
+    for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
+        out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
+    if (peer >= 0 && c)
+        out[ETHP_NC_cwnd_bytes] = n->peers[peer].cwnd;
+}
+
+int ethp_nic_set_plane(struct ethp_nic *n, uint32_t plane, uint32_t up)
+{
+    if (plane >= n->n_ports)
+        return -EINVAL;
+    __atomic_store_n(&n->ports[plane].up, up ? 1 : 0, __ATOMIC_RELEASE);
+    kick(n);
+    return 0;
+}

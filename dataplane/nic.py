@@ -1,0 +1,173 @@
+"""The ETH+ software NIC, from Python: one Endpoint per accelerator node.
+
+Thin over the C engine (dataplane/csrc/nic.c): the engine's thread does all
+packet work; Python posts buffers (zero copy, through the buffer protocol)
+and waits for completions with the GIL released.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+from dataplane import registry
+from dataplane.core import ffi, lib
+
+NIC_COUNTERS: tuple[str, ...] = tuple(
+    ffi.string(lib.ethp_nic_counter_name(i)).decode() for i in range(lib.ethp_nic_counter_count())
+)
+PAYLOAD_BYTES = 4096  # PROTOCOLS.md: 4096 B of payload per packet (RoCE convention)
+EVS = 256  # entropy values per peer (UEC)
+
+
+class NicError(RuntimeError):
+    """A transfer failed: the peer was unreachable, or a buffer was too small."""
+
+
+class Unreachable(NicError):
+    pass
+
+
+class BufferTooSmall(NicError):
+    pass
+
+
+_ERRORS = {
+    lib.ETHP_NIC_ERR_TOO_SMALL: (BufferTooSmall, "message longer than the posted buffer"),
+    lib.ETHP_NIC_ERR_UNREACHABLE: (Unreachable, "peer unreachable after the retry budget"),
+    lib.ETHP_NIC_ERR_NO_SUCH: (NicError, "no such handle or peer"),
+}
+
+
+def _mac(text: str) -> bytes:
+    return bytes.fromhex(text.replace(":", ""))
+
+
+def _ip(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
+
+
+class Endpoint:
+    """The NIC of one accelerator (rank) of a running lab, on all its planes."""
+
+    def __init__(
+        self, lab: str, node: str, *, adaptive: bool = False, seed: int = 1, rec: dict | None = None
+    ):
+        rec = rec or registry.load_lab(lab)
+        if rec is None:
+            raise NicError(f"no lab named {lab!r}")
+        nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
+        if node not in nodes or nodes[node]["role"] != "host":
+            raise NicError(f"lab {lab!r} has no accelerator {node!r}")
+        me = nodes[node]
+        self.rank = me["index"]
+        hosts = sorted((n for n in nodes.values() if n["role"] == "host"), key=lambda n: n["index"])
+        self.world = len(hosts)
+        k = float(rec["time_scale"])
+        ports = sorted(me["ports"], key=lambda p: p["plane"])
+        link = {lk["name"]: lk for lk in rec["topology"]["links"]}[ports[0]["link"]]
+        rate_real = int(link["params"]["rate_bps"] / k)
+        base_rtt_real = int(rec["topology"]["base_rtt_ns"] * k)
+        bdp = len(ports) * rate_real * base_rtt_real // 8 // 1_000_000_000
+        cfg = ffi.new("struct ethp_nic_cfg *")
+        cfg.ep = self.rank
+        cfg.compact = rec["nic"]["encapsulation"] == "compact"
+        cfg.payload_bytes = PAYLOAD_BYTES
+        cfg.n_evs = EVS
+        cfg.adaptive = adaptive
+        cfg.max_retries = 12
+        cfg.rate_bps = rate_real
+        cfg.base_rtt_ns = base_rtt_real
+        # 4 base RTTs, but never under 20 ms: the unscaled part of a real RTT
+        # (ring retire timers, scheduling) is a few ms on this machine.
+        cfg.rto_ns = max(4 * base_rtt_real, 20_000_000)
+        cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
+        cfg.seed = seed
+        err = ffi.new("int *")
+        ns = rec["namespaces"][node]
+        nic = lib.ethp_nic_new(cfg, ns.encode(), max(h["index"] for h in hosts) + 1, err)
+        if nic == ffi.NULL:
+            raise OSError(-err[0], f"cannot start the NIC of {node}")
+        self._nic = ffi.gc(nic, lib.ethp_nic_free)
+        for p in ports:
+            sw = nodes[p["peer"]]
+            gw = next(q for q in sw["ports"] if q["link"] == p["link"])
+            rc = lib.ethp_nic_add_port(
+                self._nic, p["ifname"].encode(), _mac(p["mac"]), _mac(gw["mac"]), _ip(p["ip"])
+            )
+            if rc < 0:
+                raise OSError(-rc, f"cannot add port {p['ifname']}")
+        for h in hosts:
+            if h["index"] == self.rank:
+                continue
+            ips = [_ip(q["ip"]) for q in sorted(h["ports"], key=lambda q: q["plane"])]
+            rc = lib.ethp_nic_add_peer(self._nic, h["index"], ffi.new("uint32_t[]", ips), len(ips))
+            if rc < 0:
+                raise OSError(-rc, f"cannot add peer {h['name']}")
+        rc = lib.ethp_nic_start(self._nic)
+        if rc < 0:
+            raise OSError(-rc, "cannot start the NIC thread")
+        self._keep: dict[int, object] = {}  # buffers must outlive their transfers
+        self.config = {
+            "rate_bps": rate_real,
+            "base_rtt_ns": base_rtt_real,
+            "bdp_bytes": bdp,
+            "max_cwnd_bytes": cfg.max_cwnd_bytes,
+            "planes": len(ports),
+        }
+
+    def close(self) -> None:
+        if self._nic is not None:
+            ffi.release(self._nic)
+            self._nic = None
+            self._keep.clear()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def post_send(self, peer: int, tag: int, buf) -> int:
+        c = ffi.from_buffer(buf)
+        h = lib.ethp_nic_post_send(self._nic, peer, tag, c, len(c))
+        return self._posted(h, c)
+
+    def post_recv(self, peer: int, tag: int, buf) -> int:
+        c = ffi.from_buffer(buf, require_writable=True)
+        h = lib.ethp_nic_post_recv(self._nic, peer, tag, c, len(c))
+        return self._posted(h, c)
+
+    def _posted(self, h: int, c) -> int:
+        if h < 0:
+            cls, msg = _ERRORS.get(h, (NicError, f"error {h}"))
+            raise cls(msg)
+        self._keep[h] = c
+        return h
+
+    def test(self, handle: int) -> bool:
+        return self.wait(handle, timeout_s=0) is not None
+
+    def wait(self, handle: int, timeout_s: float | None = None) -> int | None:
+        """Wait for a transfer; returns its byte count, or None on timeout."""
+        ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        nbytes = ffi.new("uint64_t *")
+        st = lib.ethp_nic_wait(self._nic, handle, ms, nbytes)
+        if st == lib.ETHP_NIC_PENDING:
+            return None
+        self._keep.pop(handle, None)
+        if st != lib.ETHP_NIC_OK:
+            cls, msg = _ERRORS.get(st, (NicError, f"error {st}"))
+            raise cls(msg)
+        return nbytes[0]
+
+    def counters(self, peer: int | None = None) -> dict[str, int]:
+        out = ffi.new("uint64_t[]", len(NIC_COUNTERS))
+        lib.ethp_nic_counters(self._nic, -1 if peer is None else peer, out)
+        return dict(zip(NIC_COUNTERS, out, strict=True))
+
+    def set_plane(self, plane: int, up: bool) -> None:
+        lib.ethp_nic_set_plane(self._nic, plane, 1 if up else 0)
+
+    def __repr__(self) -> str:
+        return f"Endpoint(rank={self.rank}, world={self.world}, {json.dumps(self.config)})"

@@ -1,0 +1,211 @@
+"""The ETH+ software NIC on real labs: byte-exact messages under loss,
+reordering and a plane failure; retransmission accounting; NACKs for
+trimmed packets; the host kernel's silence; bad input."""
+
+import hashlib
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import RUN_ID, ethplus
+from labtools import Capture, Lab, ethp_frame, send_paced
+
+from dataplane import core
+from dataplane.nic import BufferTooSmall, Endpoint, NicError
+
+pytestmark = pytest.mark.root
+
+KiB, MiB = 1024, 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def erack():
+    name = f"{RUN_ID}-nic"
+    ethplus("lab", "up", "erack-8x4", "--name", name, check=True)
+    lab = Lab(name)
+    eps = {}
+    try:
+        yield lab, eps
+    finally:
+        for ep in eps.values():
+            ep.close()
+        ethplus("lab", "down", name)
+
+
+def endpoint(ctx, node: str) -> Endpoint:
+    lab, eps = ctx
+    if node not in eps:
+        eps[node] = Endpoint(lab.name, node)
+    return eps[node]
+
+
+def transfer(a: Endpoint, b: Endpoint, size: int, tag: int, timeout_s: float = 120) -> None:
+    src = np.random.default_rng(size + tag).integers(0, 256, size, dtype=np.uint8)
+    dst = np.zeros(size + 7, dtype=np.uint8)  # a larger buffer: the message says how long
+    hr = b.post_recv(a.rank, tag, dst)
+    hs = a.post_send(b.rank, tag, src)
+    assert a.wait(hs, timeout_s) == size
+    assert b.wait(hr, timeout_s) == size
+    assert hashlib.sha256(dst[:size]).digest() == hashlib.sha256(src).digest()
+    assert not dst[size:].any()
+
+
+@pytest.mark.parametrize("loss", ["0", "1%", "5%"])
+def test_messages_arrive_byte_exact_under_loss(erack, loss):
+    lab, _ = erack
+    a, b = endpoint(erack, "h0"), endpoint(erack, "h1")
+    c0a, c0b = a.counters(), b.counters()
+    try:
+        lab.link_set("h1-plane2", "loss", loss)
+        for i, size in enumerate((1 * KiB, 1 * MiB, 64 * MiB)):
+            transfer(a, b, size, tag=100 + i)
+    finally:
+        lab.link_set("h1-plane2", "loss", "0")
+    ca, cb = a.counters(), b.counters()
+    delta_a = {k: ca[k] - c0a[k] for k in ca}
+    delta_b = {k: cb[k] - c0b[k] for k in cb}
+    assert delta_b["msgs_received"] == 3 and delta_a["msgs_sent"] == 3
+    placed = 1 * KiB + 1 * MiB + 64 * MiB
+    assert delta_b["rx_data_bytes"] == placed  # every byte placed exactly once
+    if loss == "0":
+        assert delta_a["retx_bytes"] == 0 and delta_b["rx_dup_pkts"] == 0
+    else:
+        assert delta_a["retx_bytes"] > 0
+        assert delta_a["tx_data_bytes"] == placed + delta_a["retx_bytes"]
+
+
+def test_unequal_plane_delays_reorder_but_do_not_corrupt(erack):
+    lab, _ = erack
+    a, b = endpoint(erack, "h2"), endpoint(erack, "h3")
+    try:
+        lab.link_set("h3-plane0", "delay", "3us")
+        lab.link_set("h3-plane1", "delay", "1500ns")
+        for i, size in enumerate((1 * MiB, 16 * MiB)):
+            transfer(a, b, size, tag=200 + i)
+    finally:
+        lab.link_set("h3-plane0", "delay", "500ns")
+        lab.link_set("h3-plane1", "delay", "500ns")
+
+
+def test_plane_down_mid_transfer_completes_on_the_rest(erack):
+    lab, _ = erack
+    a, b = endpoint(erack, "h4"), endpoint(erack, "h5")
+    size = 64 * MiB
+    done = {}
+
+    def run():
+        done["ok"] = False
+        transfer(a, b, size, tag=300, timeout_s=240)
+        done["ok"] = True
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        time.sleep(0.8)
+        ethplus("node", "set", lab.name, "plane2", "down", check=True)
+        t.join(240)
+    finally:
+        ethplus("node", "set", lab.name, "plane2", "up", check=True)
+    assert done.get("ok"), "the transfer did not complete over the remaining planes"
+    assert a.counters(b.rank)["retx_pkts"] > 0
+
+
+def test_trimmed_packets_are_nacked_and_resent_without_timeouts(erack):
+    lab, _ = erack
+    dst = endpoint(erack, "h7")
+    senders = [endpoint(erack, h) for h in ("h0", "h2", "h4", "h6")]
+    before = {s.rank: s.counters(dst.rank) for s in senders}
+    size = 8 * MiB
+    bufs = {s.rank: np.zeros(size, dtype=np.uint8) for s in senders}
+    srcs = {s.rank: np.full(size, s.rank + 1, dtype=np.uint8) for s in senders}
+    hr = {s.rank: dst.post_recv(s.rank, 400, bufs[s.rank]) for s in senders}
+    hs = {s.rank: s.post_send(dst.rank, 400, srcs[s.rank]) for s in senders}
+    for s in senders:
+        assert s.wait(hs[s.rank], 120) == size
+        assert dst.wait(hr[s.rank], 120) == size
+        assert np.array_equal(bufs[s.rank], srcs[s.rank])
+    after = {s.rank: s.counters(dst.rank) for s in senders}
+    nacked = sum(after[r]["retx_nack"] - before[r]["retx_nack"] for r in after)
+    timeouts = sum(after[r]["retx_timeout"] - before[r]["retx_timeout"] for r in after)
+    trims = sum(
+        p["trimmed"] for sw in lab.stats()["switches"].values() for p in sw["ports"].values()
+    )
+    assert trims > 0, "a 4-to-1 incast produced no trimming"
+    assert nacked > 0 and dst.counters()["tx_nacks"] >= nacked
+    assert timeouts == 0  # trimmed packets come back on a NACK, not a timeout
+
+
+def test_buffer_too_small_and_unknown_peer_raise(erack):
+    a, b = endpoint(erack, "h6"), endpoint(erack, "h7")
+    small = np.zeros(1000, dtype=np.uint8)
+    hr = b.post_recv(a.rank, 500, small)
+    hs = a.post_send(b.rank, 500, np.ones(5000, dtype=np.uint8))
+    with pytest.raises(BufferTooSmall):
+        b.wait(hr, 30)
+    a.wait(hs, 30)  # the sender's bytes were all acknowledged
+    with pytest.raises(NicError, match="no such"):
+        a.post_send(99, 1, small)
+    with pytest.raises(NicError, match="no accelerator"):
+        Endpoint(erack[0].name, "plane0")
+
+
+def test_fuzz_malformed_eth_frames_at_an_endpoint(erack):
+    lab, _ = erack
+    a, b = endpoint(erack, "h1"), endpoint(erack, "h0")
+    src = lab.port("h3", plane=1)
+    dst_port = lab.port("h0", plane=1)
+    # inject from the switch's side of h0's plane-1 link: every frame reaches h0
+    sw = lab.nodes["plane1"]
+    inject_if = next(p["ifname"] for p in sw["ports"] if p["peer"] == "h0")
+    inject_ns = lab.rec["namespaces"]["plane1"]
+    rng = random.Random(11)
+    good = ethp_frame(src, dst_port, size=600, compact=True)
+    frames = []
+    for i in range(100_000):
+        f = bytearray(good)
+        kind = i % 4
+        if kind == 0:
+            f = f[: rng.randrange(15, 46)]  # truncated header
+        elif kind == 1:
+            f[14] = rng.randrange(2, 16) << 4 | 1  # unknown version
+        elif kind == 2:
+            f[14 + 24 : 14 + 26] = rng.randrange(601, 65536).to_bytes(2, "big")  # length lies
+        else:
+            f[14 + 4 : 14 + 6] = rng.randrange(100, 65536).to_bytes(2, "big")  # unknown source
+        frames.append(bytes(f))
+    size = 32 * MiB
+    data = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)
+    out = np.zeros(size, dtype=np.uint8)
+    m0 = b.counters()["rx_malformed"]
+    hr = b.post_recv(a.rank, 600, out)
+    hs = a.post_send(b.rank, 600, data)
+    send_paced(core.Port(inject_if, inject_ns), core.Pool(2048, 9300), frames, 40e6, burst=64)
+    assert a.wait(hs, 120) == size and b.wait(hr, 120) == size
+    assert np.array_equal(out, data)
+    assert b.counters()["rx_malformed"] - m0 == len(frames)
+
+
+def test_host_kernel_never_answers_eth_frames(lab_name):
+    """Over IPv4/UDP (clos-16), the hosts' kernels must not send ICMP port
+    unreachable for ETH+ traffic."""
+    ethplus("lab", "up", "clos-16", "--name", lab_name, check=True)
+    lab = Lab(lab_name)
+    a, b = Endpoint(lab_name, "h0"), Endpoint(lab_name, "h9")
+    cap = Capture(lab.port("h0"))
+    try:
+        transfer(a, b, 4 * MiB, tag=1)
+        frames = cap.drain(quiet_s=0.5)
+    finally:
+        cap.close()
+        a.close()
+        b.close()
+    parsed = []
+    for f in frames:
+        try:
+            parsed.append(core.parse_frame(f))
+        except core.WireError:
+            pass
+    assert any(p.kind == "ethp-udp" for p in parsed)  # acks did come back
+    assert not [p for p in parsed if p.ip_proto == 1], "a host answered with ICMP"
