@@ -135,6 +135,47 @@ def test_trimmed_packets_are_nacked_and_resent_without_timeouts(erack):
     assert trims > 0, "a 4-to-1 incast produced no trimming"
     assert nacked > 0 and dst.counters()["tx_nacks"] >= nacked
     assert timeouts == 0  # trimmed packets come back on a NACK, not a timeout
+    # ... and within about one RTT of the NACK (the engine's own clock)
+    worst = max(s.counters(dst.rank)["nack_retx_max_ns"] for s in senders)
+    assert 0 < worst < 1.5 * senders[0].config["base_rtt_ns"], worst
+
+
+def _goodput_bps(a: Endpoint, b: Endpoint, size: int, tag: int) -> float:
+    src, dst = np.ones(size, dtype=np.uint8), np.zeros(size, dtype=np.uint8)
+    t0 = time.perf_counter()
+    hr = b.post_recv(a.rank, tag, dst)
+    hs = a.post_send(b.rank, tag, src)
+    a.wait(hs, 240)
+    b.wait(hr, 240)
+    return size * 8 / (time.perf_counter() - t0)
+
+
+def test_adaptive_spraying_fills_the_free_planes(erack, record_property):
+    """One plane's last hop slowed to a quarter: oblivious round robin is held
+    to four times the slow plane; adaptive spraying steers around it."""
+    lab, eps = erack
+    for node in ("h2", "h3"):  # fresh endpoints at both ends for each mode
+        if node in eps:
+            eps.pop(node).close()
+    size = 32 * MiB
+    results = {}
+    try:
+        lab.link_set("h3-plane0", "rate", "100G")
+        for adaptive in (False, True):
+            a, b = Endpoint(lab.name, "h2", adaptive=adaptive), Endpoint(lab.name, "h3")
+            try:
+                results["adaptive" if adaptive else "oblivious"] = _goodput_bps(a, b, size, 700)
+            finally:
+                a.close()
+                b.close()
+    finally:
+        lab.link_set("h3-plane0", "rate", "400G")
+    plane_bps = lab.rec["topology"]["links"][0]["params"]["rate_bps"] / lab.k
+    ideal = (3 * plane_bps + plane_bps / 4) * 4096 / core.wire_bytes(4096 + 46)
+    for k, v in results.items():
+        record_property(f"{k}_fraction_of_ideal", round(v / ideal, 3))
+    assert results["adaptive"] > 1.5 * results["oblivious"], results
+    assert results["oblivious"] < 0.5 * ideal  # held back by the slow plane, as expected
 
 
 def test_buffer_too_small_and_unknown_peer_raise(erack):

@@ -377,6 +377,8 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rtt_last_ns, "last RTT sample (real ns)")                                 \
     X(cwnd_bytes, "congestion window now (sum over peers)")                     \
     X(pauses_rx, "PFC pause frames honoured")                                   \
+    X(nack_retx_max_ns, "longest time from a NACK to its retransmission (real)") \
+    X(plane_avoided, "packets steered off a plane recently marked or trimmed")   \
     X(msgs_sent, "messages completed by the sender")                            \
     X(msgs_received, "messages completed by the receiver")                      \
     X(tx_again, "sends deferred: socket buffer full")

@@ -59,12 +59,21 @@ struct nic_msg {
 struct tx_pkt {
     struct nic_msg *m;
     uint64_t sent_ns;
+    uint64_t nacked_ns; /* when a NACK declared it lost, or 0 */
     uint32_t off;
     uint16_t len;
     uint8_t state;
     uint8_t plane;
     uint16_t ev;
     uint8_t last, retx;
+};
+
+/* Congestion state of one plane towards one peer: planes differ (a slow or
+ * congested plane must not throttle the others), so each is a sub-flow. */
+struct nic_cc {
+    uint64_t cwnd, inflight;
+    uint64_t rtt_ns; /* last sample on this plane */
+    uint64_t rtt_epoch_ns, acked_epoch, acked_last_rtt, last_decrease_ns;
 };
 
 struct nic_peer {
@@ -77,10 +86,10 @@ struct nic_peer {
     int have_sack;
     struct nic_msg *sq_head, *sq_tail;
     uint32_t msg_id_next;
-    uint64_t inflight_bytes, cwnd;
+    uint64_t inflight_bytes;    /* all planes */
+    struct nic_cc cc[ETHP_NIC_MAX_PLANES]; /* one window per plane (a sub-flow) */
     uint64_t rto_ns, rto_deadline;
     uint32_t timeouts;
-    uint64_t rtt_epoch_ns, acked_epoch, acked_last_rtt, last_decrease_ns;
     uint32_t n_lost;
     uint64_t reo_ns; /* reordering window of the loss detector (RACK-like) */
     /* recv */
@@ -99,6 +108,7 @@ struct nic_port {
     uint8_t mac[6], gw_mac[6];
     uint32_t ip;
     uint64_t next_tx_ns, paused_until;
+    uint64_t avoid_until; /* adaptive: marked, trimmed or lost here lately */
     int up;
     struct ethp_pkt *txq[NIC_BURST];
     uint32_t ntx;
@@ -241,18 +251,57 @@ static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_
     emit(n, plane, &a, &h, body, len);
 }
 
-static uint32_t pick_plane(struct ethp_nic *n, uint32_t psn)
+static void add_inflight(struct nic_peer *p, const struct tx_pkt *t)
 {
-    /* Oblivious: strict round robin over the planes that are up.  Adaptive:
-     * the plane whose pacer frees first (the least-loaded egress). */
+    p->inflight_bytes += t->len;
+    p->cc[t->plane].inflight += t->len;
+}
+
+static void sub_inflight(struct nic_peer *p, const struct tx_pkt *t)
+{
+    p->inflight_bytes -= t->len;
+    p->cc[t->plane].inflight -= t->len;
+}
+
+static int has_window(const struct nic_peer *p, uint32_t plane)
+{
+    return p->cc[plane].inflight < p->cc[plane].cwnd;
+}
+
+static void avoid_plane(struct ethp_nic *n, uint32_t plane, uint64_t now)
+{
+    if (plane < n->n_ports)
+        n->ports[plane].avoid_until = now + n->cfg.base_rtt_ns;
+}
+
+static uint32_t pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_t psn,
+                           int for_send)
+{
+    /* Oblivious: strict round robin over the planes that are up; a plane
+     * whose window is full holds the rest back.  Adaptive (REPS-like): the
+     * plane that frees first among those with window and no recent ECN mark,
+     * trim or loss; any plane with window if all had one. */
     uint32_t best = UINT32_MAX;
     if (n->cfg.adaptive) {
-        uint64_t t = UINT64_MAX;
-        for (uint32_t i = 0; i < n->n_ports; i++)
-            if (n->ports[i].up && n->ports[i].next_tx_ns < t) {
-                t = n->ports[i].next_tx_ns;
+        uint64_t now = ethp_now_ns(), t = UINT64_MAX, t_any = UINT64_MAX;
+        uint32_t any = UINT32_MAX;
+        for (uint32_t i = 0; i < n->n_ports; i++) {
+            const struct nic_port *pt = &n->ports[i];
+            if (!pt->up || !has_window(p, i))
+                continue;
+            if (pt->next_tx_ns < t_any) {
+                t_any = pt->next_tx_ns;
+                any = i;
+            }
+            if (pt->avoid_until <= now && pt->next_tx_ns < t) {
+                t = pt->next_tx_ns;
                 best = i;
             }
+        }
+        if (best == UINT32_MAX)
+            return any;
+        if (for_send && best != any)
+            n->c[ETHP_NC_plane_avoided]++;
         return best;
     }
     uint32_t up = 0;
@@ -263,7 +312,7 @@ static uint32_t pick_plane(struct ethp_nic *n, uint32_t psn)
     uint32_t k = psn % up;
     for (uint32_t i = 0; i < n->n_ports; i++)
         if (n->ports[i].up && k-- == 0)
-            return i;
+            return has_window(p, i) ? i : UINT32_MAX;
     return UINT32_MAX;
 }
 
@@ -296,7 +345,9 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
                     uint64_t now)
 {
     struct tx_pkt *t = &p->win[psn % NIC_WIN];
-    t->ev = (uint16_t)(rnd64(n) % n->cfg.n_evs);
+    /* The entropy value carries the plane in its low 4 bits, so an ack that
+     * echoes it says which plane the acked packet took. */
+    t->ev = (uint16_t)((rnd64(n) % n->cfg.n_evs) << 4 | plane);
     t->plane = (uint8_t)plane;
     t->sent_ns = now;
     struct ethp_l2l3 a;
@@ -330,15 +381,23 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         t->retx = 1;
         t->state = PKT_INFLIGHT;
         p->n_lost--;
-        p->inflight_bytes += t->len;
+        t->plane = (uint8_t)plane;
+        add_inflight(p, t);
+        uint64_t nacked = t->nacked_ns;
+        t->nacked_ns = 0;
         if (send_pkt(n, p, psn, plane, now) == 0) {
             count(n, p, ETHP_NC_retx_pkts, 1);
             count(n, p, ETHP_NC_retx_bytes, t->len);
+            if (nacked && now - nacked > p->c[ETHP_NC_nack_retx_max_ns]) {
+                p->c[ETHP_NC_nack_retx_max_ns] = now - nacked;
+                if (now - nacked > n->c[ETHP_NC_nack_retx_max_ns])
+                    n->c[ETHP_NC_nack_retx_max_ns] = now - nacked;
+            }
         }
     }
     /* new packets, each on its plane when that plane's pacer is free */
-    while (p->sq_head && p->inflight_bytes < p->cwnd && p->snd_nxt - p->snd_una < NIC_WIN) {
-        uint32_t plane = pick_plane(n, p->snd_nxt);
+    while (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
+        uint32_t plane = pick_plane(n, p, p->snd_nxt, 1);
         if (plane == UINT32_MAX || !port_free(n, plane, now))
             return;
         struct nic_msg *m = p->sq_head;
@@ -347,7 +406,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
                                       : n->cfg.payload_bytes);
         struct tx_pkt *t = &p->win[p->snd_nxt % NIC_WIN];
         *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
-                             .state = PKT_INFLIGHT};
+                             .state = PKT_INFLIGHT, .plane = (uint8_t)plane};
         m->next_off += len;
         t->last = m->next_off >= m->len;
         if (t->last) {
@@ -355,7 +414,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
             if (!p->sq_head)
                 p->sq_tail = NULL;
         }
-        p->inflight_bytes += len;
+        add_inflight(p, t);
         uint32_t psn = p->snd_nxt++;
         send_pkt(n, p, psn, plane, now);
     }
@@ -363,46 +422,49 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 
 /* ---------------------------------------------------------------- congestion control */
 
-static void cc_on_ack(struct ethp_nic *n, struct nic_peer *p, uint64_t acked, uint64_t rtt_ns,
+static void cc_on_ack(struct ethp_nic *n, struct nic_cc *cc, uint64_t acked, uint64_t rtt_ns,
                       int ecn, uint64_t now)
 {
-    /* NSCC-like (PROTOCOLS.md): target delay T = base RTT (0.75 x with
-     * trimming in the fabric; we do not know, so 1.0); d = queueing delay. */
+    /* NSCC-like (PROTOCOLS.md), per plane: target delay T = base RTT (the
+     * 1.0 x of a fabric without trimming knowledge), d = queueing delay. */
     const uint64_t mss = n->cfg.payload_bytes;
+    const uint64_t max_w = n->cfg.max_cwnd_bytes / n->n_ports;
     uint64_t base = n->cfg.base_rtt_ns;
     uint64_t d = rtt_ns > base ? rtt_ns - base : 0;
     uint64_t T = base;
-    p->acked_epoch += acked;
-    if (now - p->rtt_epoch_ns > base) {
-        p->acked_last_rtt = p->acked_epoch;
-        p->acked_epoch = 0;
-        p->rtt_epoch_ns = now;
+    cc->acked_epoch += acked;
+    if (now - cc->rtt_epoch_ns > base) {
+        cc->acked_last_rtt = cc->acked_epoch;
+        cc->acked_epoch = 0;
+        cc->rtt_epoch_ns = now;
     }
     if (!ecn && d < T) {
-        p->cwnd += acked * (T - d) / T; /* proportional increase */
+        cc->cwnd += acked * (T - d) / T; /* proportional increase */
     } else if (!ecn) {
-        p->cwnd += mss * acked / (p->cwnd ? p->cwnd : 1); /* fair additive increase */
-    } else if (d >= T && now - p->last_decrease_ns > rtt_ns) {
-        double f = 1.0 - 0.8 * (double)(d - T) / (double)d;
+        cc->cwnd += mss * acked / (cc->cwnd ? cc->cwnd : 1); /* fair additive increase */
+    } else if (d >= T && now - cc->last_decrease_ns > rtt_ns) {
+        double f = 1.0 - 0.8 * (double)(d - T) / (double)d; /* multiplicative decrease */
         if (f < 0.5)
             f = 0.5;
-        p->cwnd = (uint64_t)((double)p->cwnd * f);
-        p->last_decrease_ns = now;
-    } /* ECN without delay: keep the window, move off that path */
-    if (p->cwnd > n->cfg.max_cwnd_bytes)
-        p->cwnd = n->cfg.max_cwnd_bytes;
-    if (p->cwnd < mss)
-        p->cwnd = mss;
+        cc->cwnd = (uint64_t)((double)cc->cwnd * f);
+        cc->last_decrease_ns = now;
+    } /* ECN without queueing delay: keep the window; the path is avoided */
+    if (cc->cwnd > max_w)
+        cc->cwnd = max_w;
+    if (cc->cwnd < mss)
+        cc->cwnd = mss;
 }
 
-static void cc_on_loss(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+static void cc_on_loss(struct ethp_nic *n, struct nic_cc *cc, uint64_t now)
 {
-    if (now - p->last_decrease_ns < n->cfg.base_rtt_ns)
+    /* a loss or trim: the window becomes what was acknowledged in the last RTT */
+    if (now - cc->last_decrease_ns < n->cfg.base_rtt_ns)
         return;
-    uint64_t w = p->acked_last_rtt > n->cfg.payload_bytes ? p->acked_last_rtt : n->cfg.payload_bytes;
-    if (w < p->cwnd)
-        p->cwnd = w;
-    p->last_decrease_ns = now;
+    uint64_t w = cc->acked_last_rtt > n->cfg.payload_bytes ? cc->acked_last_rtt
+                                                            : n->cfg.payload_bytes;
+    if (w < cc->cwnd)
+        cc->cwnd = w;
+    cc->last_decrease_ns = now;
 }
 
 /* ---------------------------------------------------------------- receive */
@@ -528,13 +590,13 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
 static void acked(struct ethp_nic *n, struct nic_peer *p, struct tx_pkt *t, uint64_t *bytes)
 {
     if (t->state == PKT_INFLIGHT)
-        p->inflight_bytes -= t->len;
+        sub_inflight(p, t);
     else if (t->state == PKT_LOST)
         p->n_lost--;
     else
         return;
     t->state = PKT_ACKED;
-    *bytes += t->len;
+    bytes[t->plane] += t->len;
     struct nic_msg *m = t->m;
     m->done_bytes += t->len;
     if (m->done_bytes == m->len && m->status == ETHP_NIC_PENDING)
@@ -554,11 +616,11 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
     uint32_t cum = h->psn;
     if (cum - p->snd_una > p->snd_nxt - p->snd_una)
         return; /* stale or bogus */
-    uint64_t bytes = 0;
+    uint64_t bytes[ETHP_NIC_MAX_PLANES] = {0};
     int progress = cum != p->snd_una;
     for (; p->snd_una != cum; p->snd_una++) {
         struct tx_pkt *t = &p->win[p->snd_una % NIC_WIN];
-        acked(n, p, t, &bytes);
+        acked(n, p, t, bytes);
         t->state = PKT_FREE;
     }
     for (uint32_t i = 0; i < NIC_SACK_BITS; i++) {
@@ -567,9 +629,9 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
         uint32_t psn = cum + 1 + i;
         if (psn - p->snd_una >= p->snd_nxt - p->snd_una)
             break;
-        uint64_t before = bytes;
-        acked(n, p, &p->win[psn % NIC_WIN], &bytes);
-        progress |= bytes != before;
+        progress |= p->win[psn % NIC_WIN].state == PKT_INFLIGHT ||
+                    p->win[psn % NIC_WIN].state == PKT_LOST;
+        acked(n, p, &p->win[psn % NIC_WIN], bytes);
         if (!p->have_sack || (int32_t)(psn - p->high_sack) > 0) {
             p->high_sack = psn;
             p->have_sack = 1;
@@ -591,24 +653,32 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
              psn++) {
             struct tx_pkt *t = &p->win[psn % NIC_WIN];
             if (t->state == PKT_INFLIGHT && t->sent_ns < hs_sent) {
+                avoid_plane(n, t->plane, now);
+                sub_inflight(p, t);
                 t->state = PKT_LOST;
-                p->inflight_bytes -= t->len;
                 p->n_lost++;
                 count(n, p, ETHP_NC_retx_sack, 1);
+                cc_on_loss(n, &p->cc[t->plane], now);
                 lost = 1;
             }
         }
-        if (lost)
-            cc_on_loss(n, p, now);
+        (void)lost;
     }
     uint32_t rtt = (uint32_t)now - h->ts_ns;
     count(n, p, ETHP_NC_rtt_samples, 1);
     p->c[ETHP_NC_rtt_last_ns] = n->c[ETHP_NC_rtt_last_ns] = rtt;
     int ecn = (h->flags & ETHP_F_ECN_ECHO) != 0;
-    if (ecn)
+    uint32_t echo_plane = h->entropy & 0xf; /* the plane of the packet that drew this ack */
+    if (echo_plane < n->n_ports)
+        p->cc[echo_plane].rtt_ns = rtt;
+    if (ecn) {
         count(n, p, ETHP_NC_ecn_echoes, 1);
-    if (bytes)
-        cc_on_ack(n, p, bytes, rtt, ecn, now);
+        avoid_plane(n, echo_plane, now);
+    }
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        if (bytes[i])
+            cc_on_ack(n, &p->cc[i], bytes[i], p->cc[i].rtt_ns ? p->cc[i].rtt_ns : rtt,
+                      ecn && i == echo_plane, now);
     if (progress) {
         p->timeouts = 0;
         p->rto_ns = n->cfg.rto_ns;
@@ -626,11 +696,13 @@ static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     struct tx_pkt *t = &p->win[psn % NIC_WIN];
     if (t->state != PKT_INFLIGHT)
         return;
+    sub_inflight(p, t);
     t->state = PKT_LOST;
-    p->inflight_bytes -= t->len;
+    t->nacked_ns = now;
+    avoid_plane(n, t->plane, now);
     p->n_lost++;
     count(n, p, ETHP_NC_retx_nack, 1);
-    cc_on_loss(n, p, now);
+    cc_on_loss(n, &p->cc[t->plane], now);
 }
 
 static void on_pause(struct ethp_nic *n, const struct ethp_pkt *k, uint64_t now)
@@ -711,6 +783,8 @@ static void fail_peer(struct ethp_nic *n, struct nic_peer *p)
     p->sq_head = p->sq_tail = NULL;
     p->snd_una = p->snd_nxt;
     p->inflight_bytes = 0;
+    for (uint32_t i = 0; i < ETHP_NIC_MAX_PLANES; i++)
+        p->cc[i].inflight = 0;
     p->n_lost = 0;
     p->rto_deadline = 0;
 }
@@ -730,13 +804,17 @@ static void timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
     for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
         if (t->state == PKT_INFLIGHT) {
+            sub_inflight(p, t);
             t->state = PKT_LOST;
-            p->inflight_bytes -= t->len;
             p->n_lost++;
             count(n, p, ETHP_NC_retx_timeout, 1);
         }
     }
-    p->cwnd = n->cfg.payload_bytes * 4 > p->cwnd ? p->cwnd : n->cfg.payload_bytes * 4;
+    for (uint32_t i = 0; i < n->n_ports; i++) {
+        uint64_t w = n->cfg.payload_bytes * 2;
+        if (p->cc[i].cwnd > w)
+            p->cc[i].cwnd = w;
+    }
     p->rto_ns = p->rto_ns * 2 > n->cfg.rto_ns * 64 ? n->cfg.rto_ns * 64 : p->rto_ns * 2;
     p->rto_deadline = now + p->rto_ns;
 }
@@ -798,8 +876,8 @@ static uint64_t next_due(struct ethp_nic *n)
         uint32_t plane = UINT32_MAX;
         if (p->n_lost)
             plane = retx_plane(n, UINT32_MAX);
-        else if (p->sq_head && p->inflight_bytes < p->cwnd && p->snd_nxt - p->snd_una < NIC_WIN)
-            plane = pick_plane(n, p->snd_nxt);
+        else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN)
+            plane = pick_plane(n, p, p->snd_nxt, 0);
         if (plane != UINT32_MAX && free_at(n, plane) < t)
             t = free_at(n, plane);
     }
@@ -844,7 +922,9 @@ static void *nic_main(void *arg)
                 flush_port(n, &n->ports[i]);
         uint64_t cw = 0;
         for (uint32_t i = 0; i < n->max_peers; i++)
-            cw += n->peers[i].known && n->peers[i].win ? n->peers[i].cwnd : 0;
+            if (n->peers[i].known && n->peers[i].win)
+                for (uint32_t j = 0; j < n->n_ports; j++)
+                    cw += n->peers[i].cc[j].cwnd;
         n->c[ETHP_NC_cwnd_bytes] = cw;
     }
     return NULL;
@@ -954,7 +1034,8 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
     p->rbits = calloc(NIC_RWIN / 8, 1);
     if (!p->rbits)
         return -ENOMEM;
-    p->cwnd = n->cfg.max_cwnd_bytes; /* initial window = max window */
+    for (uint32_t i = 0; i < n->n_ports; i++) /* initial window = max window */
+        p->cc[i].cwnd = n->cfg.max_cwnd_bytes / n->n_ports;
     p->rto_ns = n->cfg.rto_ns;
     /* half a base RTT, at least 4 ms: this machine reorders sprayed packets by
      * a few ms (1 ms ring timers per hop, late thread wake-ups per plane) */
@@ -1089,8 +1170,11 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
     const uint64_t *c = peer < 0 ? n->c : (peer_of(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
     for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
-    if (peer >= 0 && c)
-        out[ETHP_NC_cwnd_bytes] = n->peers[peer].cwnd;
+    if (peer >= 0 && c) {
+        out[ETHP_NC_cwnd_bytes] = 0;
+        for (uint32_t i = 0; i < n->n_ports; i++)
+            out[ETHP_NC_cwnd_bytes] += n->peers[peer].cc[i].cwnd;
+    }
 }
 
 int ethp_nic_set_plane(struct ethp_nic *n, uint32_t plane, uint32_t up)
