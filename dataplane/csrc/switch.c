@@ -444,6 +444,35 @@ static void release_ingress(struct ethp_switch *sw, struct sw_port *port, uint64
     }
 }
 
+/* Frames leave the ingress delay lines in the order they arrived, across
+ * ports: going port by port would always queue port 0's frames first, and
+ * near a full buffer the later ports' frames would be the ones dropped or
+ * trimmed, every time. */
+static void release_ingress_all(struct ethp_switch *sw, uint64_t now)
+{
+    uint16_t cand[ETHP_MAX_GROUP_PORTS];
+    uint32_t nc = 0;
+    for (uint32_t i = 0; i < sw->n_ports && nc < ETHP_MAX_GROUP_PORTS; i++)
+        if (sw->ports[i].in_wire.head && sw->ports[i].in_wire.head->ts_ns <= now)
+            cand[nc++] = (uint16_t)i;
+    if (nc == 1) {
+        release_ingress(sw, &sw->ports[cand[0]], now);
+        return;
+    }
+    while (nc) {
+        uint32_t best = 0;
+        for (uint32_t j = 1; j < nc; j++)
+            if (sw->ports[cand[j]].in_wire.head->ts_ns < sw->ports[cand[best]].in_wire.head->ts_ns)
+                best = j;
+        struct sw_port *e = &sw->ports[cand[best]];
+        struct ethp_pkt *p = q_pop(&e->in_wire);
+        e->c[ETHP_SC_wire_frames]--;
+        forward(sw, p, now);
+        if (!e->in_wire.head || e->in_wire.head->ts_ns > now)
+            cand[best] = cand[--nc];
+    }
+}
+
 static int next_class(const struct sw_port *e, uint64_t now)
 {
     for (int c = 0; c < ETHP_NCLASSES; c++)
@@ -596,10 +625,7 @@ static void *sw_main(void *arg)
             }
             rx(sw, now);
         }
-        for (uint32_t i = 0; i < sw->n_ports; i++) {
-            struct sw_port *e = &sw->ports[i];
-            release_ingress(sw, e, now);
-        }
+        release_ingress_all(sw, now);
         for (uint32_t i = 0; i < sw->n_ports; i++) {
             struct sw_port *e = &sw->ports[i];
             schedule(sw, e, now);
