@@ -18,6 +18,7 @@ NIC_COUNTERS: tuple[str, ...] = tuple(
 )
 PAYLOAD_BYTES = 4096  # PROTOCOLS.md: 4096 B of payload per packet (RoCE convention)
 EVS = 256  # entropy values per peer (UEC)
+UNSCALED_RTT_NS = 2_000_000
 
 
 class NicError(RuntimeError):
@@ -67,7 +68,10 @@ class Endpoint:
         ports = sorted(me["ports"], key=lambda p: p["plane"])
         link = {lk["name"]: lk for lk in rec["topology"]["links"]}[ports[0]["link"]]
         rate_real = int(link["params"]["rate_bps"] / k)
-        base_rtt_real = int(rec["topology"]["base_rtt_ns"] * k)
+        # The real base RTT is the scaled nominal one plus what the emulator
+        # adds unscaled: up to 1 ms per TPACKET_V3 ring a packet or its ack
+        # waits in (switch and NIC, each way), about 2 ms in all here.
+        base_rtt_real = int(rec["topology"]["base_rtt_ns"] * k) + UNSCALED_RTT_NS
         bdp = len(ports) * rate_real * base_rtt_real // 8 // 1_000_000_000
         cfg = ffi.new("struct ethp_nic_cfg *")
         cfg.ep = self.rank
