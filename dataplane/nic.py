@@ -52,7 +52,14 @@ class Endpoint:
     """The NIC of one accelerator (rank) of a running lab, on all its planes."""
 
     def __init__(
-        self, lab: str, node: str, *, adaptive: bool = False, seed: int = 1, rec: dict | None = None
+        self,
+        lab: str,
+        node: str,
+        *,
+        adaptive: bool = False,
+        seed: int = 1,
+        max_retries: int = 12,
+        rec: dict | None = None,
     ):
         rec = rec or registry.load_lab(lab)
         if rec is None:
@@ -79,7 +86,7 @@ class Endpoint:
         cfg.payload_bytes = PAYLOAD_BYTES
         cfg.n_evs = EVS
         cfg.adaptive = adaptive
-        cfg.max_retries = 12
+        cfg.max_retries = max_retries
         cfg.rate_bps = rate_real
         cfg.base_rtt_ns = base_rtt_real
         # 4 base RTTs, but never under 20 ms: the unscaled part of a real RTT

@@ -13,7 +13,7 @@ from conftest import RUN_ID, ethplus
 from labtools import Capture, Lab, ethp_frame, send_paced
 
 from dataplane import core
-from dataplane.nic import BufferTooSmall, Endpoint, NicError
+from dataplane.nic import BufferTooSmall, Endpoint, NicError, Unreachable
 
 pytestmark = pytest.mark.root
 
@@ -176,6 +176,54 @@ def test_adaptive_spraying_fills_the_free_planes(erack, record_property):
         record_property(f"{k}_fraction_of_ideal", round(v / ideal, 3))
     assert results["adaptive"] > 1.5 * results["oblivious"], results
     assert results["oblivious"] < 0.5 * ideal  # held back by the slow plane, as expected
+
+
+def test_two_senders_share_one_receiver_fairly(erack, record_property):
+    lab, eps = erack
+    for node in ("h1", "h5", "h6"):
+        if node in eps:
+            eps.pop(node).close()
+    r, s1, s2 = (Endpoint(lab.name, h) for h in ("h1", "h5", "h6"))
+    try:
+        size = 64 * MiB
+        bufs = [np.zeros(size, dtype=np.uint8) for _ in range(2)]
+        hr = [r.post_recv(s.rank, 800, b) for s, b in zip((s1, s2), bufs, strict=True)]
+        hs = [s.post_send(r.rank, 800, np.ones(size, dtype=np.uint8)) for s in (s1, s2)]
+        time.sleep(1.0)
+        c0 = [r.counters(s.rank)["rx_data_bytes"] for s in (s1, s2)]
+        time.sleep(2.0)
+        got = [r.counters(s.rank)["rx_data_bytes"] - c for s, c in zip((s1, s2), c0, strict=True)]
+        for h, s in zip(hs, (s1, s2), strict=True):
+            s.wait(h, 240)
+        for h in hr:
+            r.wait(h, 240)
+    finally:
+        for e in (r, s1, s2):
+            e.close()
+    share = got[0] / sum(got)
+    record_property("share_first_sender", round(share, 3))
+    assert 0.4 <= share <= 0.6, got
+    sw = lab.stats()["switches"]
+    hwm = max(p["classes"]["data"]["q_hwm_bytes"] for s in sw.values() for p in s["ports"].values())
+    trim = lab.rec["switch"]["trim_threshold_bytes"]
+    record_property("data_queue_hwm_bytes", hwm)
+    assert hwm <= trim + 9300  # trimming bounds the data queue: threshold plus one frame
+
+
+def test_unreachable_peer_fails_in_bounded_time(erack):
+    lab, eps = erack
+    if "h7" in eps:  # nobody answers for h7 while its NIC is closed
+        eps.pop("h7").close()
+    a = Endpoint(lab.name, "h3", max_retries=3)
+    try:
+        t0 = time.monotonic()
+        h = a.post_send(7, 900, np.ones(100_000, dtype=np.uint8))
+        with pytest.raises(Unreachable):
+            a.wait(h, 30)
+        assert time.monotonic() - t0 < 10
+        assert a.counters(7)["retx_timeout"] > 0
+    finally:
+        a.close()
 
 
 def test_buffer_too_small_and_unknown_peer_raise(erack):
