@@ -76,6 +76,13 @@ def _oserror(rc: int, what: str) -> OSError:
     return OSError(-rc, f"{what}: {os.strerror(-rc)}")
 
 
+def _check(rc: int, what: str) -> int:
+    """A C call's result: a negative errno becomes an OSError saying what failed."""
+    if rc < 0:
+        raise _oserror(rc, what)
+    return rc
+
+
 # ---------------------------------------------------------------- wire
 
 
@@ -257,10 +264,7 @@ class Port:
             self._p = None
 
     def wait(self, timeout_ms: int) -> bool:
-        rc = lib.ethp_port_wait(self._p, timeout_ms)
-        if rc < 0:
-            raise _oserror(rc, f"poll on {self.ifname}")
-        return rc > 0
+        return _check(lib.ethp_port_wait(self._p, timeout_ms), f"poll on {self.ifname}") > 0
 
     def send(self, frames: list[bytes], pool: Pool) -> int:
         """Copy frames into pool buffers and send them in one burst."""
@@ -301,15 +305,11 @@ class Port:
 
 
 def netns_rundir_init(rundir: str) -> None:
-    rc = lib.ethp_netns_rundir_init(rundir.encode())
-    if rc < 0:
-        raise _oserror(rc, f"cannot prepare {rundir}")
+    _check(lib.ethp_netns_rundir_init(rundir.encode()), f"cannot prepare {rundir}")
 
 
 def netns_create(path: str) -> None:
-    rc = lib.ethp_netns_create(path.encode())
-    if rc < 0:
-        raise _oserror(rc, f"cannot create network namespace {path}")
+    _check(lib.ethp_netns_create(path.encode()), f"cannot create network namespace {path}")
 
 
 def netns_delete(path: str) -> None:
@@ -320,29 +320,29 @@ def netns_delete(path: str) -> None:
 
 def netns_socket(path: str, domain: int, type_: int, proto: int = 0) -> int:
     """A socket created inside the namespace at path (fd; caller closes)."""
-    fd = lib.ethp_netns_socket(path.encode(), domain, type_, proto)
-    if fd < 0:
-        raise _oserror(fd, f"cannot open a socket in {path}")
-    return fd
+    return _check(
+        lib.ethp_netns_socket(path.encode(), domain, type_, proto),
+        f"cannot open a socket in {path}",
+    )
 
 
 def if_offloads_off(sock_fd: int, ifname: str) -> None:
-    rc = lib.ethp_if_offloads_off(sock_fd, ifname.encode())
-    if rc < 0:
-        raise _oserror(rc, f"cannot switch offloads off on {ifname}")
+    _check(
+        lib.ethp_if_offloads_off(sock_fd, ifname.encode()),
+        f"cannot switch offloads off on {ifname}",
+    )
 
 
 def netns_sysctl(path: str, key: str, value: str) -> None:
-    rc = lib.ethp_netns_sysctl(path.encode(), key.encode(), value.encode())
-    if rc < 0:
-        raise _oserror(rc, f"cannot set {key} in {path}")
+    _check(
+        lib.ethp_netns_sysctl(path.encode(), key.encode(), value.encode()),
+        f"cannot set {key} in {path}",
+    )
 
 
 def netns_join(path: str) -> None:
     """Move this (single-threaded, about to exec) process into a namespace."""
-    rc = lib.ethp_netns_join(path.encode())
-    if rc < 0:
-        raise _oserror(rc, f"cannot enter {path}")
+    _check(lib.ethp_netns_join(path.encode()), f"cannot enter {path}")
 
 
 # ---------------------------------------------------------------- switch
@@ -428,22 +428,21 @@ class Switch:
         self._sw = sw
 
     def add_port(self, netns_path: str, ifname: str, link: LinkState) -> int:
-        rc = lib.ethp_switch_add_port(self._sw, netns_path.encode(), ifname.encode(), link.to_c())
-        if rc < 0:
-            raise _oserror(rc, f"cannot add switch port {ifname}")
-        return rc
+        return _check(
+            lib.ethp_switch_add_port(self._sw, netns_path.encode(), ifname.encode(), link.to_c()),
+            f"cannot add switch port {ifname}",
+        )
 
     def add_route(self, kind: str, key: int, ports: list[int]) -> None:
         k = lib.ETHP_ROUTE_IPV4 if kind == "ipv4" else lib.ETHP_ROUTE_EP
         arr = ffi.new("uint16_t[]", ports)
-        rc = lib.ethp_switch_add_route(self._sw, k, key, arr, len(ports))
-        if rc < 0:
-            raise _oserror(rc, f"cannot add route {kind} {key} -> {ports}")
+        _check(
+            lib.ethp_switch_add_route(self._sw, k, key, arr, len(ports)),
+            f"cannot add route {kind} {key} -> {ports}",
+        )
 
     def start(self) -> None:
-        rc = lib.ethp_switch_start(self._sw)
-        if rc < 0:
-            raise _oserror(rc, "cannot start the switch thread")
+        _check(lib.ethp_switch_start(self._sw), "cannot start the switch thread")
 
     def close(self) -> None:
         if self._sw is not None:
@@ -451,9 +450,7 @@ class Switch:
             self._sw = None
 
     def set_link(self, port: int, link: LinkState) -> None:
-        rc = lib.ethp_switch_set_link(self._sw, port, link.to_c())
-        if rc < 0:
-            raise _oserror(rc, f"cannot change port {port}")
+        _check(lib.ethp_switch_set_link(self._sw, port, link.to_c()), f"cannot change port {port}")
 
     def set_up(self, up: bool) -> None:
         lib.ethp_switch_set_up(self._sw, 1 if up else 0)

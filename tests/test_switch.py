@@ -25,22 +25,22 @@ def _up(name: str, file: str, *extra: str) -> Lab:
     return Lab(name)
 
 
-@pytest.fixture(scope="module")
-def erack():
-    name = f"{RUN_ID}-sw-erack"
+def _module_lab(file: str):
+    name = f"{RUN_ID}-sw-{file.split('-')[0]}"
     try:
-        yield _up(name, "erack-8x4")
+        yield _up(name, file)
     finally:
         ethplus("lab", "down", name)
+
+
+@pytest.fixture(scope="module")
+def erack():
+    yield from _module_lab("erack-8x4")
 
 
 @pytest.fixture(scope="module")
 def clos():
-    name = f"{RUN_ID}-sw-clos"
-    try:
-        yield _up(name, "clos-16")
-    finally:
-        ethplus("lab", "down", name)
+    yield from _module_lab("clos-16")
 
 
 def assert_conserved(lab: Lab) -> dict:

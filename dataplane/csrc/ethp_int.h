@@ -5,7 +5,9 @@
 #include <assert.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ethp.h"
 
@@ -66,6 +68,28 @@ static inline uint64_t ethp_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Wake a dataplane thread sleeping in epoll on its eventfd. */
+static inline void ethp_kick(int evfd)
+{
+    uint64_t one = 1;
+    if (write(evfd, &one, sizeof(one)) < 0) { /* counter saturated: it is awake anyway */ }
+}
+
+/* Sleep in epoll until an event or the monotonic time due (UINT64_MAX: no
+ * deadline).  Returns what epoll_pwait2 returns. */
+static inline int ethp_epoll_until(int epfd, struct epoll_event *evs, int max, uint64_t due)
+{
+    struct timespec ts, *tp = NULL;
+    if (due != UINT64_MAX) {
+        uint64_t now = ethp_now_ns();
+        uint64_t wait = due > now ? due - now : 0;
+        ts.tv_sec = (time_t)(wait / 1000000000ull);
+        ts.tv_nsec = (long)(wait % 1000000000ull);
+        tp = &ts;
+    }
+    return epoll_pwait2(epfd, evs, max, tp, NULL);
 }
 
 /* Enter the network namespace at path on the calling thread (NULL: stay).

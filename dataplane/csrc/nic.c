@@ -896,23 +896,14 @@ static void *nic_main(void *arg)
     struct epoll_event evs[8];
     prctl(PR_SET_TIMERSLACK, 1UL);
     while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
-        uint64_t now = ethp_now_ns();
-        uint64_t due = next_due(n);
-        struct timespec ts, *tp = NULL;
-        if (due != UINT64_MAX) {
-            uint64_t w = due > now ? due - now : 0;
-            ts.tv_sec = (time_t)(w / 1000000000ull);
-            ts.tv_nsec = (long)(w % 1000000000ull);
-            tp = &ts;
-        }
-        int k = epoll_pwait2(n->epfd, evs, 8, tp, NULL);
+        int k = ethp_epoll_until(n->epfd, evs, 8, next_due(n));
         for (int i = 0; i < k; i++)
             if (evs[i].data.u32 == NIC_EVFD_TAG) {
                 uint64_t v;
                 if (read(n->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
             }
         take_commands(n);
-        now = ethp_now_ns();
+        uint64_t now = ethp_now_ns();
         rx(n, now);
         for (uint32_t i = 0; i < n->max_peers; i++) {
             struct nic_peer *p = &n->peers[i];
@@ -1061,19 +1052,13 @@ int ethp_nic_start(struct ethp_nic *n)
     return 0;
 }
 
-static void kick(struct ethp_nic *n)
-{
-    uint64_t one = 1;
-    if (write(n->evfd, &one, sizeof(one)) < 0) { /* saturated: it is awake */ }
-}
-
 void ethp_nic_free(struct ethp_nic *n)
 {
     if (!n)
         return;
     if (n->started) {
         __atomic_store_n(&n->stop, 1, __ATOMIC_RELEASE);
-        kick(n);
+        ethp_kick(n->evfd);
         pthread_join(n->thread, NULL);
     }
     for (uint32_t i = 0; n->peers && i < n->max_peers; i++) {
@@ -1129,7 +1114,7 @@ static int64_t post(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *bu
         n->cmd_head = m;
     n->cmd_tail = m;
     pthread_mutex_unlock(&n->lock);
-    kick(n);
+    ethp_kick(n->evfd);
     return m->handle;
 }
 
@@ -1188,6 +1173,6 @@ int ethp_nic_set_plane(struct ethp_nic *n, uint32_t plane, uint32_t up)
     if (plane >= n->n_ports)
         return -EINVAL;
     __atomic_store_n(&n->ports[plane].up, up ? 1 : 0, __ATOMIC_RELEASE);
-    kick(n);
+    ethp_kick(n->evfd);
     return 0;
 }

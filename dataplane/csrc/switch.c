@@ -607,18 +607,9 @@ static void *sw_main(void *arg)
     prctl(PR_SET_TIMERSLACK, 1UL); /* wake when asked, not 50 us later */
     while (!__atomic_load_n(&sw->stop, __ATOMIC_ACQUIRE)) {
         apply_pending(sw);
-        uint64_t now = ethp_now_ns();
-        uint64_t due = next_due(sw, now);
-        struct timespec ts, *tp = NULL;
-        if (due != UINT64_MAX) {
-            uint64_t wait = due > now ? due - now : 0;
-            ts.tv_sec = (time_t)(wait / 1000000000ull);
-            ts.tv_nsec = (long)(wait % 1000000000ull);
-            tp = &ts;
-        }
-        int n = epoll_pwait2(sw->epfd, evs, 64, tp, NULL);
+        int n = ethp_epoll_until(sw->epfd, evs, 64, next_due(sw, ethp_now_ns()));
         sw->wakeups++;
-        now = ethp_now_ns();
+        uint64_t now = ethp_now_ns();
         for (int i = 0; i < n; i++) {
             if (evs[i].data.u32 == SW_EVFD_TAG) {
                 uint64_t v;
@@ -759,12 +750,6 @@ int ethp_switch_start(struct ethp_switch *sw)
     return 0;
 }
 
-static void kick(struct ethp_switch *sw)
-{
-    uint64_t one = 1;
-    if (write(sw->evfd, &one, sizeof(one)) < 0) { /* counter saturated: already awake */ }
-}
-
 static void free_queue(struct ethp_switch *sw, struct pktq *q)
 {
     struct ethp_pkt *p;
@@ -778,7 +763,7 @@ void ethp_switch_free(struct ethp_switch *sw)
         return;
     if (sw->started) {
         __atomic_store_n(&sw->stop, 1, __ATOMIC_RELEASE);
-        kick(sw);
+        ethp_kick(sw->evfd);
         pthread_join(sw->thread, NULL);
     }
     for (uint32_t i = 0; i < sw->n_ports && sw->ports; i++) {
@@ -818,14 +803,14 @@ int ethp_switch_set_link(struct ethp_switch *sw, uint32_t port, const struct eth
     sw->ports[port].has_pending = 1;
     pthread_mutex_unlock(&sw->lock);
     __atomic_store_n(&sw->have_pending, 1, __ATOMIC_RELEASE);
-    kick(sw);
+    ethp_kick(sw->evfd);
     return 0;
 }
 
 void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up)
 {
     __atomic_store_n(&sw->up, up ? 1u : 0u, __ATOMIC_RELEASE);
-    kick(sw);
+    ethp_kick(sw->evfd);
 }
 
 uint32_t ethp_switch_port_count(const struct ethp_switch *sw) { return sw->n_ports; }
