@@ -548,6 +548,11 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         return;
     }
     if (ps->ecn == 3) {
+        /* A CE mark is acked on its own, so that the echoed entropy value
+         * (and with it the plane) is the marked packet's: flush the ack of
+         * the unmarked packets before it first. */
+        if (p->ack_pending && !p->ce_seen)
+            send_ack(n, p);
         p->ce_seen = 1;
         count(n, p, ETHP_NC_rx_ce_pkts, 1);
     }
@@ -589,7 +594,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         p->rbits[(p->rcv_nxt % NIC_RWIN) / 8] &= (uint8_t)~(1u << (p->rcv_nxt % 8));
         p->rcv_nxt++;
     }
-    if (++p->ack_count >= NIC_ACK_EVERY || (h->flags & ETHP_F_LAST))
+    if (++p->ack_count >= NIC_ACK_EVERY || (h->flags & ETHP_F_LAST) || p->ce_seen)
         send_ack(n, p);
 }
 
