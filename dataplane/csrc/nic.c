@@ -13,7 +13,8 @@
  * carry the cumulative PSN and a 64-bit SACK bitmap, echo the sender's
  * timestamp, entropy value and CE marks, and are coalesced per burst.
  *
- * Congestion control: NSCC-like (PROTOCOLS.md), in cc_on_ack / cc_on_loss.
+ * Congestion control: one window per plane towards each peer, run by the
+ * algorithm behind struct ethp_cc_ops (cc.h; NSCC-like in cc_nscc.c).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -30,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cc.h"
 #include "ethp_int.h"
 
 #define NIC_WIN 16384u  /* packets in flight per peer; power of two */
@@ -69,12 +71,11 @@ struct tx_pkt {
     uint8_t last, retx;
 };
 
-/* Congestion state of one plane towards one peer: planes differ (a slow or
- * congested plane must not throttle the others), so each is a sub-flow. */
+/* One plane towards one peer: a sub-flow with its own window (a slow or
+ * congested plane must not throttle the others). */
 struct nic_cc {
-    uint64_t cwnd, inflight;
-    uint64_t rtt_ns; /* last sample on this plane */
-    uint64_t rtt_epoch_ns, acked_epoch, acked_last_rtt, last_decrease_ns;
+    struct ethp_cc_state st;
+    uint64_t inflight;
 };
 
 struct nic_peer {
@@ -117,6 +118,7 @@ struct nic_port {
 
 struct ethp_nic {
     struct ethp_nic_cfg cfg;
+    const struct ethp_cc_ops *cc;
     char netns_path[256];
     struct ethp_port *io;
     struct ethp_pool *pool;
@@ -271,7 +273,7 @@ static void sub_inflight(struct nic_peer *p, const struct tx_pkt *t)
 
 static int has_window(const struct nic_peer *p, uint32_t plane)
 {
-    return p->cc[plane].inflight < p->cc[plane].cwnd;
+    return p->cc[plane].inflight < p->cc[plane].st.cwnd_bytes;
 }
 
 static void avoid_plane(struct ethp_nic *n, uint32_t plane, uint64_t now)
@@ -428,49 +430,11 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 
 /* ---------------------------------------------------------------- congestion control */
 
-static void cc_on_ack(struct ethp_nic *n, struct nic_cc *cc, uint64_t acked, uint64_t rtt_ns,
-                      int ecn, uint64_t now)
+static struct ethp_cc_params cc_params(const struct ethp_nic *n)
 {
-    /* NSCC-like (PROTOCOLS.md), per plane: target delay T = base RTT (the
-     * 1.0 x of a fabric without trimming knowledge), d = queueing delay. */
-    const uint64_t mss = n->cfg.payload_bytes;
-    const uint64_t max_w = n->cfg.max_cwnd_bytes / n->n_ports;
-    uint64_t base = n->cfg.base_rtt_ns;
-    uint64_t d = rtt_ns > base ? rtt_ns - base : 0;
-    uint64_t T = base;
-    cc->acked_epoch += acked;
-    if (now - cc->rtt_epoch_ns > base) {
-        cc->acked_last_rtt = cc->acked_epoch;
-        cc->acked_epoch = 0;
-        cc->rtt_epoch_ns = now;
-    }
-    if (!ecn && d < T) {
-        cc->cwnd += acked * (T - d) / T; /* proportional increase */
-    } else if (!ecn) {
-        cc->cwnd += mss * acked / (cc->cwnd ? cc->cwnd : 1); /* fair additive increase */
-    } else if (d >= T && now - cc->last_decrease_ns > rtt_ns) {
-        double f = 1.0 - 0.8 * (double)(d - T) / (double)d; /* multiplicative decrease */
-        if (f < 0.5)
-            f = 0.5;
-        cc->cwnd = (uint64_t)((double)cc->cwnd * f);
-        cc->last_decrease_ns = now;
-    } /* ECN without queueing delay: keep the window; the path is avoided */
-    if (cc->cwnd > max_w)
-        cc->cwnd = max_w;
-    if (cc->cwnd < mss)
-        cc->cwnd = mss;
-}
-
-static void cc_on_loss(struct ethp_nic *n, struct nic_cc *cc, uint64_t now)
-{
-    /* a loss or trim: the window becomes what was acknowledged in the last RTT */
-    if (now - cc->last_decrease_ns < n->cfg.base_rtt_ns)
-        return;
-    uint64_t w = cc->acked_last_rtt > n->cfg.payload_bytes ? cc->acked_last_rtt
-                                                            : n->cfg.payload_bytes;
-    if (w < cc->cwnd)
-        cc->cwnd = w;
-    cc->last_decrease_ns = now;
+    return (struct ethp_cc_params){.mss_bytes = n->cfg.payload_bytes,
+                                   .max_cwnd_bytes = n->cfg.max_cwnd_bytes / n->n_ports,
+                                   .base_rtt_ns = n->cfg.base_rtt_ns};
 }
 
 /* ---------------------------------------------------------------- receive */
@@ -669,7 +633,8 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
                 t->state = PKT_LOST;
                 p->n_lost++;
                 count(n, p, ETHP_NC_retx_sack, 1);
-                cc_on_loss(n, &p->cc[t->plane], now);
+                struct ethp_cc_params pp = cc_params(n);
+                n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
                 lost = 1;
             }
         }
@@ -681,15 +646,17 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
     int ecn = (h->flags & ETHP_F_ECN_ECHO) != 0;
     uint32_t echo_plane = h->entropy & 0xf; /* the plane of the packet that drew this ack */
     if (echo_plane < n->n_ports)
-        p->cc[echo_plane].rtt_ns = rtt;
+        p->cc[echo_plane].st.rtt_ns = rtt;
     if (ecn) {
         count(n, p, ETHP_NC_ecn_echoes, 1);
         avoid_plane(n, echo_plane, now);
     }
+    struct ethp_cc_params pp = cc_params(n);
     for (uint32_t i = 0; i < n->n_ports; i++)
         if (bytes[i])
-            cc_on_ack(n, &p->cc[i], bytes[i], p->cc[i].rtt_ns ? p->cc[i].rtt_ns : rtt,
-                      ecn && i == echo_plane, now);
+            n->cc->on_ack(&p->cc[i].st, &pp, bytes[i],
+                          p->cc[i].st.rtt_ns ? p->cc[i].st.rtt_ns : rtt, ecn && i == echo_plane,
+                          now);
     if (progress) {
         p->timeouts = 0;
         p->rto_ns = n->cfg.rto_ns;
@@ -713,7 +680,8 @@ static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     avoid_plane(n, t->plane, now);
     p->n_lost++;
     count(n, p, ETHP_NC_retx_nack, 1);
-    cc_on_loss(n, &p->cc[t->plane], now);
+    struct ethp_cc_params pp = cc_params(n);
+    n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
 }
 
 static void on_pause(struct ethp_nic *n, const struct ethp_pkt *k, uint64_t now)
@@ -821,11 +789,9 @@ static void timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
             count(n, p, ETHP_NC_retx_timeout, 1);
         }
     }
-    for (uint32_t i = 0; i < n->n_ports; i++) {
-        uint64_t w = n->cfg.payload_bytes * 2;
-        if (p->cc[i].cwnd > w)
-            p->cc[i].cwnd = w;
-    }
+    struct ethp_cc_params pp = cc_params(n);
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        n->cc->on_timeout(&p->cc[i].st, &pp, now);
     p->rto_ns = p->rto_ns * 2 > n->cfg.rto_ns * 64 ? n->cfg.rto_ns * 64 : p->rto_ns * 2;
     p->rto_deadline = now + p->rto_ns;
 }
@@ -926,7 +892,7 @@ static void *nic_main(void *arg)
         for (uint32_t i = 0; i < n->max_peers; i++)
             if (n->peers[i].known && n->peers[i].win)
                 for (uint32_t j = 0; j < n->n_ports; j++)
-                    cw += n->peers[i].cc[j].cwnd;
+                    cw += n->peers[i].cc[j].st.cwnd_bytes;
         n->c[ETHP_NC_cwnd_bytes] = cw;
     }
     return NULL;
@@ -970,6 +936,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
         return NULL;
     }
     n->cfg = *cfg;
+    n->cc = &ethp_cc_nscc;
     snprintf(n->netns_path, sizeof(n->netns_path), "%s", netns_path ? netns_path : "");
     n->max_peers = max_peers;
     n->udp_fd = -1;
@@ -1036,8 +1003,9 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
     p->rbits = calloc(NIC_RWIN / 8, 1);
     if (!p->rbits)
         return -ENOMEM;
-    for (uint32_t i = 0; i < n->n_ports; i++) /* initial window = max window */
-        p->cc[i].cwnd = n->cfg.max_cwnd_bytes / n->n_ports;
+    struct ethp_cc_params pp = cc_params(n);
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        n->cc->init(&p->cc[i].st, &pp);
     p->rto_ns = n->cfg.rto_ns;
     /* half a base RTT, at least 4 ms: this machine reorders sprayed packets by
      * a few ms (1 ms ring timers per hop, late thread wake-ups per plane) */
@@ -1169,7 +1137,7 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
     if (peer >= 0 && c) {
         out[ETHP_NC_cwnd_bytes] = 0;
         for (uint32_t i = 0; i < n->n_ports; i++)
-            out[ETHP_NC_cwnd_bytes] += n->peers[peer].cc[i].cwnd;
+            out[ETHP_NC_cwnd_bytes] += n->peers[peer].cc[i].st.cwnd_bytes;
     }
 }
 

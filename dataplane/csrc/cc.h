@@ -1,0 +1,41 @@
+/* cc.h - the congestion-control interface of the NIC (private to the core).
+ *
+ * An algorithm is a set of callbacks over one window's state, one file per
+ * algorithm (cc_nscc.c now; DCQCN and an INT-based HPCC-like one go beside
+ * it).  The engine calls them per plane towards each peer; the state is
+ * opaque to it except for cwnd_bytes, the window it enforces.
+ */
+#ifndef ETHP_CC_H
+#define ETHP_CC_H
+
+#include <stdint.h>
+
+struct ethp_cc_params {
+    uint64_t mss_bytes;
+    uint64_t max_cwnd_bytes;   /* this window's share of 1.5 x BDP */
+    uint64_t base_rtt_ns;      /* real */
+};
+
+struct ethp_cc_state {
+    uint64_t cwnd_bytes;
+    uint64_t rtt_ns; /* last sample */
+    uint64_t rtt_epoch_ns, acked_epoch_bytes, acked_last_rtt_bytes, last_decrease_ns;
+    uint64_t algo[8]; /* the algorithm's own */
+};
+
+struct ethp_cc_ops {
+    const char *name;
+    void (*init)(struct ethp_cc_state *s, const struct ethp_cc_params *pp);
+    /* acked_bytes newly acknowledged on this window; the RTT sample and ECN
+     * echo belong to it when ecn_here says so */
+    void (*on_ack)(struct ethp_cc_state *s, const struct ethp_cc_params *pp,
+                   uint64_t acked_bytes, uint64_t rtt_ns, int ecn, uint64_t now_ns);
+    /* a packet of this window was trimmed (NACK) or inferred lost */
+    void (*on_nack)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, uint64_t now_ns);
+    void (*on_timeout)(struct ethp_cc_state *s, const struct ethp_cc_params *pp,
+                       uint64_t now_ns);
+};
+
+extern const struct ethp_cc_ops ethp_cc_nscc;
+
+#endif
