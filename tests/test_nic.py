@@ -12,7 +12,7 @@ import pytest
 from conftest import RUN_ID, ethplus
 from labtools import Capture, Lab, ethp_frame, send_paced
 
-from dataplane import core
+from dataplane import core, stats
 from dataplane.nic import BufferTooSmall, Endpoint, NicError, Unreachable
 
 pytestmark = pytest.mark.root
@@ -298,3 +298,36 @@ def test_host_kernel_never_answers_eth_frames(lab_name):
             pass
     assert any(p.kind == "ethp-udp" for p in parsed)  # acks did come back
     assert not [p for p in parsed if p.ip_proto == 1], "a host answered with ICMP"
+
+
+def test_nic_honours_pfc_on_a_lossless_fabric(tmp_path, lab_name):
+    """Four senders into one receiver on a lossless erack: the switch pauses
+    the senders' NICs, which hold their data; nothing is dropped."""
+    f = tmp_path / "lossless-erack.toml"
+    f.write_text(
+        '[lab]\nfamily = "erack"\n[topology]\naccelerators = 5\nplanes = 2\n'
+        "[switch]\nlossless = true\ntrimming = false\necn = false\n"
+        "pfc_xoff_bytes = 30000\npfc_xon_bytes = 15000\n"
+    )
+    ethplus("lab", "up", str(f), "--name", lab_name, check=True)
+    lab = Lab(lab_name)
+    r = Endpoint(lab_name, "h4")
+    senders = [Endpoint(lab_name, f"h{i}") for i in range(4)]
+    try:
+        size = 4 * MiB
+        bufs = [np.zeros(size, dtype=np.uint8) for _ in senders]
+        srcs = [np.full(size, i + 1, dtype=np.uint8) for i in range(4)]
+        hr = [r.post_recv(s.rank, 1, b) for s, b in zip(senders, bufs, strict=True)]
+        hs = [s.post_send(r.rank, 1, x) for s, x in zip(senders, srcs, strict=True)]
+        for s, h in zip(senders, hs, strict=True):
+            assert s.wait(h, 120) == size
+        for h in hr:
+            assert r.wait(h, 120) == size
+        assert all(np.array_equal(b, x) for b, x in zip(bufs, srcs, strict=True))
+        paused = sum(s.counters()["pauses_rx"] for s in senders)
+    finally:
+        for e in (r, *senders):
+            e.close()
+    t = stats.totals(lab.stats())
+    assert t["pause_tx"] > 0 and paused > 0
+    assert t["drop_queue_full"] == 0
