@@ -82,7 +82,7 @@ def test_unequal_plane_delays_reorder_but_do_not_corrupt(erack):
     try:
         lab.link_set("h3-plane0", "delay", "3us")
         lab.link_set("h3-plane1", "delay", "1500ns")
-        for i, size in enumerate((1 * MiB, 16 * MiB)):
+        for i, size in enumerate((1 * KiB, 1 * MiB, 64 * MiB)):
             transfer(a, b, size, tag=200 + i)
     finally:
         lab.link_set("h3-plane0", "delay", "500ns")
