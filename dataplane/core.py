@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -34,7 +34,12 @@ MAX_FRAME_BYTES = lib.ETHP_MAX_FRAME_BYTES
 UDP_PORT = lib.ETHP_UDP_PORT
 ETHERTYPE_COMPACT = lib.ETHP_ETHERTYPE_COMPACT
 
-OPCODES = {"data": lib.ETHP_OP_DATA, "ack": lib.ETHP_OP_ACK, "nack": lib.ETHP_OP_NACK}
+OPCODES = {
+    "data": lib.ETHP_OP_DATA,
+    "ack": lib.ETHP_OP_ACK,
+    "nack": lib.ETHP_OP_NACK,
+    "rnr": lib.ETHP_OP_RNR,
+}
 FLAGS = {
     "trimmed": lib.ETHP_F_TRIMMED,
     "last": lib.ETHP_F_LAST,

@@ -33,10 +33,19 @@ class BufferTooSmall(NicError):
     pass
 
 
+class NoReceive(NicError):
+    """The peer never posted a receive for the tag (a tag mismatch, or a peer
+    that stopped posting)."""
+
+
 _ERRORS = {
     lib.ETHP_NIC_ERR_TOO_SMALL: (BufferTooSmall, "message longer than the posted buffer"),
     lib.ETHP_NIC_ERR_UNREACHABLE: (Unreachable, "peer unreachable after the retry budget"),
     lib.ETHP_NIC_ERR_NO_SUCH: (NicError, "no such handle or peer"),
+    lib.ETHP_NIC_ERR_NO_RECEIVE: (
+        NoReceive,
+        "the peer posted no receive for this tag within the retry budget (tag mismatch?)",
+    ),
 }
 
 

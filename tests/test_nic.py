@@ -13,7 +13,7 @@ from conftest import RUN_ID, ethplus
 from labtools import Capture, Lab, ethp_frame, send_paced
 
 from dataplane import core, stats
-from dataplane.nic import BufferTooSmall, Endpoint, NicError, Unreachable
+from dataplane.nic import BufferTooSmall, Endpoint, NicError, NoReceive, Unreachable
 
 pytestmark = pytest.mark.root
 
@@ -331,3 +331,36 @@ def test_nic_honours_pfc_on_a_lossless_fabric(tmp_path, lab_name):
     t = stats.totals(lab.stats())
     assert t["pause_tx"] > 0 and paused > 0
     assert t["drop_queue_full"] == 0
+
+
+def test_late_receive_and_tag_mismatch(erack):
+    """Data for a tag nobody posted draws receiver-not-ready replies: the
+    sender retries about once an RTT (no timeout needed) until the receive
+    is posted; if it never is, the send fails with NoReceive."""
+    lab, eps = erack
+    for node in ("h2", "h5"):
+        if node in eps:
+            eps.pop(node).close()
+    a, b = Endpoint(lab.name, "h2", max_retries=3), Endpoint(lab.name, "h5")
+    try:
+        data = np.arange(300_000, dtype=np.uint8)
+        out = np.zeros_like(data)
+        hs = a.post_send(b.rank, 42, data)
+        time.sleep(0.1)  # the receive comes late
+        t0 = time.monotonic()
+        hr = b.post_recv(a.rank, 42, out)
+        assert a.wait(hs, 30) == data.nbytes and b.wait(hr, 30) == data.nbytes
+        late_s = time.monotonic() - t0
+        assert np.array_equal(out, data)
+        c = a.counters(b.rank)
+        assert c["rx_rnrs"] > 0 and c["retx_timeout"] == 0
+        assert late_s < 0.5, late_s  # a backoff round or two, not a timeout ladder
+
+        wrong = np.zeros(1000, dtype=np.uint8)
+        b.post_recv(a.rank, 43, wrong)  # posted for another tag
+        hs = a.post_send(b.rank, 44, np.ones(1000, dtype=np.uint8))
+        with pytest.raises(NoReceive, match="tag mismatch"):
+            a.wait(hs, 30)
+    finally:
+        a.close()
+        b.close()

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 8
+#define ETHP_ABI_VERSION 9
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -38,6 +38,7 @@ enum ethp_opcode {
     ETHP_OP_DATA = 1,
     ETHP_OP_ACK = 2,
     ETHP_OP_NACK = 3,
+    ETHP_OP_RNR = 4, /* receiver not ready: no receive posted for this tag yet */
 };
 
 /* ETH+ header flags (byte 1). */
@@ -379,6 +380,8 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(pauses_rx, "PFC pause frames honoured")                                   \
     X(nack_retx_max_ns, "longest time from a NACK to its retransmission (real)") \
     X(plane_avoided, "packets steered off a plane recently marked or trimmed")   \
+    X(tx_rnrs, "receiver-not-ready replies sent (no receive posted)")           \
+    X(rx_rnrs, "receiver-not-ready replies received")                           \
     X(msgs_sent, "messages completed by the sender")                            \
     X(msgs_received, "messages completed by the receiver")                      \
     X(tx_again, "sends deferred: socket buffer full")
@@ -396,6 +399,7 @@ enum {
     ETHP_NIC_ERR_TOO_SMALL = -100,  /* a message longer than the posted buffer */
     ETHP_NIC_ERR_UNREACHABLE = -101, /* the retry budget ran out */
     ETHP_NIC_ERR_NO_SUCH = -102,     /* unknown handle or peer */
+    ETHP_NIC_ERR_NO_RECEIVE = -103,  /* the peer never posted a receive for the tag */
 };
 
 struct ethp_nic_cfg {

@@ -94,6 +94,10 @@ struct nic_peer {
     uint32_t timeouts;
     uint32_t n_lost;
     uint64_t reo_ns; /* reordering window of the loss detector (RACK-like) */
+    uint64_t rnr_until; /* the peer said "not ready": resend after this */
+    uint64_t rnr_backoff_ns;
+    uint32_t rnr_rounds;
+    int rnr_since_progress;
     /* recv */
     uint32_t rcv_nxt;
     uint8_t *rbits;
@@ -378,8 +382,9 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
 
 static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 {
-    /* retransmissions first */
-    for (uint32_t psn = p->snd_una; p->n_lost && psn != p->snd_nxt; psn++) {
+    /* retransmissions first (unless the peer asked us to wait) */
+    for (uint32_t psn = p->snd_una; p->n_lost && now >= p->rnr_until && psn != p->snd_nxt;
+         psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
         if (t->state != PKT_LOST)
             continue;
@@ -534,8 +539,12 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         return; /* beyond the window: the sender will resend */
     struct nic_msg *m = bind_msg(p, h->msg_id, h->tag);
     if (!m) {
+        /* no receive posted for this tag yet: not acked; say so, so that the
+         * sender backs off and retries instead of waiting for a timeout */
         count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
-        return; /* no receive posted yet: not acked, so it comes again */
+        send_ctl(n, p, ETHP_OP_RNR, h->psn, 0, h->ts_ns, h->entropy, NULL, 0);
+        count(n, p, ETHP_NC_tx_rnrs, 1);
+        return;
     }
     if (m->status != ETHP_NIC_PENDING) {
         /* a message that already failed (buffer too small): swallow the rest */
@@ -658,6 +667,9 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
                           p->cc[i].st.rtt_ns ? p->cc[i].st.rtt_ns : rtt, ecn && i == echo_plane,
                           now);
     if (progress) {
+        p->rnr_since_progress = 0;
+        p->rnr_rounds = 0;
+        p->rnr_backoff_ns = 0;
         p->timeouts = 0;
         p->rto_ns = n->cfg.rto_ns;
         p->rto_deadline = p->snd_una != p->snd_nxt ? now + p->rto_ns : 0;
@@ -682,6 +694,38 @@ static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     count(n, p, ETHP_NC_retx_nack, 1);
     struct ethp_cc_params pp = cc_params(n);
     n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
+}
+
+static void fail_peer(struct ethp_nic *n, struct nic_peer *p);
+
+static void on_rnr(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                   uint64_t now)
+{
+    count(n, p, ETHP_NC_rx_rnrs, 1);
+    uint32_t psn = ps->hdr.psn;
+    if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
+        return;
+    struct tx_pkt *t = &p->win[psn % NIC_WIN];
+    if (t->state != PKT_INFLIGHT)
+        return;
+    sub_inflight(p, t);
+    t->state = PKT_LOST;
+    p->n_lost++;
+    p->rnr_since_progress = 1;
+    /* The peer is alive but has no receive posted: retry after a backoff
+     * that starts at one base RTT and doubles per round (like InfiniBand's
+     * RNR NAK); the peer's answers hold off the retransmit timeout; the
+     * retry budget counts rounds. */
+    p->rto_deadline = now + p->rto_ns + p->rnr_backoff_ns;
+    if (now < p->rnr_until)
+        return; /* this round is already counted */
+    if (!p->rnr_backoff_ns)
+        p->rnr_backoff_ns = n->cfg.base_rtt_ns;
+    p->rnr_until = now + p->rnr_backoff_ns;
+    if (p->rnr_backoff_ns < 64 * n->cfg.base_rtt_ns)
+        p->rnr_backoff_ns *= 2;
+    if (++p->rnr_rounds > n->cfg.max_retries)
+        fail_peer(n, p);
 }
 
 static void on_pause(struct ethp_nic *n, const struct ethp_pkt *k, uint64_t now)
@@ -738,6 +782,9 @@ static void rx(struct ethp_nic *n, uint64_t now)
             case ETHP_OP_NACK:
                 on_nack(n, p, &ps, now);
                 break;
+            case ETHP_OP_RNR:
+                on_rnr(n, p, &ps, now);
+                break;
             default:
                 n->c[ETHP_NC_rx_malformed]++;
             }
@@ -750,15 +797,16 @@ static void rx(struct ethp_nic *n, uint64_t now)
 
 static void fail_peer(struct ethp_nic *n, struct nic_peer *p)
 {
+    int why = p->rnr_since_progress ? ETHP_NIC_ERR_NO_RECEIVE : ETHP_NIC_ERR_UNREACHABLE;
     for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
         if (t->m->status == ETHP_NIC_PENDING)
-            complete(n, t->m, ETHP_NIC_ERR_UNREACHABLE);
+            complete(n, t->m, why);
         t->state = PKT_FREE;
     }
     for (struct nic_msg *m = p->sq_head; m; m = m->next)
         if (m->status == ETHP_NIC_PENDING)
-            complete(n, m, ETHP_NIC_ERR_UNREACHABLE);
+            complete(n, m, why);
     p->sq_head = p->sq_tail = NULL;
     p->snd_una = p->snd_nxt;
     p->inflight_bytes = 0;
@@ -851,7 +899,10 @@ static uint64_t next_due(struct ethp_nic *n)
         if (p->rto_deadline && p->rto_deadline < t)
             t = p->rto_deadline;
         uint32_t plane = UINT32_MAX;
-        if (p->n_lost)
+        if (p->n_lost && ethp_now_ns() < p->rnr_until) {
+            if (p->rnr_until < t)
+                t = p->rnr_until;
+        } else if (p->n_lost)
             plane = retx_plane(n, UINT32_MAX);
         else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN)
             plane = pick_plane(n, p, p->snd_nxt, 0);
