@@ -176,6 +176,8 @@ def test_adaptive_spraying_fills_the_free_planes(erack, record_property):
         record_property(f"{k}_fraction_of_ideal", round(v / ideal, 3))
     assert results["adaptive"] > 1.5 * results["oblivious"], results
     assert results["oblivious"] < 0.5 * ideal  # held back by the slow plane, as expected
+    # target 0.9 (measured 0.93-0.95 by hand); a little slack for this noisy machine
+    assert results["adaptive"] >= 0.85 * ideal, (results, ideal)
 
 
 def test_two_senders_share_one_receiver_fairly(erack, record_property):

@@ -104,6 +104,7 @@ struct nic_peer {
     struct nic_msg *rq_head, *rq_tail; /* posted, not yet bound */
     struct nic_msg *bound[64];
     int ack_pending, ce_seen, dup_seen;
+    uint32_t last_psn; /* the newest data PSN placed */
     uint32_t ack_count, ts_echo;
     uint16_t ev_echo;
     uint64_t c[ETHP_NIC_NCOUNTERS];
@@ -249,7 +250,8 @@ static void addr_for(struct ethp_nic *n, uint32_t plane, const struct nic_peer *
 }
 
 static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_t psn,
-                     uint8_t flags, uint32_t ts, uint16_t ev, const uint8_t *body, uint32_t len)
+                     uint32_t aux, uint8_t flags, uint32_t ts, uint16_t ev, const uint8_t *body,
+                     uint32_t len)
 {
     uint32_t plane = ev % n->n_ports;
     for (uint32_t i = 0; i < n->n_ports && !n->ports[plane].up; i++)
@@ -258,8 +260,8 @@ static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_
     addr_for(n, plane, p, ev, &a);
     struct ethp_hdr_fields h = {.opcode = op, .flags = flags, .entropy = ev,
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
-                                .psn = psn, .len_bytes = (uint16_t)len, .tos = 0x02,
-                                .ts_ns = ts};
+                                .psn = psn, .offset_bytes = aux, .len_bytes = (uint16_t)len,
+                                .tos = 0x02, .ts_ns = ts};
     emit(n, plane, &a, &h, body, len);
 }
 
@@ -451,10 +453,17 @@ static struct nic_peer *peer_of(struct ethp_nic *n, uint32_t ep)
 
 static void send_ack(struct ethp_nic *n, struct nic_peer *p)
 {
+    /* The SACK window starts right after the cumulative PSN, unless the
+     * newest arrival lies beyond it: then it ends at the newest arrival, so
+     * every packet is SACKed by the ack it draws even when a slow plane
+     * holds the cumulative PSN back by hundreds of packets. */
+    uint32_t base = p->rcv_nxt + 1;
+    if ((int32_t)(p->last_psn - base) >= (int32_t)NIC_SACK_BITS)
+        base = p->last_psn - (NIC_SACK_BITS - 1);
     uint8_t body[8];
     uint64_t bits = 0;
     for (uint32_t i = 0; i < NIC_SACK_BITS; i++) {
-        uint32_t psn = p->rcv_nxt + 1 + i;
+        uint32_t psn = base + i;
         if (p->rbits[(psn % NIC_RWIN) / 8] & (1u << (psn % 8)))
             bits |= 1ull << i;
     }
@@ -462,7 +471,7 @@ static void send_ack(struct ethp_nic *n, struct nic_peer *p)
         body[i] = (uint8_t)(bits >> (56 - 8 * i));
     /* RETX on an ack: a duplicate arrived, the sender's loss guess was wrong */
     uint8_t flags = (p->ce_seen ? ETHP_F_ECN_ECHO : 0) | (p->dup_seen ? ETHP_F_RETX : 0);
-    send_ctl(n, p, ETHP_OP_ACK, p->rcv_nxt, flags, p->ts_echo, p->ev_echo, body, 8);
+    send_ctl(n, p, ETHP_OP_ACK, p->rcv_nxt, base, flags, p->ts_echo, p->ev_echo, body, 8);
     count(n, p, ETHP_NC_tx_acks, 1);
     p->ack_pending = 0;
     p->ack_count = 0;
@@ -512,7 +521,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     const struct ethp_hdr_fields *h = &ps->hdr;
     if (h->flags & ETHP_F_TRIMMED) {
         count(n, p, ETHP_NC_rx_trimmed_pkts, 1);
-        send_ctl(n, p, ETHP_OP_NACK, h->psn, 0, h->ts_ns, h->entropy, NULL, 0);
+        send_ctl(n, p, ETHP_OP_NACK, h->psn, 0, 0, h->ts_ns, h->entropy, NULL, 0);
         count(n, p, ETHP_NC_tx_nacks, 1);
         return;
     }
@@ -542,7 +551,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         /* no receive posted for this tag yet: not acked; say so, so that the
          * sender backs off and retries instead of waiting for a timeout */
         count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
-        send_ctl(n, p, ETHP_OP_RNR, h->psn, 0, h->ts_ns, h->entropy, NULL, 0);
+        send_ctl(n, p, ETHP_OP_RNR, h->psn, 0, 0, h->ts_ns, h->entropy, NULL, 0);
         count(n, p, ETHP_NC_tx_rnrs, 1);
         return;
     }
@@ -563,6 +572,8 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     }
     count(n, p, ETHP_NC_rx_data_pkts, 1);
     p->rbits[(h->psn % NIC_RWIN) / 8] |= (uint8_t)(1u << (h->psn % 8));
+    if ((int32_t)(h->psn - p->last_psn) > 0 || p->c[ETHP_NC_rx_data_pkts] == 1)
+        p->last_psn = h->psn;
     while (p->rbits[(p->rcv_nxt % NIC_RWIN) / 8] & (1u << (p->rcv_nxt % 8))) {
         p->rbits[(p->rcv_nxt % NIC_RWIN) / 8] &= (uint8_t)~(1u << (p->rcv_nxt % 8));
         p->rcv_nxt++;
@@ -607,12 +618,13 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
         acked(n, p, t, bytes);
         t->state = PKT_FREE;
     }
+    uint32_t base = h->offset_bytes; /* where the SACK bitmap starts */
     for (uint32_t i = 0; i < NIC_SACK_BITS; i++) {
         if (!(bits & (1ull << i)))
             continue;
-        uint32_t psn = cum + 1 + i;
+        uint32_t psn = base + i;
         if (psn - p->snd_una >= p->snd_nxt - p->snd_una)
-            break;
+            continue;
         progress |= p->win[psn % NIC_WIN].state == PKT_INFLIGHT ||
                     p->win[psn % NIC_WIN].state == PKT_LOST;
         acked(n, p, &p->win[psn % NIC_WIN], bytes);
