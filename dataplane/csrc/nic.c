@@ -282,6 +282,20 @@ static int has_window(const struct nic_peer *p, uint32_t plane)
     return p->cc[plane].inflight < p->cc[plane].st.cwnd_bytes;
 }
 
+/* The in-flight packet psn, now marked lost; NULL if it was not in flight. */
+static struct tx_pkt *mark_lost(struct nic_peer *p, uint32_t psn)
+{
+    if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
+        return NULL;
+    struct tx_pkt *t = &p->win[psn % NIC_WIN];
+    if (t->state != PKT_INFLIGHT)
+        return NULL;
+    sub_inflight(p, t);
+    t->state = PKT_LOST;
+    p->n_lost++;
+    return t;
+}
+
 static void avoid_plane(struct ethp_nic *n, uint32_t plane, uint64_t now)
 {
     if (plane < n->n_ports)
@@ -649,10 +663,8 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
              psn++) {
             struct tx_pkt *t = &p->win[psn % NIC_WIN];
             if (t->state == PKT_INFLIGHT && t->sent_ns < hs_sent) {
+                mark_lost(p, psn);
                 avoid_plane(n, t->plane, now);
-                sub_inflight(p, t);
-                t->state = PKT_LOST;
-                p->n_lost++;
                 count(n, p, ETHP_NC_retx_sack, 1);
                 struct ethp_cc_params pp = cc_params(n);
                 n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
@@ -692,17 +704,11 @@ static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
                     uint64_t now)
 {
     count(n, p, ETHP_NC_rx_nacks, 1);
-    uint32_t psn = ps->hdr.psn;
-    if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
+    struct tx_pkt *t = mark_lost(p, ps->hdr.psn);
+    if (!t)
         return;
-    struct tx_pkt *t = &p->win[psn % NIC_WIN];
-    if (t->state != PKT_INFLIGHT)
-        return;
-    sub_inflight(p, t);
-    t->state = PKT_LOST;
     t->nacked_ns = now;
     avoid_plane(n, t->plane, now);
-    p->n_lost++;
     count(n, p, ETHP_NC_retx_nack, 1);
     struct ethp_cc_params pp = cc_params(n);
     n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
@@ -714,15 +720,8 @@ static void on_rnr(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
                    uint64_t now)
 {
     count(n, p, ETHP_NC_rx_rnrs, 1);
-    uint32_t psn = ps->hdr.psn;
-    if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
+    if (!mark_lost(p, ps->hdr.psn))
         return;
-    struct tx_pkt *t = &p->win[psn % NIC_WIN];
-    if (t->state != PKT_INFLIGHT)
-        return;
-    sub_inflight(p, t);
-    t->state = PKT_LOST;
-    p->n_lost++;
     p->rnr_since_progress = 1;
     /* The peer is alive but has no receive posted: retry after a backoff
      * that starts at one base RTT and doubles per round (like InfiniBand's
@@ -841,13 +840,8 @@ static void timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         return;
     }
     for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
-        struct tx_pkt *t = &p->win[psn % NIC_WIN];
-        if (t->state == PKT_INFLIGHT) {
-            sub_inflight(p, t);
-            t->state = PKT_LOST;
-            p->n_lost++;
+        if (mark_lost(p, psn))
             count(n, p, ETHP_NC_retx_timeout, 1);
-        }
     }
     struct ethp_cc_params pp = cc_params(n);
     for (uint32_t i = 0; i < n->n_ports; i++)
