@@ -285,7 +285,7 @@ def _record(spec: LabSpec, plan: Plan, journal: registry.Journal, timings: dict)
     rec.update(
         tag=plan.tag,
         created_unix=time.time(),
-        namespaces={n: p for n, p in plan.ns.items()},
+        namespaces=dict(plan.ns),
         timings_s=dict(timings),
     )
     for node in rec["topology"]["nodes"]:

@@ -168,3 +168,14 @@ def test_other_traffic_is_classified_not_rejected():
 def test_wire_bytes_counts_fcs_preamble_gap_and_minimum():
     assert core.wire_bytes(60) == 84  # minimum frame: 64 + 8 + 12
     assert core.wire_bytes(1514) == 1538
+
+
+def test_pfc_frame_layout():
+    src = bytes.fromhex("02aabbccdd01")
+    f = core.build_pfc(src, class_mask=0b10, quanta=0x1234)
+    assert len(f) == 60
+    assert f[0:6] == bytes.fromhex("0180c2000001") and f[6:12] == src
+    assert f[12:14] == b"\x88\x08" and f[14:16] == b"\x01\x01"  # MAC control, PFC opcode
+    assert f[16:18] == b"\x00\x02"  # class-enable vector: class 1 only
+    assert f[18:20] == b"\x00\x00" and f[20:22] == b"\x12\x34"  # quanta per class
+    assert parse_frame(f).kind == "macctl"
