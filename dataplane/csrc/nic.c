@@ -739,69 +739,77 @@ static void on_rnr(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
         fail_peer(n, p);
 }
 
-static void on_pause(struct ethp_nic *n, const struct ethp_pkt *k, uint64_t now)
+static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifindex,
+                     uint64_t now)
 {
     for (uint32_t i = 0; i < n->n_ports; i++) {
         struct nic_port *pt = &n->ports[i];
-        if (pt->ifindex != k->ifindex || k->len < 20)
+        if (pt->ifindex != ifindex || len < 20)
             continue;
-        uint16_t q = (uint16_t)(k->data[18 + 2 * ETHP_CLS_DATA] << 8 |
-                                k->data[19 + 2 * ETHP_CLS_DATA]);
-        if (!(k->data[17] & (1u << ETHP_CLS_DATA)))
+        uint16_t q = (uint16_t)(f[18 + 2 * ETHP_CLS_DATA] << 8 | f[19 + 2 * ETHP_CLS_DATA]);
+        if (!(f[17] & (1u << ETHP_CLS_DATA)))
             return;
         pt->paused_until = q ? now + (uint64_t)q * 512ull * 1000000000ull / n->cfg.rate_bps : now;
         n->c[ETHP_NC_pauses_rx]++;
     }
 }
 
+struct rx_ctx {
+    struct ethp_nic *n;
+    uint64_t now;
+};
+
+/* One received frame, read in place from the ring: payloads go straight
+ * from the ring to the posted buffer, with no copy in between. */
+static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
+{
+    struct rx_ctx *c = arg;
+    struct ethp_nic *n = c->n;
+    struct ethp_parsed ps;
+    int kind = ethp_parse(data, len, &ps);
+    if (kind == ETHP_KIND_MACCTL) {
+        on_pause(n, data, len, ifindex, c->now);
+        return;
+    }
+    int ethertype_ethp = ps.ethertype == ETHP_ETHERTYPE_COMPACT;
+    int udp_ethp = ps.ethertype == ETHP_ETHERTYPE_IPV4 && ps.ip_proto == 17 &&
+                   ps.addr.dst_port == ETHP_UDP_PORT;
+    if (kind < 0 && (ethertype_ethp || udp_ethp || ps.l4_off == 0)) {
+        if (ethertype_ethp || udp_ethp || ps.ethertype == ETHP_ETHERTYPE_IPV4)
+            n->c[ETHP_NC_rx_malformed]++;
+        return;
+    }
+    if (kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
+        return; /* the host's own traffic */
+    struct nic_peer *p = peer_of(n, ps.hdr.src_ep);
+    if (!p || ps.hdr.dst_ep != n->cfg.ep) {
+        n->c[ETHP_NC_rx_malformed]++;
+        return;
+    }
+    const uint8_t *payload = data + ps.payload_off;
+    switch (ps.hdr.opcode) {
+    case ETHP_OP_DATA:
+        on_data(n, p, &ps, payload);
+        break;
+    case ETHP_OP_ACK:
+        on_ack(n, p, &ps, payload, c->now);
+        break;
+    case ETHP_OP_NACK:
+        on_nack(n, p, &ps, c->now);
+        break;
+    case ETHP_OP_RNR:
+        on_rnr(n, p, &ps, c->now);
+        break;
+    default:
+        n->c[ETHP_NC_rx_malformed]++;
+    }
+}
+
 static void rx(struct ethp_nic *n, uint64_t now)
 {
-    struct ethp_pkt *pk[NIC_BURST];
-    uint32_t got;
-    do {
-        got = ethp_port_rx_burst(n->io, n->pool, pk, NIC_BURST);
-        for (uint32_t i = 0; i < got; i++) {
-            struct ethp_parsed ps;
-            int kind = ethp_parse(pk[i]->data, pk[i]->len, &ps);
-            if (kind == ETHP_KIND_MACCTL) {
-                on_pause(n, pk[i], now);
-                continue;
-            }
-            int ethertype_ethp = ps.ethertype == ETHP_ETHERTYPE_COMPACT;
-            int udp_ethp = ps.ethertype == ETHP_ETHERTYPE_IPV4 && ps.ip_proto == 17 &&
-                           ps.addr.dst_port == ETHP_UDP_PORT;
-            if (kind < 0 && (ethertype_ethp || udp_ethp || ps.l4_off == 0)) {
-                if (ethertype_ethp || udp_ethp || ps.ethertype == ETHP_ETHERTYPE_IPV4)
-                    n->c[ETHP_NC_rx_malformed]++;
-                continue;
-            }
-            if (kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
-                continue; /* the host's own traffic */
-            struct nic_peer *p = peer_of(n, ps.hdr.src_ep);
-            if (!p || ps.hdr.dst_ep != n->cfg.ep) {
-                n->c[ETHP_NC_rx_malformed]++;
-                continue;
-            }
-            const uint8_t *payload = pk[i]->data + ps.payload_off;
-            switch (ps.hdr.opcode) {
-            case ETHP_OP_DATA:
-                on_data(n, p, &ps, payload);
-                break;
-            case ETHP_OP_ACK:
-                on_ack(n, p, &ps, payload, now);
-                break;
-            case ETHP_OP_NACK:
-                on_nack(n, p, &ps, now);
-                break;
-            case ETHP_OP_RNR:
-                on_rnr(n, p, &ps, now);
-                break;
-            default:
-                n->c[ETHP_NC_rx_malformed]++;
-            }
-        }
-        ethp_pool_put(n->pool, pk, got);
-    } while (got == NIC_BURST);
+    struct rx_ctx c = {.n = n, .now = now};
+    while (ethp_port_rx_each(n->io, NIC_BURST, on_frame, &c) == NIC_BURST)
+        ;
 }
 
 /* ---------------------------------------------------------------- timers, loop */

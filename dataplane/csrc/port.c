@@ -183,12 +183,10 @@ static void release_block(struct ethp_port *p)
     p->c[ETHP_PC_rx_blocks]++;
 }
 
-uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
-                            struct ethp_pkt **pkts, uint32_t n)
+uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
-    uint32_t got = 0;
-    uint64_t now = ethp_now_ns(); /* monotonic, unlike the ring's timestamps */
-    while (got < n) {
+    uint32_t seen = 0;
+    while (seen < n) {
         if (!p->left_in_block) {
             if (!block_ready(p))
                 break;
@@ -201,30 +199,53 @@ uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
             }
         }
         struct tpacket3_hdr *f = p->next;
-        const uint8_t *data = (const uint8_t *)f + f->tp_mac;
         const struct sockaddr_ll *sll =
             (const struct sockaddr_ll *)((const uint8_t *)f + TPACKET_ALIGN(sizeof(*f)));
-        uint32_t len = f->tp_snaplen;
-        struct ethp_pkt *k;
-        if (ethp_pool_get(pool, &k, 1) != 1) {
-            p->c[ETHP_PC_rx_no_buf]++;
-        } else if (len > k->cap) {
-            p->c[ETHP_PC_rx_truncated]++;
-            ethp_pool_put(pool, &k, 1);
-        } else {
-            memcpy(k->data, data, len);
-            k->len = len;
-            k->ts_ns = now;
-            k->ifindex = sll->sll_ifindex;
-            pkts[got++] = k;
-            p->c[ETHP_PC_rx_frames]++;
-            p->c[ETHP_PC_rx_bytes] += len;
-        }
+        fn(ctx, (const uint8_t *)f + f->tp_mac, f->tp_snaplen, sll->sll_ifindex);
+        seen++;
         p->next = (struct tpacket3_hdr *)((uint8_t *)f + f->tp_next_offset);
         if (--p->left_in_block == 0)
             release_block(p);
     }
-    return got;
+    return seen;
+}
+
+struct copy_ctx {
+    struct ethp_port *port;
+    struct ethp_pool *pool;
+    struct ethp_pkt **pkts;
+    uint32_t got;
+    uint64_t now;
+};
+
+static void copy_out(void *arg, const uint8_t *data, uint32_t len, int ifindex)
+{
+    struct copy_ctx *c = arg;
+    struct ethp_port *p = c->port;
+    struct ethp_pkt *k;
+    if (ethp_pool_get(c->pool, &k, 1) != 1) {
+        p->c[ETHP_PC_rx_no_buf]++;
+    } else if (len > k->cap) {
+        p->c[ETHP_PC_rx_truncated]++;
+        ethp_pool_put(c->pool, &k, 1);
+    } else {
+        memcpy(k->data, data, len);
+        k->len = len;
+        k->ts_ns = c->now; /* monotonic, unlike the ring's timestamps */
+        k->ifindex = ifindex;
+        c->pkts[c->got++] = k;
+        p->c[ETHP_PC_rx_frames]++;
+        p->c[ETHP_PC_rx_bytes] += len;
+    }
+}
+
+uint32_t ethp_port_rx_burst(struct ethp_port *p, struct ethp_pool *pool,
+                            struct ethp_pkt **pkts, uint32_t n)
+{
+    struct copy_ctx c = {.port = p, .pool = pool, .pkts = pkts, .now = ethp_now_ns()};
+    while (c.got < n && ethp_port_rx_each(p, n - c.got, copy_out, &c))
+        ;
+    return c.got;
 }
 
 uint32_t ethp_port_tx_burst(struct ethp_port *p, struct ethp_pkt **pkts, uint32_t n)
