@@ -156,6 +156,15 @@ def pids_in(paths: Iterable[str]) -> list[int]:
     return found
 
 
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for a parent (init, often) to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_all(pids: list[int], grace_s: float = 1.0) -> None:
     """TERM, a grace period, then KILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -170,7 +179,7 @@ def kill_all(pids: list[int], grace_s: float = 1.0) -> None:
             return
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            alive = [p for p in alive if os.path.exists(f"/proc/{p}")]
+            alive = [p for p in alive if _alive(p)]
             if not alive:
                 return
             time.sleep(0.02)
