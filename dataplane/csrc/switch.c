@@ -90,6 +90,7 @@ struct sw_port {
     uint64_t cc[ETHP_NCLASSES][ETHP_SW_NCLASS_COUNTERS];
     struct ethp_link_state pending;
     int has_pending;
+    int active; /* on the switch's active list */
 };
 
 struct sw_group {
@@ -106,6 +107,11 @@ struct ethp_switch {
     uint16_t *port_of_if; /* ifindex -> port index + 1 */
     uint64_t foreign;     /* frames from an interface that is no port */
     struct sw_port *ports;
+    /* Ports with anything queued, on a wire or a pause to refresh: the loop
+     * and the wake-up deadline look at these only, not at every port. */
+    uint16_t *active;
+    uint32_t n_active;
+    uint16_t *cand; /* scratch for release_ingress_all */
     uint32_t n_ports, max_ports;
     struct ethp_pool *pool;
     uint16_t *route_ip; /* 65536 entries: group index + 1, 0 = no route */
@@ -172,6 +178,20 @@ static void drop(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt *
     ethp_pool_put(sw->pool, &p, 1);
 }
 
+static void activate(struct ethp_switch *sw, struct sw_port *e)
+{
+    if (!e->active) {
+        e->active = 1;
+        sw->active[sw->n_active++] = (uint16_t)(e - sw->ports);
+    }
+}
+
+static int port_busy(const struct sw_port *e)
+{
+    return e->q[0].frames || e->q[1].frames || e->wire.head || e->in_wire.head ||
+           e->pfc_refresh_ns[0] || e->pfc_refresh_ns[1];
+}
+
 static void fix_ipv4_csum(uint8_t *ip)
 {
     ip[10] = ip[11] = 0;
@@ -194,6 +214,8 @@ static void pfc_send(struct ethp_switch *sw, struct sw_port *port, int cls, uint
     /* Refresh a pause at half its lifetime while the queue stays above XON. */
     uint64_t life_ns = (uint64_t)quanta * 512ull * 1000000000ull / port->link.rate_bps;
     port->pfc_refresh_ns[cls] = quanta ? now + life_ns / 2 + 1 : 0;
+    if (quanta)
+        activate(sw, port);
 }
 
 static void pfc_receive(struct sw_port *port, const uint8_t *f, uint32_t len, uint64_t now)
@@ -293,6 +315,7 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
     p->cls = (uint8_t)cls;
     p->ts_ns = now; /* when it joined the queue: it cannot start on the link before */
     q_push(&e->q[cls], p);
+    activate(sw, e);
     e->cc[cls][ETHP_CC_enq_frames]++;
     e->cc[cls][ETHP_CC_q_bytes] = e->q[cls].bytes;
     if (e->q[cls].bytes > e->cc[cls][ETHP_CC_q_hwm_bytes])
@@ -403,6 +426,7 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
         if (port->link.delay_ns) {
             p->ts_ns = now + port->link.delay_ns;
             q_push(&port->in_wire, p);
+            activate(sw, port);
             port->c[ETHP_SC_wire_frames]++;
             return;
         }
@@ -452,11 +476,13 @@ static void release_ingress(struct ethp_switch *sw, struct sw_port *port, uint64
  * trimmed, every time. */
 static void release_ingress_all(struct ethp_switch *sw, uint64_t now)
 {
-    uint16_t cand[ETHP_MAX_GROUP_PORTS];
+    uint16_t *cand = sw->cand;
     uint32_t nc = 0;
-    for (uint32_t i = 0; i < sw->n_ports && nc < ETHP_MAX_GROUP_PORTS; i++)
+    for (uint32_t k = 0; k < sw->n_active; k++) {
+        uint16_t i = sw->active[k];
         if (sw->ports[i].in_wire.head && sw->ports[i].in_wire.head->ts_ns <= now)
-            cand[nc++] = (uint16_t)i;
+            cand[nc++] = i;
+    }
     if (nc == 1) {
         release_ingress(sw, &sw->ports[cand[0]], now);
         return;
@@ -563,8 +589,8 @@ static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
 {
     uint64_t t = UINT64_MAX;
 #define ETHP_MIN(x) do { uint64_t v_ = (x); if (v_ < t) t = v_; } while (0)
-    for (uint32_t i = 0; i < sw->n_ports; i++) {
-        const struct sw_port *e = &sw->ports[i];
+    for (uint32_t k = 0; k < sw->n_active; k++) {
+        const struct sw_port *e = &sw->ports[sw->active[k]];
         if (e->in_wire.head)
             ETHP_MIN(e->in_wire.head->ts_ns);
         if (e->wire.head)
@@ -619,12 +645,18 @@ static void *sw_main(void *arg)
             rx(sw, now);
         }
         release_ingress_all(sw, now);
-        for (uint32_t i = 0; i < sw->n_ports; i++) {
-            struct sw_port *e = &sw->ports[i];
+        uint32_t kept = 0;
+        for (uint32_t k = 0; k < sw->n_active; k++) {
+            struct sw_port *e = &sw->ports[sw->active[k]];
             schedule(sw, e, now);
             release_egress(sw, e, now);
             pfc_refresh(sw, e, now);
+            if (port_busy(e))
+                sw->active[kept++] = sw->active[k];
+            else
+                e->active = 0;
         }
+        sw->n_active = kept;
     }
     return NULL;
 }
@@ -642,13 +674,16 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
     sw->route_ip = calloc(65536, sizeof(uint16_t));
     sw->route_ep = calloc(65536, sizeof(uint16_t));
     sw->port_of_if = calloc(65536, sizeof(uint16_t));
+    sw->active = calloc(max_ports ? max_ports : 1, sizeof(uint16_t));
+    sw->cand = calloc(max_ports ? max_ports : 1, sizeof(uint16_t));
     sw->pool = ethp_pool_new(cfg->pool_pkts, cfg->buf_bytes);
     sw->epfd = epoll_create1(EPOLL_CLOEXEC);
     sw->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sw->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull;
     sw->up = 1;
     pthread_mutex_init(&sw->lock, NULL);
-    if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->port_of_if || !sw->pool ||
+    if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->port_of_if || !sw->active ||
+        !sw->cand || !sw->pool ||
         sw->epfd < 0 || sw->evfd < 0) {
         ethp_switch_free(sw);
         return NULL;
@@ -775,6 +810,8 @@ void ethp_switch_free(struct ethp_switch *sw)
     }
     ethp_port_close(sw->io);
     free(sw->port_of_if);
+    free(sw->active);
+    free(sw->cand);
     for (uint32_t i = 0; i < sw->n_groups; i++)
         free(sw->groups[i].ports);
     free(sw->groups);
