@@ -82,6 +82,7 @@ struct nic_peer {
     uint32_t ep;
     uint32_t ip[ETHP_NIC_MAX_PLANES];
     int known;
+    int active; /* on the engine's active list */
     /* send */
     struct tx_pkt *win;
     uint32_t snd_una, snd_nxt, high_sack;
@@ -132,6 +133,10 @@ struct ethp_nic {
     uint32_t n_ports;
     struct nic_peer *peers;
     uint32_t max_peers;
+    /* Peers with something to send, to resend, to ack or a timer running:
+     * the loop and the wake-up deadline look at these only. */
+    uint32_t *active;
+    uint32_t n_active;
     uint64_t rng;
     pthread_t thread;
     int started, stop;
@@ -151,6 +156,20 @@ uint32_t ethp_nic_counter_count(void) { return ETHP_NIC_NCOUNTERS; }
 const char *ethp_nic_counter_name(uint32_t i)
 {
     return i < ETHP_NIC_NCOUNTERS ? nic_names[i] : NULL;
+}
+
+static void activate(struct ethp_nic *n, struct nic_peer *p)
+{
+    if (!p->active) {
+        p->active = 1;
+        n->active[n->n_active++] = (uint32_t)(p - n->peers);
+    }
+}
+
+static int peer_busy(const struct nic_peer *p)
+{
+    return p->sq_head || p->n_lost || p->snd_una != p->snd_nxt || p->ack_pending ||
+           p->rto_deadline;
 }
 
 static uint64_t rnd64(struct ethp_nic *n)
@@ -553,6 +572,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     p->ts_echo = h->ts_ns;
     p->ev_echo = h->entropy;
     p->ack_pending = 1;
+    activate(n, p);
     if (dup) {
         count(n, p, ETHP_NC_rx_dup_pkts, 1);
         p->dup_seen = 1;
@@ -883,6 +903,7 @@ static void take_commands(struct ethp_nic *n)
             else
                 p->sq_head = m;
             p->sq_tail = m;
+            activate(n, p);
         } else {
             if (p->rq_tail)
                 p->rq_tail->next = m;
@@ -906,10 +927,8 @@ static uint64_t free_at(const struct ethp_nic *n, uint32_t plane)
 static uint64_t next_due(struct ethp_nic *n)
 {
     uint64_t t = UINT64_MAX;
-    for (uint32_t i = 0; i < n->max_peers; i++) {
-        struct nic_peer *p = &n->peers[i];
-        if (!p->known)
-            continue;
+    for (uint32_t k = 0; k < n->n_active; k++) {
+        struct nic_peer *p = &n->peers[n->active[k]];
         if (p->rto_deadline && p->rto_deadline < t)
             t = p->rto_deadline;
         uint32_t plane = UINT32_MAX;
@@ -941,24 +960,22 @@ static void *nic_main(void *arg)
         take_commands(n);
         uint64_t now = ethp_now_ns();
         rx(n, now);
-        for (uint32_t i = 0; i < n->max_peers; i++) {
-            struct nic_peer *p = &n->peers[i];
-            if (!p->known)
-                continue;
+        uint32_t kept = 0;
+        for (uint32_t k = 0; k < n->n_active; k++) {
+            struct nic_peer *p = &n->peers[n->active[k]];
             if (p->ack_pending)
                 send_ack(n, p);
             timers(n, p, now);
             pump(n, p, now);
+            if (peer_busy(p))
+                n->active[kept++] = n->active[k];
+            else
+                p->active = 0;
         }
+        n->n_active = kept;
         for (uint32_t i = 0; i < n->n_ports; i++)
             if (n->ports[i].ntx)
                 flush_port(n, &n->ports[i]);
-        uint64_t cw = 0;
-        for (uint32_t i = 0; i < n->max_peers; i++)
-            if (n->peers[i].known && n->peers[i].win)
-                for (uint32_t j = 0; j < n->n_ports; j++)
-                    cw += n->peers[i].cc[j].st.cwnd_bytes;
-        n->c[ETHP_NC_cwnd_bytes] = cw;
     }
     return NULL;
 }
@@ -1009,13 +1026,14 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->done, NULL);
     n->peers = calloc(max_peers, sizeof(*n->peers));
+    n->active = calloc(max_peers, sizeof(*n->active));
     n->pool = ethp_pool_new(8192, cfg->payload_bytes + 256);
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 256, .block_timeout_ms = 1,
                                .sndbuf_bytes = 4u << 20};
     int rc = 0;
-    if (!n->peers || !n->pool || n->epfd < 0 || n->evfd < 0)
+    if (!n->peers || !n->active || !n->pool || n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
         n->io = ethp_port_open(netns_path, NULL, &pc, &rc);
@@ -1107,6 +1125,7 @@ void ethp_nic_free(struct ethp_nic *n)
         free(n->msgs[i]);
     free(n->msgs);
     free(n->peers);
+    free(n->active);
     ethp_port_close(n->io);
     ethp_pool_free(n->pool);
     if (n->udp_fd >= 0)
@@ -1199,10 +1218,14 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
     const uint64_t *c = peer < 0 ? n->c : (peer_of(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
     for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
-    if (peer >= 0 && c) {
-        out[ETHP_NC_cwnd_bytes] = 0;
-        for (uint32_t i = 0; i < n->n_ports; i++)
-            out[ETHP_NC_cwnd_bytes] += n->peers[peer].cc[i].st.cwnd_bytes;
+    /* the window is state, not a counter: summed here, on read */
+    out[ETHP_NC_cwnd_bytes] = 0;
+    for (uint32_t i = peer < 0 ? 0 : (uint32_t)peer; c && i < n->max_peers; i++) {
+        const struct nic_peer *q = &n->peers[i];
+        for (uint32_t j = 0; q->known && q->win && j < n->n_ports; j++)
+            out[ETHP_NC_cwnd_bytes] += __atomic_load_n(&q->cc[j].st.cwnd_bytes, __ATOMIC_RELAXED);
+        if (peer >= 0)
+            break;
     }
 }
 
