@@ -20,9 +20,12 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, replace
+
+import uvloop
 
 from dataplane import core, kernel, registry, routing
 
@@ -52,8 +55,6 @@ def log_path(lab: str) -> str:
 
 def request(lab: str, req: dict, timeout_s: float = 10.0) -> dict:
     """Send one request to a lab's fabric; raises OSError if it does not answer."""
-    import socket
-
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(socket_path(lab))
@@ -311,8 +312,6 @@ async def _main(name: str) -> int:
 
 
 def main() -> int:
-    import uvloop
-
     name = sys.argv[1]
     # The fabric plays the wires: it must run when a frame is due, ahead of
     # the traffic generators and kernels it shares two cores with.

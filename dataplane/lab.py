@@ -19,6 +19,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import uvloop
+
 from dataplane import fabric, kernel, registry
 from dataplane.labfile import LabSpec
 from dataplane.topology import IF_PREFIX, Topology, plane_subnet
@@ -179,15 +181,6 @@ async def _realise(plan: Plan, spec: LabSpec, timings: dict[str, float]) -> None
         await loop.run_in_executor(pool, _realise_sync, plan, spec, timings)
 
 
-def _run(coro):
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.run(coro)
-
-
 def up(spec: LabSpec) -> dict:
     """Build the lab; returns its record (what `lab show --json` prints)."""
     require_root("ethplus lab up")
@@ -197,8 +190,8 @@ def up(spec: LabSpec) -> dict:
     try:
         with _signals_raise():
             plan = make_plan(spec, journal.slot)
-            _run(_realise(plan, spec, timings))
-            record = _record(spec, plan, journal, timings)
+            uvloop.run(_realise(plan, spec, timings))
+            record = _record(spec, plan, timings)
             registry.save_lab(spec.name, record)
             t_fabric = time.perf_counter()
             journal.fabric_pid = _start_fabric(spec.name)
@@ -280,7 +273,7 @@ def fabric_alive(journal: registry.Journal) -> bool:
     return bool(journal.fabric_pid) and fabric.is_fabric(journal.fabric_pid, journal.name)
 
 
-def _record(spec: LabSpec, plan: Plan, journal: registry.Journal, timings: dict) -> dict:
+def _record(spec: LabSpec, plan: Plan, timings: dict) -> dict:
     rec = spec.to_dict()
     rec.update(
         tag=plan.tag,

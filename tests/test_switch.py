@@ -8,6 +8,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -84,13 +85,13 @@ else:
 def _tcp_transfer(lab: Lab, src: str, dst: str, dst_ip: str, n_bytes: int = 2_000_000) -> None:
     ns = lab.rec["namespaces"][dst].rsplit("/", 1)[1]
     server = subprocess.Popen(
-        ["ip", "netns", "exec", ns, "python3", "-c", TCP_ECHO, "server", dst_ip, str(n_bytes)],
+        ["ip", "netns", "exec", ns, sys.executable, "-c", TCP_ECHO, "server", dst_ip, str(n_bytes)],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert server.stdout.readline().strip() == "ready"
-        r = lab.sh(src, "python3", "-c", TCP_ECHO, "client", dst_ip, str(n_bytes), timeout=120)
+        r = lab.sh(src, sys.executable, "-c", TCP_ECHO, "client", dst_ip, str(n_bytes), timeout=120)
         assert r.stdout.strip() == "True", r
     finally:
         server.kill()
