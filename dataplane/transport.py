@@ -1,0 +1,151 @@
+"""The one transport interface collectives run on, and the registry of transports.
+
+A transport moves tagged messages between the ranks of a lab: post a send or a
+receive of a contiguous buffer, then wait for it.  A receive may be posted
+before or after the matching send; messages between one pair of ranks are
+matched by tag.  Collectives use nothing else, so they never special-case a
+transport.
+
+Implementations: ``ethplus`` (this project's C NIC, dataplane/nic.py) and
+``tcp`` (stock kernel TCP through the same switches, dataplane/tcp.py).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+LABELS = {
+    "ethplus": "ETH+ (this project's NIC)",
+    "tcp": "kernel TCP",
+    "roce": "RoCEv2 (emulated)",
+}
+
+
+class TransportError(RuntimeError):
+    """A transfer failed (peer unreachable, buffer too small, connection lost)."""
+
+
+@dataclass
+class Options:
+    """What a run may tune about its transport (all have defaults)."""
+
+    tcp_streams: int | None = None  # None: one connection per plane
+    adaptive: bool = False  # ethplus: adaptive rather than oblivious spraying
+    seed: int = 1
+
+
+class Transport(ABC):
+    """Tagged, buffer-based point-to-point messages between ranks."""
+
+    name: str = ""
+    rank: int
+    world: int
+    # Facts a report must show next to this transport's numbers.
+    notes: tuple[str, ...] = ()
+
+    def isend(self, peer: int, tag: int, buf) -> object:
+        """Start sending buf (a contiguous numpy array or buffer) to peer."""
+        if _nbytes(buf) == 0:
+            return _DONE
+        return self._isend(peer, tag, memoryview(buf).cast("B"))
+
+    def irecv(self, peer: int, tag: int, buf) -> object:
+        """Start receiving the message tagged tag from peer into buf."""
+        if _nbytes(buf) == 0:
+            return _DONE
+        return self._irecv(peer, tag, memoryview(buf).cast("B"))
+
+    def wait(self, handle: object) -> None:
+        if handle is not _DONE:
+            self._wait(handle)
+
+    def waitall(self, handles) -> None:
+        for h in handles:
+            self.wait(h)
+
+    @abstractmethod
+    def _isend(self, peer: int, tag: int, view: memoryview) -> object: ...
+
+    @abstractmethod
+    def _irecv(self, peer: int, tag: int, view: memoryview) -> object: ...
+
+    @abstractmethod
+    def _wait(self, handle: object) -> None: ...
+
+    @abstractmethod
+    def counters(self) -> dict[str, int]: ...
+
+    def describe(self) -> dict:
+        """Configuration worth recording with a result."""
+        return {"transport": self.name, "notes": list(self.notes)}
+
+    def close(self) -> None:  # noqa: B027 - optional for implementations
+        pass
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_DONE = object()  # the handle of an empty message: nothing to move, nothing to wait for
+
+
+def _nbytes(buf) -> int:
+    return memoryview(buf).nbytes
+
+
+class EthplusTransport(Transport):
+    """The ETH+ NIC engine: sprayed over every plane, out-of-order placement."""
+
+    name = "ethplus"
+
+    def __init__(self, lab: str, node: str, rec: dict, opts: Options):
+        from dataplane import nic
+
+        self._errors = nic.NicError
+        try:
+            self.ep = nic.Endpoint(lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec)
+        except nic.NicError as e:
+            raise TransportError(str(e)) from e
+        self.rank, self.world = self.ep.rank, self.ep.world
+
+    def _isend(self, peer: int, tag: int, view: memoryview) -> object:
+        return self.ep.post_send(peer, tag, view)
+
+    def _irecv(self, peer: int, tag: int, view: memoryview) -> object:
+        return self.ep.post_recv(peer, tag, view)
+
+    def _wait(self, handle: object) -> None:
+        try:
+            self.ep.wait(handle)
+        except self._errors as e:
+            raise TransportError(f"rank {self.rank}: {e}") from e
+
+    def counters(self) -> dict[str, int]:
+        return self.ep.counters()
+
+    def describe(self) -> dict:
+        return {**super().describe(), **self.ep.config}
+
+    def close(self) -> None:
+        self.ep.close()
+
+
+def available() -> list[str]:
+    """Transports this build can run, in report order."""
+    return ["ethplus", "tcp"]
+
+
+def open_transport(name: str, lab: str, node: str, rec: dict, opts: Options, barrier=None) -> Transport:
+    """The transport of one rank.  barrier(name) returns once every rank has
+    called it: transports that must listen before their peers connect use it."""
+    if name == "ethplus":
+        return EthplusTransport(lab, node, rec, opts)
+    if name == "tcp":
+        from dataplane.tcp import TcpTransport
+
+        return TcpTransport(lab, node, rec, opts, barrier)
+    raise TransportError(f"unknown transport {name!r} (expected one of {', '.join(available())})")

@@ -1,0 +1,92 @@
+"""Collective algorithms and the reference, without a network (ranks are threads)."""
+
+import numpy as np
+import pytest
+
+from dataplane import reference as ref
+from dataplane.collectives import bus_factor, canonical
+from dataplane.workload import Case
+from tests.localtransport import run_ranks
+
+CASES = [
+    ("all-reduce", "ring"),
+    ("all-reduce", "halving-doubling"),
+    ("reduce-scatter", "ring"),
+    ("all-gather", "ring"),
+    ("all-to-all", "ring"),
+    ("broadcast", "ring"),
+]
+
+
+def _wrong(world, collective, algo, count, dtype="float32", op="sum", uneven=False, root=0):
+    def body(comm):
+        case = Case(comm, collective, count, dtype=dtype, op=op, algo=algo, uneven=uneven, root=root, seed=7)
+        case.fill()
+        case.run()
+        return case.wrong()
+
+    return run_ranks(world, body, dtype)
+
+
+@pytest.mark.parametrize("collective,algo", CASES)
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("count", [1, 7, 1000, 2 * ref.PERIOD + 3])
+def test_every_collective_is_exact(collective, algo, world, count):
+    assert _wrong(world, collective, algo, count) == [0] * world
+
+
+@pytest.mark.parametrize("dtype", list(ref.DTYPES))
+@pytest.mark.parametrize("op", ref.OPS)
+def test_types_and_operators(dtype, op):
+    assert _wrong(6, "all-reduce", "halving-doubling", 4099, dtype, op) == [0] * 6
+    assert _wrong(4, "reduce-scatter", "ring", 3 * ref.PERIOD + 5, dtype, op) == [0] * 4
+
+
+def test_uneven_all_to_all_and_other_roots():
+    assert _wrong(7, "all-to-all", "ring", 50_000, uneven=True) == [0] * 7
+    assert _wrong(5, "broadcast", "ring", 300_001, root=3) == [0] * 5
+
+
+def test_large_buffers_are_pipelined_in_slices():
+    # 4 MiB per rank: the ring cuts each chunk into slices; still exact.
+    assert _wrong(4, "all-reduce", "ring", 1 << 20) == [0] * 4
+
+
+def test_a_corrupted_result_is_counted():
+    def body(comm):
+        case = Case(comm, "all-reduce", 5000, seed=7)
+        case.fill()
+        case.run()
+        if comm.rank == 1:
+            case.recv[10:13] += 1
+        return case.wrong()
+
+    assert run_ranks(3, body) == [0, 3, 0]
+
+
+def test_reference_values_are_exact_in_every_type():
+    for dtype in ref.DTYPES:
+        for world in (2, 64):
+            per = ref.reduced("sum", ref.PERIOD * 3, dtype, 1, world)
+            wide = np.stack([ref.pattern(r, ref.PERIOD * 3, dtype, 1, world) for r in range(world)])
+            if dtype == "bfloat16":
+                wide, per = ref.bf16_to_f32(wide), ref.bf16_to_f32(per)
+            assert np.array_equal(wide.astype(np.float64).sum(axis=0), per.astype(np.float64))
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.5, 3e38], dtype=np.float32)
+    back = ref.bf16_to_f32(ref.f32_to_bf16(x))
+    assert back.tolist() == [1.0, 1.0, 1.015625, -2.5, np.float32(back[4])]
+    assert ref.f32_to_bf16(np.array([1.0], np.float32))[0] == 0x3F80
+
+
+def test_bus_factors_are_nccl_tests():
+    assert bus_factor("all-reduce", 8) == pytest.approx(1.75)
+    assert bus_factor("allreduce", 4) == pytest.approx(1.5)
+    for c in ("reduce-scatter", "all-gather", "all-to-all"):
+        assert bus_factor(c, 8) == pytest.approx(7 / 8)
+    assert bus_factor("broadcast", 16) == 1.0
+    assert canonical("All_Gather") == "all-gather"
+    with pytest.raises(ValueError, match="unknown collective 'gather'"):
+        canonical("gather")
