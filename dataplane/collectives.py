@@ -80,7 +80,12 @@ class Comm:
         recvs = []
         for s in range(steps):
             dst = recv_of(s)
-            recvs.append([t.irecv(left, tag(s * slices + j), dst[lo:hi]) for j, (lo, hi) in enumerate(cut(dst))])
+            recvs.append(
+                [
+                    t.irecv(left, tag(s * slices + j), dst[lo:hi])
+                    for j, (lo, hi) in enumerate(cut(dst))
+                ]
+            )
         sends = []
 
         def send(s: int, j: int) -> None:
@@ -165,7 +170,10 @@ class Comm:
         h_pre = t.irecv(extra, tag(0), pre) if extra is not None else None
         staging = [np.empty_like(region(keep)) for _, keep, _ in plan]
         h_rs = [t.irecv(peer, tag(1 + i), staging[i]) for i, (peer, _, _) in enumerate(plan)]
-        h_ag = [t.irecv(peer, tag(1 + levels + i), region(give)) for i, (peer, _, give) in enumerate(plan)]
+        h_ag = [
+            t.irecv(peer, tag(1 + levels + i), region(give))
+            for i, (peer, _, give) in enumerate(plan)
+        ]
         if extra is not None:
             t.wait(h_pre)
             reduce_into(buf, pre, op, self.dtype)
@@ -221,7 +229,12 @@ class Comm:
         def chunk(c: int) -> np.ndarray:
             return recv[b[c] : b[c + 1]]
 
-        self._ring(n - 1, self._slices(recv.nbytes // n), lambda s: chunk((r - s) % n), lambda s: chunk((r - s - 1) % n))
+        self._ring(
+            n - 1,
+            self._slices(recv.nbytes // n),
+            lambda s: chunk((r - s) % n),
+            lambda s: chunk((r - s - 1) % n),
+        )
 
     def all_to_all(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """Rank r sends send_counts[d] elements to each rank d (in order, from
@@ -232,7 +245,9 @@ class Comm:
         tag = self._tags(1)
         recvs = [t.irecv(s, tag(0), recv[rd[s] : rd[s + 1]]) for s in range(n) if s != r]
         # Staggered order (r+1, r+2, ...): every receiver starts with a different sender.
-        sends = [t.isend(d, tag(0), send[sd[d] : sd[d + 1]]) for d in ((r + i) % n for i in range(1, n))]
+        sends = [
+            t.isend(d, tag(0), send[sd[d] : sd[d + 1]]) for d in ((r + i) % n for i in range(1, n))
+        ]
         recv[rd[r] : rd[r + 1]] = send[sd[r] : sd[r + 1]]
         t.waitall(recvs)
         t.waitall(sends)

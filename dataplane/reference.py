@@ -108,7 +108,11 @@ def reduced(op: str, count: int, dtype: str, seed: int, world: int, start: int =
     """The reduction over every rank of pattern(rank, ...)[start:start+count]."""
     t = _table(dtype, seed, world)
     rows = np.stack([np.roll(t, -_shift(r)) for r in range(world)])
-    per = {"sum": rows.sum(axis=0, dtype=rows.dtype), "max": rows.max(axis=0), "min": rows.min(axis=0)}[op]
+    per = {
+        "sum": rows.sum(axis=0, dtype=rows.dtype),
+        "max": rows.max(axis=0),
+        "min": rows.min(axis=0),
+    }[op]
     # The per-period term is the same on every rank: summed world times, else once.
     return _to_storage(_tile(per, start, count, world if op == "sum" else 1), dtype)
 

@@ -90,7 +90,10 @@ class TcpTransport(Transport):
         hosts = sorted((n for n in nodes.values() if n["role"] == "host"), key=lambda n: n["index"])
         me = nodes[node]
         self.rank, self.world = me["index"], len(hosts)
-        ips = {h["index"]: [p["ip"] for p in sorted(h["ports"], key=lambda p: p["plane"])] for h in hosts}
+        ips = {
+            h["index"]: [p["ip"] for p in sorted(h["ports"], key=lambda p: p["plane"])]
+            for h in hosts
+        }
         planes = len(ips[self.rank])
         self.streams = opts.tcp_streams or planes
         if self.streams < 1:
@@ -105,7 +108,13 @@ class TcpTransport(Transport):
         self._posted: dict[tuple[int, int], _Msg] = {}
         self._early: dict[tuple[int, int], _Early] = {}
         self._rr: dict[int, int] = dict.fromkeys(self._conns, 0)
-        self._bytes = {"tx_bytes": 0, "rx_bytes": 0, "early_bytes": 0, "msgs_sent": 0, "msgs_received": 0}
+        self._bytes = {
+            "tx_bytes": 0,
+            "rx_bytes": 0,
+            "early_bytes": 0,
+            "msgs_sent": 0,
+            "msgs_received": 0,
+        }
         listeners = []
         try:
             for ip in ips[self.rank]:
@@ -120,7 +129,9 @@ class TcpTransport(Transport):
                 for st in range(self.streams):
                     plane = st % planes
                     s = socket.create_connection(
-                        (ips[peer][plane], PORT), timeout=30, source_address=(ips[self.rank][plane], 0)
+                        (ips[peer][plane], PORT),
+                        timeout=30,
+                        source_address=(ips[self.rank][plane], 0),
                     )
                     s.sendall(_HELLO.pack(self.rank, st))
                     self._add(s, peer, st)
@@ -184,7 +195,9 @@ class TcpTransport(Transport):
     def _irecv(self, peer: int, tag: int, view: memoryview) -> object:
         key = (peer, tag)
         if key in self._posted:
-            raise TransportError(f"rank {self.rank}: a receive for tag {tag} from rank {peer} is already posted")
+            raise TransportError(
+                f"rank {self.rank}: a receive for tag {tag} from rank {peer} is already posted"
+            )
         m = _Msg(peer, tag, view)
         early = self._early.pop(key, None)
         if early is not None:
@@ -325,7 +338,8 @@ class TcpTransport(Transport):
     def _lost(self, c: _Conn, err: OSError | None) -> None:
         why = f": {err.strerror}" if err else ""
         raise TransportError(
-            f"rank {self.rank}: TCP connection {c.stream} to rank {c.peer} lost{why} (did rank {c.peer} die?)"
+            f"rank {self.rank}: TCP connection {c.stream} to rank {c.peer} lost{why}"
+            f" (did rank {c.peer} die?)"
         )
 
     def counters(self) -> dict[str, int]:

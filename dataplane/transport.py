@@ -139,7 +139,9 @@ def available() -> list[str]:
     return ["ethplus", "tcp"]
 
 
-def open_transport(name: str, lab: str, node: str, rec: dict, opts: Options, barrier=None) -> Transport:
+def open_transport(
+    name: str, lab: str, node: str, rec: dict, opts: Options, barrier=None
+) -> Transport:
     """The transport of one rank.  barrier(name) returns once every rank has
     called it: transports that must listen before their peers connect use it."""
     if name == "ethplus":

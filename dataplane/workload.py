@@ -84,7 +84,9 @@ class Case:
         if self.c == "reduce-scatter":
             return ref.reduced(self.op, b[r + 1] - b[r], dt, seed, n, start=b[r])
         if self.c == "all-gather":
-            return np.concatenate([ref.pattern(s, b[s + 1] - b[s], dt, seed, n, start=b[s]) for s in range(n)])
+            return np.concatenate(
+                [ref.pattern(s, b[s + 1] - b[s], dt, seed, n, start=b[s]) for s in range(n)]
+            )
         if self.c == "all-to-all":
             m = self.matrix
             parts = []

@@ -40,7 +40,9 @@ class LocalTransport(Transport):
         peer, tag, view = handle
         key = (peer, self.rank, tag)
         with self.hub.cond:
-            assert self.hub.cond.wait_for(lambda: key in self.hub.box, timeout=20), f"rank {self.rank} waits for {key}"
+            assert self.hub.cond.wait_for(lambda: key in self.hub.box, timeout=20), (
+                f"rank {self.rank} waits for {key}"
+            )
             data = self.hub.box.pop(key)
         assert len(data) <= len(view), f"{len(data)}-byte message into a {len(view)}-byte buffer"
         view[: len(data)] = data

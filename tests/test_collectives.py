@@ -20,7 +20,9 @@ CASES = [
 
 def _wrong(world, collective, algo, count, dtype="float32", op="sum", uneven=False, root=0):
     def body(comm):
-        case = Case(comm, collective, count, dtype=dtype, op=op, algo=algo, uneven=uneven, root=root, seed=7)
+        case = Case(
+            comm, collective, count, dtype=dtype, op=op, algo=algo, uneven=uneven, root=root, seed=7
+        )
         case.fill()
         case.run()
         return case.wrong()
