@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from dataplane.bench import BenchError
+from dataplane.job import JobError
 from dataplane.lab import LabError
 from dataplane.labfile import LabFileError
 
@@ -286,6 +288,100 @@ def cmd_clean(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- bench
+
+
+def _bench_spec(args, transport: str):
+    from dataplane import bench
+
+    return bench.Spec(
+        collective=args.collective,
+        transport=transport,
+        sizes=bench.parse_sizes(args.sizes, args.factor),
+        dtype=args.dtype,
+        op=args.op,
+        algo=args.algo,
+        iters=args.iters,
+        warmup=args.warmup,
+        root=args.root,
+        uneven=args.uneven,
+        tcp_streams=args.tcp_streams,
+        adaptive=args.adaptive,
+        check=not args.no_check,
+        seed=args.seed,
+    ).validate()
+
+
+def _announce(rec: dict) -> None:
+    print(
+        f"# lab {rec['name']} is up (time scale {rec['time_scale']:g}); it is removed afterwards",
+        file=sys.stderr,
+    )
+
+
+def _run_one(spec, rec: dict, echo_rows: bool = True) -> dict:
+    from cli.progress import Reporter
+    from dataplane import bench
+
+    with Reporter(spec.sizes, f"{spec.collective} over {spec.transport}", echo_rows) as rep:
+        return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress)
+
+
+def cmd_bench(args) -> int:
+    from dataplane import bench, fidelity, lab
+
+    spec = _bench_spec(args, args.transport)
+    lab.require_root("ethplus bench")
+    with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
+        print(bench.header(bench.meta(spec, rec)), flush=True)
+        result = _run_one(spec, rec)
+    print(bench.footer(result))
+    print(fidelity.render(result["fidelity"]))
+    if args.json:
+        bench.write_json(result, args.json)
+    if args.csv:
+        bench.write_csv(result, args.csv)
+    return 1 if any(r["wrong"] for r in result["rows"]) else 0
+
+
+def _add_bench_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "collective",
+        metavar="COLLECTIVE",
+        help="all-reduce, reduce-scatter, all-gather, all-to-all or broadcast",
+    )
+    p.add_argument(
+        "--lab",
+        required=True,
+        metavar="FILE|NAME",
+        help="a running lab, or a lab file brought up (and down) for the run",
+    )
+    p.add_argument(
+        "--sizes",
+        default="8K:64M",
+        metavar="MIN:MAX",
+        help="bytes per rank, e.g. 8K:256M, 64M or 1K,4K,1M (default 8K:64M)",
+    )
+    p.add_argument("--factor", type=float, default=2.0, help="growth factor between sizes (2)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per size (5)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up iterations per size (2)")
+    p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 or int32")
+    p.add_argument("--op", default="sum", help="sum, max or min")
+    p.add_argument("--algo", default="ring", help="all-reduce: ring or halving-doubling")
+    p.add_argument("--root", type=int, default=0, help="broadcast root rank (0)")
+    p.add_argument("--uneven", action="store_true", help="all-to-all with MoE-like uneven sizes")
+    p.add_argument(
+        "--tcp-streams",
+        type=int,
+        metavar="N",
+        help="tcp: connections per pair of ranks (default: one per plane)",
+    )
+    p.add_argument("--adaptive", action="store_true", help="ethplus: adaptive spraying")
+    p.add_argument("--no-check", action="store_true", help="skip the check against numpy")
+    p.add_argument("--seed", type=int, default=1, help="seed of the test data (1)")
+    p.add_argument("--time-scale", type=float, help="time scale for a lab brought up from a file")
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -351,6 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     ex.set_defaults(func=cmd_exec)
 
+    b = sub.add_parser("bench", help="time a collective at a range of sizes (nccl-tests style)")
+    _add_bench_options(b)
+    b.add_argument("--transport", default="ethplus", help="ethplus or tcp (default ethplus)")
+    b.add_argument("--json", metavar="FILE", help="also write the result as JSON (see docs)")
+    b.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
+    b.set_defaults(func=cmd_bench)
+
     cl = sub.add_parser("clean", help="remove leftovers of ethplus after a crash (only those)")
     cl.set_defaults(func=cmd_clean)
     return p
@@ -363,7 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     except LabFileError as exc:
         print(f"ethplus: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except LabError as exc:
+    except BenchError as exc:
+        print(f"ethplus: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (LabError, JobError) as exc:
         print(f"ethplus: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

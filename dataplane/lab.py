@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import uvloop
@@ -416,3 +417,41 @@ def node_ns(name: str, node: str) -> str:
         shown = ", ".join(nodes[:12]) + (" ..." if len(nodes) > 12 else "")
         raise LabError(f"lab {name!r} has no node {node!r} (nodes: {shown})")
     return ns
+
+
+@contextlib.contextmanager
+def session(lab_arg: str, time_scale: float | None = None, announce=None) -> Iterator[dict]:
+    """A running lab named lab_arg, or a lab file (or netns-labs/ name) brought
+    up for the duration of the block and removed after it, even on error."""
+    from dataplane import labfile
+
+    if registry.load_lab(lab_arg) is not None:
+        if time_scale is not None:
+            raise LabError(f"lab {lab_arg!r} is already running; --time-scale applies to lab files")
+        yield get(lab_arg)
+        return
+    try:
+        spec = labfile.load(lab_arg)
+    except labfile.LabFileError as exc:
+        if not os.path.exists(lab_arg) and "/" not in lab_arg and not lab_arg.endswith(".toml"):
+            known = ", ".join(registry.names()) or "none are running"
+            files = ", ".join(sorted(x.stem for x in labfile.LABS_DIR.glob("*.toml")))
+            raise LabError(
+                f"--lab {lab_arg!r} is neither a running lab ({known}) nor a lab file "
+                f"(a path, or one of: {files})"
+            ) from None
+        raise exc
+    if registry.load_lab(spec.name) is not None or registry.Journal.load(spec.name) is not None:
+        raise LabError(
+            f"a lab named {spec.name!r} already exists; pass --lab {spec.name} to use it, "
+            f"or remove it with `ethplus lab down {spec.name}`"
+        )
+    if time_scale is not None:
+        spec.time_scale, spec.time_scale_raw = time_scale, time_scale
+    rec = up(spec)
+    if announce:
+        announce(rec)
+    try:
+        yield rec
+    finally:
+        down(spec.name)

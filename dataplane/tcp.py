@@ -281,7 +281,7 @@ class TcpTransport(Transport):
                 self._lost(c, e)
                 return
             if n == 0:
-                self._lost(c, None)
+                self._closed(c)
                 return
             budget -= n
             if c.body is None:
@@ -334,6 +334,14 @@ class TcpTransport(Transport):
         if m.done:
             self._posted.pop((m.peer, m.tag), None)
             self._bytes["msgs_received"] += 1
+
+    def _closed(self, c: _Conn) -> None:
+        """The peer closed this stream: fine between messages, if nothing
+        more is expected from it; lost otherwise."""
+        self._sel.unregister(c.sock)
+        c.writing = False
+        if c.body is not None or c.hdr_got or c.sendq or any(p == c.peer for p, _ in self._posted):
+            self._lost(c, None)
 
     def _lost(self, c: _Conn, err: OSError | None) -> None:
         why = f": {err.strerror}" if err else ""

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 9
+#define ETHP_ABI_VERSION 10
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -297,6 +297,7 @@ struct ethp_link_state {
     X(late_frames, "frames that left more than 100 us after they were due")     \
     X(late_max_ns, "largest pacer lateness")                                    \
     X(late_sum_ns, "sum of pacer lateness")                                     \
+    X(lost_link_ns, "link time lost: the pacer woke later than its catch-up allows") \
     X(tx_again, "sends deferred: socket buffer full")
 
 /* Per-port, per-class counters.  X(name, help) */

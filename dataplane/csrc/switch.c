@@ -531,8 +531,10 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
         uint64_t start = e->next_tx_ns;
         if (p->ts_ns > start)
             start = p->ts_ns;
-        if (floor > start)
+        if (floor > start) {
+            e->c[ETHP_SC_lost_link_ns] += floor - start;
             start = floor;
+        }
         e->next_tx_ns = start + ser_ns(&e->link, p->len);
         int why = fault(sw, &e->link);
         if (why >= 0) {

@@ -1,0 +1,335 @@
+"""`ethplus bench`: one collective over one transport at a range of sizes,
+reported as nccl-tests reports it.
+
+Columns (PROTOCOLS.md): size (B), count (elements), type, redop, time (us),
+algbw (GB/s), busbw (GB/s), #wrong, and one more, pacing: ``ok``, or
+``behind`` when the switches' pacers fell behind during that size (see
+dataplane/fidelity.py).  Times and bandwidths are nominal: real time / k and
+real bandwidth x k, k being the lab's time scale.  algbw = size / time,
+busbw = algbw x the collective's factor; GB = 1e9 bytes.  The time of a size
+is the slowest rank's, averaged over the timed iterations.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dataplane import fidelity, reference, transport
+from dataplane.collectives import ALGORITHMS, bus_factor, canonical
+from dataplane.job import Job, Plan
+
+SCHEMA = "ethplus-bench/1"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "bench.schema.json"
+COLUMNS = ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "pacing")
+UNITS = ("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "")
+_WIDTHS = (12, 12, 9, 6, 12, 9, 9, 7, 7)
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+class BenchError(ValueError):
+    """A bad argument: one line naming it and what was expected."""
+
+
+def parse_size(text: str, what: str = "--sizes") -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise BenchError(f"{what}: {text!r} is not a size (expected bytes such as 8, 8K, 64M, 1G)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def parse_sizes(spec: str, factor: float = 2.0) -> list[int]:
+    """'8K:256M' (with a growth factor), '64M', or '1K,4K,1M'."""
+    if factor <= 1:
+        raise BenchError(f"--factor: expected a number > 1, got {factor:g}")
+    if "," in spec:
+        sizes = [parse_size(x) for x in spec.split(",")]
+        if sizes != sorted(sizes):
+            raise BenchError(f"--sizes: {spec!r} is out of order (expected increasing sizes)")
+        return sizes
+    lo_hi = spec.split(":")
+    if len(lo_hi) == 1:
+        return [parse_size(spec)]
+    if len(lo_hi) != 2:
+        raise BenchError(f"--sizes: {spec!r} is not MIN:MAX, a size, or a comma list")
+    lo, hi = (parse_size(x) for x in lo_hi)
+    if lo > hi or lo == 0:
+        raise BenchError(f"--sizes: {spec!r} is out of order (expected 0 < MIN <= MAX)")
+    out, s = [], float(lo)
+    while s <= hi:
+        if not out or int(s) > out[-1]:
+            out.append(int(s))
+        s *= factor
+    return out
+
+
+@dataclass
+class Spec:
+    """Everything a bench run needs besides the lab."""
+
+    collective: str
+    transport: str
+    sizes: list[int]
+    dtype: str = "float32"
+    op: str = "sum"
+    algo: str = "ring"
+    iters: int = 5
+    warmup: int = 2
+    root: int = 0
+    uneven: bool = False
+    tcp_streams: int | None = None
+    adaptive: bool = False
+    check: bool = True
+    seed: int = 1
+
+    def validate(self) -> Spec:
+        """Canonical names, or BenchError naming the argument."""
+        try:
+            self.collective = canonical(self.collective)
+            self.dtype = reference.dtype_name(self.dtype)
+        except ValueError as e:
+            raise BenchError(str(e)) from None
+        if self.transport not in transport.available():
+            known = ", ".join(transport.available())
+            raise BenchError(
+                f"--transport: unknown transport {self.transport!r} (expected one of {known})"
+            )
+        if self.op not in reference.OPS:
+            raise BenchError(
+                f"--op: unknown operator {self.op!r} (expected one of {', '.join(reference.OPS)})"
+            )
+        algos = ALGORITHMS.get(self.collective, ("ring",))
+        if self.algo not in algos:
+            raise BenchError(
+                f"--algo: {self.collective} has no algorithm {self.algo!r}"
+                f" (expected one of {', '.join(algos)})"
+            )
+        item = reference.itemsize(self.dtype)
+        if self.sizes[0] < item:
+            raise BenchError(
+                f"--sizes: {self.sizes[0]} B is smaller than one {self.dtype} element ({item} B)"
+            )
+        if self.iters < 1 or self.warmup < 0:
+            raise BenchError("--iters must be at least 1 and --warmup at least 0")
+        if self.tcp_streams is not None and self.tcp_streams < 1:
+            raise BenchError(f"--tcp-streams: expected at least 1, got {self.tcp_streams}")
+        return self
+
+
+def ideal_busbw_Bps(rec: dict) -> float:
+    """Per-rank nominal capacity over all its planes (bytes/s): what busbw
+    would be on a perfect fabric with a perfect transport."""
+    links = {lk["name"]: lk for lk in rec["topology"]["links"]}
+    host = next(n for n in rec["topology"]["nodes"] if n["role"] == "host")
+    return sum(links[p["link"]]["params"]["rate_bps"] for p in host["ports"]) / 8
+
+
+def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
+    """A job's row (real seconds) in nominal units, with the bandwidths."""
+    t_s = row["time_real_s"] / k
+    alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
+    return {
+        "size_bytes": row["size"],
+        "count": row["count"],
+        "type": spec.dtype,
+        "redop": spec.op if spec.collective in ("all-reduce", "reduce-scatter") else "none",
+        "time_us": t_s * 1e6,
+        "algbw_GBps": alg,
+        "busbw_GBps": alg * bus_factor(spec.collective, world),
+        "wrong": row["wrong"],
+        "time_real_us": row["time_real_s"] * 1e6,
+        "pacing": row.get("pacing"),
+        "fell_behind": bool(row.get("fell_behind")),
+    }
+
+
+def _cells(r: dict) -> list[str]:
+    return [
+        str(r["size_bytes"]),
+        str(r["count"]),
+        r["type"],
+        r["redop"],
+        f"{r['time_us']:.2f}",
+        f"{r['algbw_GBps']:.2f}",
+        f"{r['busbw_GBps']:.2f}",
+        str(r["wrong"]),
+        "behind" if r["fell_behind"] else "ok",
+    ]
+
+
+def _line(cells) -> str:
+    return " ".join(str(c).rjust(w) for c, w in zip(cells, _WIDTHS, strict=True))
+
+
+def header(meta: dict) -> str:
+    return "\n".join(
+        [
+            f"# ethplus bench {meta['collective']} over {meta['transport']}"
+            f" ({meta['transport_label']}) on lab {meta['lab']['name']}: {meta['world']} ranks,"
+            f" time scale {meta['lab']['time_scale']:g}",
+            f"# dtype {meta['dtype']}  op {meta['op']}  algo {meta['algo']}  iters {meta['iters']}"
+            f"  warmup {meta['warmup']}  (times and bandwidths nominal; GB = 1e9 B)",
+            "#",
+            "#" + _line(COLUMNS)[1:],
+            "#" + _line(UNITS)[1:],
+        ]
+    )
+
+
+def format_row(r: dict) -> str:
+    return _line(_cells(r))
+
+
+def footer(result: dict) -> str:
+    lines = [
+        f"# Out of bounds values : {sum(r['wrong'] for r in result['rows'])} "
+        + ("OK" if not any(r["wrong"] for r in result["rows"]) else "FAILED"),
+        f"# Avg bus bandwidth    : {result['avg_busbw_GBps']:.3f} GB/s"
+        f"  ({result['avg_busbw_GBps'] / result['ideal_busbw_GBps']:.1%} of the ideal"
+        f" {result['ideal_busbw_GBps']:.1f} GB/s per rank)",
+    ]
+    return "\n".join(lines)
+
+
+def meta(spec: Spec, rec: dict) -> dict:
+    world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
+    return {
+        "schema": SCHEMA,
+        "collective": spec.collective,
+        "transport": spec.transport,
+        "transport_label": transport.LABELS[spec.transport],
+        "lab": {
+            "name": rec["name"],
+            "family": rec["family"],
+            "file": rec["file"],
+            "time_scale": float(rec["time_scale"]),
+            "fabric_lossless": bool(rec["switch"].get("lossless")),
+        },
+        "world": world,
+        "dtype": spec.dtype,
+        "op": spec.op,
+        "algo": spec.algo,
+        "iters": spec.iters,
+        "warmup": spec.warmup,
+        "root": spec.root,
+        "uneven": spec.uneven,
+        "tcp_streams": spec.tcp_streams,
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def run(spec: Spec, rec: dict, on_row=None, on_progress=None) -> dict:
+    """Run the bench on a running lab; returns the result (what --json writes)."""
+    m = meta(spec, rec)
+    k = m["lab"]["time_scale"]
+    plan = Plan(
+        lab=rec["name"],
+        transport=spec.transport,
+        collective=spec.collective,
+        sizes=spec.sizes,
+        algo=spec.algo,
+        dtype=spec.dtype,
+        op=spec.op,
+        iters=spec.iters,
+        warmup=spec.warmup,
+        check=spec.check,
+        seed=spec.seed,
+        root=spec.root,
+        uneven=spec.uneven,
+        tcp_streams=spec.tcp_streams,
+        adaptive=spec.adaptive,
+    )
+    job = Job(plan, rec, on_result=None, on_progress=on_progress)
+    samples = job.samples
+
+    def row_done(row: dict) -> None:
+        fidelity.mark_row(row, samples, rec)
+        if on_row:
+            on_row(nominal_row(row, spec, m["world"], k))
+
+    job.on_result = row_done
+    res = job.run()
+    for row in res["rows"]:
+        fidelity.mark_row(row, samples, rec)  # again, now that samples after each row exist
+    rows = [nominal_row(r, spec, m["world"], k) for r in res["rows"]]
+    ideal = ideal_busbw_Bps(rec) / 1e9
+    return {
+        **m,
+        "rows": rows,
+        "avg_busbw_GBps": sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0,
+        "ideal_busbw_GBps": ideal,
+        "fidelity": fidelity.report(res, rec),
+        "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
+        "nic_counters": _sum_counters(res["ranks"]),
+        "wall_s": res["wall_s"],
+        "series": series(res, rec),
+    }
+
+
+def _sum_counters(ranks: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in ranks:
+        for key, v in r.get("counters", {}).items():
+            if not key.endswith(("_ns", "cwnd_bytes")):
+                out[key] = out.get(key, 0) + v
+    return out
+
+
+def series(res: dict, rec: dict) -> dict:
+    """Time series for the plots: per-plane utilisation of the switches'
+    egress links and the deepest queue per switch, against time in seconds
+    since the first sample (real)."""
+    samples = res["samples"]
+    if len(samples) < 2:
+        return {"t_s": [], "plane_util": {}, "queue_bytes": {}}
+    plane_of = {n["name"]: n.get("plane") for n in rec["topology"]["nodes"]}
+    links = {lk["name"]: lk for lk in rec["topology"]["links"]}
+    k = float(rec["time_scale"])
+    cap: dict[str, float] = {}
+    port_group: dict[str, str] = {}
+    for n in rec["topology"]["nodes"]:
+        if n["role"] != "switch":
+            continue
+        group = f"plane {plane_of[n['name']]}" if plane_of[n["name"]] is not None else n["name"]
+        for p in n["ports"]:
+            key = f"{n['name']}:{p['peer']}"
+            port_group[key] = group
+            cap[group] = cap.get(group, 0.0) + links[p["link"]]["params"]["rate_bps"] / k
+    t0 = samples[0]["t"]
+    out = {"t_s": [], "plane_util": {g: [] for g in cap}, "queue_bytes": {}}
+    for a, b in zip(samples, samples[1:], strict=False):
+        dt = b["t"] - a["t"]
+        out["t_s"].append(b["t"] - t0)
+        used = dict.fromkeys(cap, 0.0)
+        deepest: dict[str, int] = {}
+        for port, v in b["ports"].items():
+            g = port_group.get(port)
+            if g is None or port not in a["ports"]:
+                continue
+            used[g] += (v[0] - a["ports"][port][0]) * 8 / dt
+            sw = port.split(":")[0]
+            deepest[sw] = max(deepest.get(sw, 0), v[1])
+        for g in cap:
+            out["plane_util"][g].append(used[g] / cap[g] if cap[g] else 0.0)
+        for sw, q in deepest.items():
+            out["queue_bytes"].setdefault(sw, []).append(q)
+    return out
+
+
+def write_json(result: dict, path: str) -> None:
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def write_csv(result: dict, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["collective", "transport", *COLUMNS, "busbw_share_of_ideal"])
+        for r in result["rows"]:
+            share = (
+                r["busbw_GBps"] / result["ideal_busbw_GBps"] if result["ideal_busbw_GBps"] else 0
+            )
+            w.writerow([result["collective"], result["transport"], *_cells(r), f"{share:.4f}"])

@@ -1,0 +1,328 @@
+"""A job: one worker process per accelerator of a running lab, run to the end.
+
+The control side of a collective run.  It listens on a Unix socket in the
+lab's directory, starts ``python -m dataplane.worker`` for every accelerator
+(each joins its own namespace), hands each its plan, runs the barriers,
+gathers one result per size from every rank, and samples the fabric's
+counters while the ranks run (for the plots and the fidelity report).
+
+Supervision: a worker that exits early, reports an error or closes its socket
+fails the job at once with its rank, node and error; the others get SIGTERM,
+then SIGKILL after a grace period.  Workers die with the job (PDEATHSIG), so
+nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import uvloop
+
+from dataplane import fabric, registry
+
+GRACE_S = 2.0
+SAMPLE_S = 0.2
+
+
+class JobError(RuntimeError):
+    """The job failed: a rank died or reported an error, or the job stalled."""
+
+
+@dataclass
+class Plan:
+    lab: str
+    transport: str
+    collective: str
+    sizes: list[int]
+    algo: str = "ring"
+    dtype: str = "float32"
+    op: str = "sum"
+    iters: int = 5
+    warmup: int = 2
+    check: bool = True
+    seed: int = 1
+    root: int = 0
+    uneven: bool = False
+    tcp_streams: int | None = None
+    adaptive: bool = False
+    stall_s: float = 300.0  # no message from any rank for this long fails the job
+
+
+@dataclass
+class Rank:
+    rank: int
+    node: str
+    proc: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    log: str = ""
+    ready: dict = field(default_factory=dict)
+    done: dict | None = None
+    error: str | None = None
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    tck = os.sysconf("SC_CLK_TCK")
+    idle = vals[3] + vals[4]
+    return (sum(vals) - idle) / tck, sum(vals) / tck
+
+
+def fabric_stats(lab: str) -> dict:
+    """The fabric's counters now (raises OSError or ValueError if it is gone)."""
+    resp = fabric.request(lab, {"op": "stats"})
+    if not resp.get("ok"):
+        raise ValueError(resp.get("error", "stats failed"))
+    return resp["stats"]
+
+
+def _compact(st: dict) -> dict:
+    """What the plots and the fidelity report need from one stats snapshot."""
+    ports = {}
+    for sw, s in st["switches"].items():
+        for c in s["ports"].values():
+            ports[f"{sw}:{c['peer']}"] = [
+                c["tx_bytes"],
+                c["q_bytes"],
+                c["late_frames"],
+                c["late_sum_ns"],
+                c["tx_frames"],
+                c["lost_link_ns"],
+            ]
+    return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "ports": ports}
+
+
+class Job:
+    def __init__(
+        self,
+        plan: Plan,
+        rec: dict,
+        on_result: Callable[[dict], None] | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ):
+        """on_result(row) runs as each size completes on every rank;
+        on_progress(barrier) as every rank passes a barrier (check-I, warm-I,
+        time-I for size I, close)."""
+        self.plan, self.rec = plan, rec
+        self.on_result = on_result or (lambda row: None)
+        self.on_progress = on_progress or (lambda name: None)
+        hosts = sorted(
+            (n for n in rec["topology"]["nodes"] if n["role"] == "host"), key=lambda n: n["index"]
+        )
+        self.ranks = [Rank(h["index"], h["name"]) for h in hosts]
+        self.world = len(self.ranks)
+        jobdir = registry.lab_dir(plan.lab) / "job"
+        jobdir.mkdir(parents=True, exist_ok=True)
+        self.sock_path = str(jobdir / f"job-{os.getpid()}.sock")
+        for r in self.ranks:
+            r.log = str(jobdir / f"rank-{r.rank}.log")
+        self.results: list[list[dict | None]] = [[None] * self.world for _ in plan.sizes]
+        self.rows: list[dict] = []
+        self.samples: list[dict] = []
+        self.barriers: dict[str, set[int]] = {}
+        self.failed: asyncio.Future | None = None
+        self.last_msg = time.monotonic()
+
+    # -- the run
+    def run(self) -> dict:
+        return uvloop.run(self._main())
+
+    async def _main(self) -> dict:
+        loop = asyncio.get_running_loop()
+        self.failed = loop.create_future()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.sock_path)
+        server = await asyncio.start_unix_server(self._serve, self.sock_path, limit=1 << 24)
+        t_start = time.monotonic()
+        busy0 = _machine_busy()
+        before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+        tasks: list[asyncio.Task] = []
+        try:
+            for r in self.ranks:
+                await self._spawn(r)
+                tasks.append(asyncio.create_task(self._watch(r)))
+            tasks.append(asyncio.create_task(self._sample()))
+            tasks.append(asyncio.create_task(self._stall_guard()))
+            await self.failed
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_all()
+            server.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.sock_path)
+        after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+        busy1 = _machine_busy()
+        return {
+            "plan": asdict(self.plan),
+            "world": self.world,
+            "rows": self.rows,
+            "ranks": [
+                {"rank": r.rank, "node": r.node, "transport": r.ready, **(r.done or {})}
+                for r in self.ranks
+            ],
+            "samples": self.samples,
+            "fabric_before": before,
+            "fabric_after": after,
+            "wall_s": time.monotonic() - t_start,
+            "machine_busy_frac": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9),
+        }
+
+    async def _spawn(self, r: Rank) -> None:
+        ns = self.rec["namespaces"][r.node]
+        with open(r.log, "wb") as log:
+            r.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "dataplane.worker",
+                self.sock_path,
+                self.plan.lab,
+                r.node,
+                ns,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+
+    def _fail(self, msg: str) -> None:
+        if not self.failed.done():
+            self.failed.set_exception(JobError(msg))
+
+    def _finish_if_done(self) -> None:
+        if all(r.done is not None for r in self.ranks) and not self.failed.done():
+            self.failed.set_result(None)
+
+    def _log_tail(self, r: Rank, lines: int = 3) -> str:
+        try:
+            with open(r.log, errors="replace") as f:
+                tail = [ln.rstrip() for ln in f.readlines() if ln.strip()][-lines:]
+        except OSError:
+            return ""
+        return " | ".join(tail)
+
+    async def _watch(self, r: Rank) -> None:
+        rc = await r.proc.wait()
+        await asyncio.sleep(0.05)  # let its last message arrive first
+        if r.done is None:
+            why = r.error or self._log_tail(r) or "no message"
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+            self._fail(f"rank {r.rank} ({r.node}) {how}: {why}")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        r: Rank | None = None
+        try:
+            hello = json.loads(await reader.readline())
+            r = next(x for x in self.ranks if x.node == hello["hello"])
+            r.writer = writer
+            writer.write(json.dumps({"plan": asdict(self.plan)}).encode() + b"\n")
+            await writer.drain()
+            while line := await reader.readline():
+                self.last_msg = time.monotonic()
+                self._on_message(r, json.loads(line))
+        except (ConnectionError, ValueError, StopIteration) as e:
+            if r is None:
+                self._fail(f"a worker spoke out of turn: {e}")
+        if r is not None and r.done is None:
+            # The process watcher names the exit status; give it a moment.
+            await asyncio.sleep(1.0)
+            self._fail(
+                f"rank {r.rank} ({r.node}) closed its channel: {r.error or 'no error given'}"
+            )
+
+    def _on_message(self, r: Rank, msg: dict) -> None:
+        if "barrier" in msg:
+            name = msg["barrier"]
+            arrived = self.barriers.setdefault(name, set())
+            arrived.add(r.rank)
+            if len(arrived) == self.world:
+                del self.barriers[name]
+                go = json.dumps({"go": name}).encode() + b"\n"
+                for x in self.ranks:
+                    x.writer.write(go)
+                self.on_progress(name)
+        elif "ready" in msg:
+            r.ready = msg["ready"]
+        elif "result" in msg:
+            res = msg["result"]
+            slot = self.results[res["index"]]
+            slot[r.rank] = res
+            if all(x is not None for x in slot):
+                row = self._row(slot)
+                self.rows.append(row)
+                self.on_result(row)
+        elif "done" in msg:
+            r.done = msg["done"]
+            self._finish_if_done()
+        elif "error" in msg:
+            r.error = msg["error"]
+            self._fail(f"rank {r.rank} ({r.node}) failed: {r.error}")
+
+    def _row(self, per_rank: list[dict]) -> dict:
+        """One size, every rank: the slowest rank's time per iteration."""
+        iters = self.plan.iters
+        return {
+            "size": per_rank[0]["size"],
+            "count": per_rank[0]["count"],
+            "time_real_s": max(x["t1"] - x["t0"] for x in per_rank) / iters,
+            "wrong": sum(x["wrong"] for x in per_rank),
+            "t0": min(x["t0"] for x in per_rank),
+            "t1": max(x["t1"] for x in per_rank),
+        }
+
+    async def _sample(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                st = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+            except (OSError, ValueError) as e:
+                self._fail(f"the fabric of lab {self.plan.lab!r} stopped answering: {e}")
+                return
+            except Exception as e:  # noqa: BLE001 - a bug here must not pass silently
+                self._fail(f"sampling the fabric failed: {type(e).__name__}: {e}")
+                return
+            s = _compact(st)
+            s["workers_cpu_s"] = sum(_proc_cpu_s(r.proc.pid) for r in self.ranks if r.proc)
+            self.samples.append(s)
+            await asyncio.sleep(SAMPLE_S)
+
+    async def _stall_guard(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            quiet = time.monotonic() - self.last_msg
+            if quiet > self.plan.stall_s:
+                waiting = {n: sorted(set(range(self.world)) - a) for n, a in self.barriers.items()}
+                self._fail(
+                    f"no rank reported for {quiet:.0f} s (stalled); missing at barriers: {waiting}"
+                )
+
+    async def _stop_all(self) -> None:
+        live = [r.proc for r in self.ranks if r.proc and r.proc.returncode is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), GRACE_S)
+        except TimeoutError:
+            for p in live:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+            await asyncio.gather(*(p.wait() for p in live))

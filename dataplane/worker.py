@@ -1,0 +1,122 @@
+"""One rank of a job: a process inside its accelerator's namespace.
+
+Started by dataplane/job.py as ``python -m dataplane.worker SOCKET LAB NODE NS``.
+It joins the namespace first (before any thread exists), arranges to die with
+its parent, says hello on the job's Unix socket, gets the plan, and for each
+size: fills its buffers, runs the collective once and checks it against the
+numpy reference, warms up, then times ``iters`` back-to-back runs between two
+barriers.  It reports one line of JSON per size, then its counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from dataplane import core, reference, registry
+from dataplane.collectives import Comm
+from dataplane.transport import Options, TransportError, open_transport
+from dataplane.workload import Case
+
+PR_SET_PDEATHSIG = 1
+
+
+class Link:
+    """The worker's line-of-JSON channel to the job."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.rf = self.sock.makefile("rb")
+
+    def send(self, **msg) -> None:
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+
+    def recv(self) -> dict:
+        line = self.rf.readline()
+        if not line:
+            raise SystemExit("the job went away")
+        return json.loads(line)
+
+    def barrier(self, name: str) -> None:
+        self.send(barrier=name)
+        msg = self.recv()
+        if msg.get("go") != name:
+            raise SystemExit(f"expected go {name!r}, got {msg}")
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run(link: Link, plan: dict, node: str) -> None:
+    rec = registry.load_lab(plan["lab"])
+    if rec is None:
+        raise SystemExit(f"lab {plan['lab']!r} is gone")
+    opts = Options(tcp_streams=plan.get("tcp_streams"), adaptive=plan.get("adaptive", False))
+    t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
+    comm = Comm(t, plan["dtype"])
+    link.send(ready=t.describe())
+    item = reference.itemsize(plan["dtype"])
+    np.seterr(all="ignore")  # timed runs reduce already-reduced data: overflow is fine
+    try:
+        for i, size in enumerate(plan["sizes"]):
+            case = Case(
+                comm, plan["collective"], size // item, dtype=plan["dtype"], op=plan["op"],
+                algo=plan["algo"], root=plan["root"], uneven=plan["uneven"], seed=plan["seed"],
+            )  # fmt: skip
+            case.fill()
+            link.barrier(f"check-{i}")
+            case.run()
+            wrong = case.wrong() if plan["check"] else 0
+            link.barrier(f"warm-{i}")
+            for _ in range(max(0, plan["warmup"] - 1)):
+                case.run()
+            link.barrier(f"time-{i}")
+            t0 = time.monotonic()
+            for _ in range(plan["iters"]):
+                case.run()
+            t1 = time.monotonic()
+            link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
+                              "t0": t0, "t1": t1, "cpu_s": _cpu_s()})  # fmt: skip
+            del case
+        # Nobody closes before everyone is through: a closing rank would leave
+        # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.
+        link.barrier("close")
+        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s()})
+    finally:
+        t.close()
+
+
+def main(argv: list[str]) -> int:
+    path, lab, node, ns = argv
+    core.netns_join(ns)  # while single-threaded: setns applies to the calling thread
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        return 1  # the job died before the line above
+    link = Link(path)
+    link.send(hello=node, pid=os.getpid())
+    plan = link.recv()["plan"]
+    try:
+        run(link, plan, node)
+    except (TransportError, OSError, ValueError) as e:
+        link.send(error=str(e))
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug: report it whole, to the job
+        link.send(error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
