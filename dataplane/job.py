@@ -139,6 +139,7 @@ class Job:
         self.samples: list[dict] = []
         self.barriers: dict[str, set[int]] = {}
         self.failed: asyncio.Future | None = None
+        self.handlers: set[asyncio.Task] = set()
         self.last_msg = time.monotonic()
 
     # -- the run
@@ -168,6 +169,14 @@ class Job:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._stop_all()
             server.close()
+            for r in self.ranks:
+                if r.writer is not None:
+                    r.writer.close()
+            _, pending = (
+                await asyncio.wait(self.handlers, timeout=GRACE_S) if self.handlers else ((), ())
+            )
+            for h in pending:
+                h.cancel()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.sock_path)
         after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
@@ -228,6 +237,14 @@ class Job:
             self._fail(f"rank {r.rank} ({r.node}) {how}: {why}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.handlers.add(asyncio.current_task())
+        # A handler's task belongs to the server: it must end by itself, not by
+        # a cancellation (which asyncio would log as an error).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._converse(reader, writer)
+        writer.close()
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         r: Rank | None = None
         try:
             hello = json.loads(await reader.readline())

@@ -58,8 +58,9 @@ def lab_name(request):
     assert not lab_namespaces(name), f"test left namespaces of {name} behind"
 
 
-def fabric_pids(prefix: str) -> dict[int, str]:
-    """Fabric processes whose lab name starts with prefix: pid -> lab."""
+def fabric_pids(prefix: str, module: str = "dataplane.fabric") -> dict[int, str]:
+    """Fabric (or worker) processes whose lab name starts with prefix: pid -> lab."""
+    lab_arg = 3 if module == "dataplane.fabric" else 4
     out = {}
     for e in os.scandir("/proc"):
         if not e.name.isdigit():
@@ -68,8 +69,12 @@ def fabric_pids(prefix: str) -> dict[int, str]:
             argv = Path(f"/proc/{e.name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"dataplane.fabric" in argv and len(argv) > 3 and argv[3].startswith(prefix.encode()):
-            out[int(e.name)] = argv[3].decode()
+        if (
+            module.encode() in argv
+            and len(argv) > lab_arg
+            and argv[lab_arg].startswith(prefix.encode())
+        ):
+            out[int(e.name)] = argv[lab_arg].decode()
     return out
 
 
@@ -82,7 +87,9 @@ def nothing_left_behind():
     for ns in left:
         subprocess.run(["ip", "netns", "del", ns], check=False)
     fabrics = fabric_pids(RUN_ID)
-    for pid in fabrics:
+    workers = fabric_pids(RUN_ID, "dataplane.worker")
+    for pid in [*fabrics, *workers]:
         os.kill(pid, 9)
+    assert not workers, f"the test run left worker processes behind: {workers}"
     assert not left, f"the test run left namespaces behind: {sorted(left)}"
     assert not fabrics, f"the test run left fabric processes behind: {fabrics}"

@@ -1,0 +1,201 @@
+"""Collectives through real labs, over every transport; `ethplus bench`'s
+output, JSON and CSV; supervision of ranks; argument errors."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jsonschema
+import pytest
+from conftest import RUN_ID, ethplus, fabric_pids
+
+from dataplane import bench, registry, transport
+from dataplane.collectives import COLLECTIVES, bus_factor
+from dataplane.job import Job, Plan
+
+pytestmark = pytest.mark.root
+MiB = 1 << 20
+
+
+def _module_lab(file: str):
+    name = f"{RUN_ID}-bn-{file.split('-')[0]}"
+    ethplus("lab", "up", file, "--name", name, check=True)
+    try:
+        yield name
+    finally:
+        ethplus("lab", "down", name)
+
+
+@pytest.fixture(scope="module")
+def erack():
+    yield from _module_lab("erack-8x4")
+
+
+@pytest.fixture(scope="module")
+def clos():
+    yield from _module_lab("clos-16")
+
+
+def _job(lab: str, transport_name: str, collective: str, sizes: list[int], **kw) -> dict:
+    plan = Plan(lab=lab, transport=transport_name, collective=collective, sizes=sizes,
+                iters=1, warmup=0, **kw)  # fmt: skip
+    return Job(plan, registry.load_lab(lab)).run()
+
+
+# 1 element, an odd count that no world size divides, a few MiB, and 64 MiB.
+SIZES = [4, 4 * 1001, 3 * MiB + 4, 64 * MiB]
+
+
+@pytest.mark.parametrize("transport_name", transport.available())
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_every_collective_is_exact_on_erack(erack, transport_name, collective):
+    res = _job(erack, transport_name, collective, SIZES, uneven=collective == "all-to-all")
+    assert [r["size"] for r in res["rows"]] == SIZES
+    assert [r["wrong"] for r in res["rows"]] == [0] * len(SIZES)
+
+
+@pytest.mark.parametrize("transport_name", transport.available())
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_every_collective_is_exact_on_clos(clos, transport_name, collective):
+    sizes = [4, 4 * 1001, 64 * MiB] if collective == "all-reduce" else [4, 4 * 1001, 2 * MiB + 4]
+    res = _job(clos, transport_name, collective, sizes, root=5)
+    assert res["world"] == 16
+    assert [r["wrong"] for r in res["rows"]] == [0] * len(sizes)
+
+
+@pytest.mark.parametrize(
+    "dtype,op,algo",
+    [("bfloat16", "max", "halving-doubling"), ("float16", "sum", "ring"), ("int32", "min", "ring")],
+)
+def test_types_and_operators_on_a_lab(erack, dtype, op, algo):
+    res = _job(erack, "ethplus", "all-reduce", [2, 4 * 999, MiB + 2], dtype=dtype, op=op, algo=algo)
+    assert [r["wrong"] for r in res["rows"]] == [0, 0, 0]
+
+
+def _rows(stdout: str) -> list[list[str]]:
+    return [
+        ln.split()
+        for ln in stdout.splitlines()
+        if ln.strip()
+        and not ln.startswith(("#", " " * 2 + "link", "fidelity"))
+        and re.match(r"\s*\d", ln)
+    ]
+
+
+def test_bench_output_json_and_csv(erack, tmp_path):
+    js, cs = tmp_path / "r.json", tmp_path / "r.csv"
+    r = ethplus(
+        "bench",
+        "all-gather",
+        "--lab",
+        erack,
+        "--transport",
+        "tcp",
+        "--sizes",
+        "4K:64K",
+        "--factor",
+        "4",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        str(js),
+        "--csv",
+        str(cs),
+    )
+    assert r.returncode == 0, r.stderr
+    header = next(ln for ln in r.stdout.splitlines() if "#wrong" in ln)
+    assert header.lstrip("#").split() == list(bench.COLUMNS)
+    rows = _rows(r.stdout)
+    assert [int(x[0]) for x in rows] == [4096, 16384, 65536]
+    for x in rows:
+        size, count, dtype, redop, t_us, alg, bus, wrong, pacing = x
+        assert int(count) == int(size) // 4 and dtype == "float32" and redop == "none"
+        assert float(t_us) > 0 and int(wrong) == 0 and pacing in ("ok", "behind")
+        assert float(alg) == pytest.approx(int(size) / float(t_us) / 1e3, rel=0.02, abs=0.01)
+    assert "# Avg bus bandwidth" in r.stdout
+    result = json.loads(js.read_text())
+    jsonschema.validate(result, json.loads(bench.SCHEMA_PATH.read_text()))
+    f = bus_factor("all-gather", result["world"])
+    for row in result["rows"]:
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * f)
+        assert row["time_us"] == pytest.approx(row["time_real_us"] / result["lab"]["time_scale"])
+    with open(cs) as fh:
+        table = list(csv.DictReader(fh))
+    assert [int(t["size"]) for t in table] == [4096, 16384, 65536]
+    assert result["fidelity"]["links"] and "not_time_scaled" in result["fidelity"]
+    assert any("not time-scaled" in n for n in result["fidelity"]["not_time_scaled"])
+
+
+def test_bench_brings_a_lab_file_up_and_down(tmp_path):
+    name = f"{RUN_ID}-bf"
+    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
+    r = ethplus("bench", "broadcast", "--lab", str(f), "--sizes", "1M", "--iters", "1")
+    assert r.returncode == 0, r.stderr
+    assert len(_rows(r.stdout)) == 1
+    assert name not in ethplus("lab", "ls").stdout
+
+
+def _workers(lab: str) -> dict[int, str]:
+    return fabric_pids(lab, "dataplane.worker")
+
+
+def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
+         "--iters", "20", "--no-check"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_workers(erack)) < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # mid-collective
+        victim = next(pid for pid, _ in _workers(erack).items()
+                      if open(f"/proc/{pid}/cmdline").read().split("\0")[5] == "h3")  # fmt: skip
+        t_kill = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        elapsed = time.monotonic() - t_kill
+    finally:
+        p.kill()
+    assert p.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert "rank 3 (h3)" in last and "signal 9" in last, err
+    assert all(ln.startswith("# ") for ln in err.strip().splitlines()[:-1]), f"noise: {err}"
+    assert elapsed < 15
+    assert not _workers(erack), "workers outlived the job"
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["bench", "gather", "--lab", "x"], "unknown collective 'gather'"),
+    (["bench", "all-reduce", "--lab", "x", "--transport", "udp"], "unknown transport 'udp'"),
+    (["bench", "all-reduce", "--lab", "x", "--sizes", "64M:8K"], "out of order"),
+    (["bench", "all-reduce", "--lab", "x", "--sizes", "8Q"], "is not a size"),
+    (["bench", "all-reduce", "--lab", "x", "--dtype", "float64"], "unknown data type 'float64'"),
+    (["bench", "all-reduce", "--lab", "x", "--sizes", "2"], "smaller than one float32"),
+    (["bench", "all-to-all", "--lab", "x", "--algo", "halving-doubling"], "no algorithm"),
+    (["bench", "all-reduce", "--lab", "ethp-no-such-lab"], "neither a running lab"),
+])  # fmt: skip
+def test_bad_arguments_are_one_line_errors(args, expect):
+    r = ethplus(*args)
+    assert r.returncode != 0
+    assert expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_parse_sizes():
+    assert bench.parse_sizes("8K:64K") == [8192, 16384, 32768, 65536]
+    assert bench.parse_sizes("1M") == [1 << 20]
+    assert bench.parse_sizes("1K,4K,1M") == [1024, 4096, 1 << 20]
+    assert bench.parse_sizes("8:100", 3) == [8, 24, 72]
+    with pytest.raises(bench.BenchError, match="--factor"):
+        bench.parse_sizes("8:64", 1)
