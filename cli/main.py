@@ -344,6 +344,73 @@ def cmd_bench(args) -> int:
     return 1 if any(r["wrong"] for r in result["rows"]) else 0
 
 
+def _compare(args, collectives: list[str], transports: list[str]) -> int:
+    from dataplane import bench, fidelity, lab, report
+
+    specs = []
+    for c in collectives:
+        args.collective = c
+        specs += [_bench_spec(args, t) for t in transports]
+    lab.require_root(f"ethplus {args.command}")
+    results = []
+    with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
+        for spec in specs:
+            print(bench.header(bench.meta(spec, rec)), flush=True)
+            res = _run_one(spec, rec)
+            print(bench.footer(res))
+            if not res["fidelity"]["clean"]:
+                print(fidelity.render(res["fidelity"]))
+            print(flush=True)
+            results.append(res)
+        paths = report.write(args.out, results, rec)
+    _print_comparison(results)
+    print(f"\nreport: {paths['report']}")
+    print(f"data:   {paths['results']}")
+    print("plots:  " + "  ".join(paths[p.removesuffix(".png")] for p in report.PLOTS))
+    return 1 if any(r["wrong"] for res in results for r in res["rows"]) else 0
+
+
+def _print_comparison(results: list[dict]) -> None:
+    from dataplane import report
+
+    for coll, runs in report.by_collective(results).items():
+        names = [r["transport"] for r in runs]
+        rows = []
+        for c in report.comparison(runs):
+            cells = [c["transports"].get(t) for t in names]
+            rows.append(
+                [report.human_size(c["size_bytes"])]
+                + [
+                    "-"
+                    if x is None
+                    else f"{x['busbw_GBps']:.2f}" + ("*" if x["fell_behind"] else "")
+                    for x in cells
+                ]
+                + ["-" if x is None else f"{x['ratio_to_best']:.2f}" for x in cells]
+            )
+        print(f"\n{coll}: busbw (GB/s, nominal; * = pacing fell behind) and ratio to the best")
+        print(_table(rows, ["SIZE", *(t.upper() for t in names), *(f"{t}/BEST" for t in names)]))
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cmd_compare(args) -> int:
+    return _compare(args, _split(args.collective), _split(args.transports))
+
+
+def cmd_demo(args) -> int:
+    from dataplane import transport
+
+    print(
+        f"ethplus demo: builds {args.lab}, runs all-reduce and all-to-all over "
+        f"{', '.join(transport.available())} at {args.sizes}, writes a report to {args.out}",
+        flush=True,
+    )
+    return _compare(args, ["all-reduce", "all-to-all"], transport.available())
+
+
 def _add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "collective",
@@ -383,6 +450,12 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------- parser
+
+
+def _available() -> list[str]:
+    from dataplane import transport
+
+    return transport.available()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -453,6 +526,38 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="also write the result as JSON (see docs)")
     b.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     b.set_defaults(func=cmd_bench)
+
+    c = sub.add_parser(
+        "compare", help="run collectives over several transports on one lab; report and plots"
+    )
+    _add_bench_options(c)
+    c.add_argument(
+        "--transports", default=",".join(_available()), help="comma list (default: all available)"
+    )
+    c.add_argument("--out", default="results/compare", metavar="DIR", help="report directory")
+    c.set_defaults(func=cmd_compare)
+
+    d = sub.add_parser("demo", help="compare all-reduce and all-to-all on erack-8x4 (< 3 min)")
+    d.add_argument("--lab", default="erack-8x4", help=argparse.SUPPRESS)
+    d.add_argument("--out", default="results/demo", metavar="DIR", help="report directory")
+    d.set_defaults(
+        func=cmd_demo,
+        collective="all-reduce",
+        sizes="64K,1M,16M",
+        factor=2.0,
+        iters=3,
+        warmup=1,
+        dtype="float32",
+        op="sum",
+        algo="ring",
+        root=0,
+        uneven=False,
+        tcp_streams=None,
+        adaptive=False,
+        no_check=False,
+        seed=1,
+        time_scale=None,
+    )
 
     cl = sub.add_parser("clean", help="remove leftovers of ethplus after a crash (only those)")
     cl.set_defaults(func=cmd_clean)

@@ -285,7 +285,7 @@ def series(res: dict, rec: dict) -> dict:
     since the first sample (real)."""
     samples = res["samples"]
     if len(samples) < 2:
-        return {"t_s": [], "plane_util": {}, "queue_bytes": {}}
+        return {"t_s": [], "plane_util": {}, "queue_bytes": {}, "windows": []}
     plane_of = {n["name"]: n.get("plane") for n in rec["topology"]["nodes"]}
     links = {lk["name"]: lk for lk in rec["topology"]["links"]}
     k = float(rec["time_scale"])
@@ -300,7 +300,13 @@ def series(res: dict, rec: dict) -> dict:
             port_group[key] = group
             cap[group] = cap.get(group, 0.0) + links[p["link"]]["params"]["rate_bps"] / k
     t0 = samples[0]["t"]
-    out = {"t_s": [], "plane_util": {g: [] for g in cap}, "queue_bytes": {}}
+    out = {
+        "t_s": [],
+        "plane_util": {g: [] for g in cap},
+        "queue_bytes": {},
+        # The timed part of each size, on the same time axis.
+        "windows": [[r["size"], r["t0"] - t0, r["t1"] - t0] for r in res["rows"]],
+    }
     for a, b in zip(samples, samples[1:], strict=False):
         dt = b["t"] - a["t"]
         out["t_s"].append(b["t"] - t0)

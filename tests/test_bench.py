@@ -199,3 +199,62 @@ def test_parse_sizes():
     assert bench.parse_sizes("8:100", 3) == [8, 24, 72]
     with pytest.raises(bench.BenchError, match="--factor"):
         bench.parse_sizes("8:64", 1)
+
+
+def _png_ok(path, width: int, height: int) -> None:
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(path)
+    assert img.shape[1] == width and img.shape[0] == height, (path, img.shape)
+    flat = img[..., :3].reshape(-1, 3)
+    assert flat.std() > 0.05, f"{path} is nearly blank"
+    colours = np.unique((flat * 255).astype(np.uint8), axis=0)
+    assert len(colours) > 50, f"{path} has only {len(colours)} colours"
+
+
+def test_compare_writes_report_json_and_plots(erack, tmp_path):
+    out = tmp_path / "cmp"
+    r = ethplus(
+        "compare",
+        "all-reduce,all-to-all",
+        "--lab",
+        erack,
+        "--transports",
+        "ethplus,tcp",
+        "--sizes",
+        "64K,1M",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"report: {out}/report.md" in r.stdout
+    md = (out / "report.md").read_text()
+    for part in ("## all-reduce", "## all-to-all", "ethplus busbw", "tcp / best", "## Fidelity",
+                 "Not time-scaled", "kernel TCP timers", "time scale k = "):  # fmt: skip
+        assert part in md, part
+    doc = json.loads((out / "results.json").read_text())
+    pairs = [(x["collective"], x["transport"]) for x in doc["runs"]]
+    assert pairs == [(c, t) for c in ("all-reduce", "all-to-all") for t in ("ethplus", "tcp")]
+    schema = json.loads(bench.SCHEMA_PATH.read_text())
+    for run in doc["runs"]:
+        jsonschema.validate(run, schema)
+        assert all(row["wrong"] == 0 for row in run["rows"])
+    best = doc["comparison"]["all-reduce"][0]["transports"]
+    assert max(v["ratio_to_best"] for v in best.values()) == pytest.approx(1.0)
+    _png_ok(out / "busbw.png", 1200, 720)  # two collectives
+    _png_ok(out / "link-utilisation.png", 1200, 1360)  # four runs
+    _png_ok(out / "queue-depth.png", 1200, 1360)
+
+
+def test_demo_runs_every_transport(erack, tmp_path):
+    r = ethplus("demo", "--lab", erack, "--out", str(tmp_path / "demo"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    for t in transport.available():
+        assert t.upper() in r.stdout
+    assert "all-reduce: busbw" in r.stdout and "all-to-all: busbw" in r.stdout
+    assert (tmp_path / "demo" / "report.md").exists()
