@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -295,10 +295,18 @@ class Port:
         return frames
 
     def blast(
-        self, frame: bytes, n_frames: int, vary_off: int = 0, timeout_ms: int = 60_000
+        self,
+        frame: bytes,
+        n_frames: int,
+        vary_off: int = 0,
+        timeout_ms: int = 60_000,
+        rate_pps: int = 0,
     ) -> int:
-        """Send n_frames copies of frame from C (a traffic generator); the GIL is released."""
-        return lib.ethp_port_blast(self._p, frame, len(frame), n_frames, vary_off, timeout_ms)
+        """Send n_frames copies of frame from C (a traffic generator; rate_pps
+        paces it, 0 is as fast as possible); the GIL is released."""
+        return lib.ethp_port_blast(
+            self._p, frame, len(frame), n_frames, vary_off, timeout_ms, rate_pps
+        )
 
     def counters(self) -> dict[str, int]:
         out = ffi.new("uint64_t[]", len(PORT_COUNTERS))

@@ -167,39 +167,57 @@ def main() -> int:
     teardown()
     build()
     results = {}
+    variants = (("bridge", with_bridge), ("ipfwd", with_ipfwd), ("ethplus", with_ethplus))
+
+    def frame_for(size: int, name: str, bridge: bool) -> bytes:
+        f = bytearray(frame(size))
+        if bridge:
+            f[0:6] = bytes.fromhex(MAC["B"].replace(":", ""))
+        if name == "ethplus":  # to the switch port's wire MAC, not its kernel's
+            f[0] = 0x06
+        return bytes(f)
+
+    def show(size: int, name: str, how: str, r: dict) -> None:
+        print(
+            f"{size:5d} B  {name:8s} {how:11s} {r['fps'] / 1e6:6.3f} Mpps  {r['gbps']:6.2f} Gbit/s"
+            f"  {r['us_per_frame']:5.2f} us CPU/frame  {r['cores']:4.2f} cores busy",
+            flush=True,
+        )
+
     try:
         for size in (64, MTU + 14):
-            for name, wrap in (
-                ("bridge", with_bridge),
-                ("ipfwd", with_ipfwd),
-                ("ethplus", with_ethplus),
-            ):
+            # 1. Saturation: the sender blasts as fast as it can.
+            for name, wrap in variants:
 
                 def run(bridge: bool, size=size, name=name):
-                    f = bytearray(frame(size))
-                    if bridge:
-                        f[0:6] = bytes.fromhex(MAC["B"].replace(":", ""))
-                    if name == "ethplus":  # to the switch port's wire MAC, not its kernel's
-                        f[0] = 0x06
-                    return measure_frame(bytes(f), args.seconds)
+                    return measure_frame(frame_for(size, name, bridge), args.seconds)
 
-                results[name, size] = wrap(run)
-                r = results[name, size]
-                print(
-                    f"{size:5d} B  {name:8s} {r['fps'] / 1e6:6.3f} Mpps  {r['gbps']:6.2f} Gbit/s  "
-                    f"{r['us_per_frame']:5.2f} us CPU/frame  {r['cores']:4.2f} cores busy",
-                    flush=True,
-                )
+                results[name, size, "max"] = r = wrap(run)
+                show(size, name, "saturated", r)
+            # 2. Equal offered load, 80% of what the bridge carried: CPU per
+            # frame without the sender's wasted work on frames a saturated
+            # receiver drops (the bridge forwards in the sender's softirq,
+            # so it never drops; a separate forwarder does).
+            load = int(0.8 * results["bridge", size, "max"]["fps"])
+            for name, wrap in variants:
+
+                def run(bridge: bool, size=size, name=name, load=load):
+                    return measure_frame(frame_for(size, name, bridge), args.seconds, load)
+
+                results[name, size, "load"] = r = wrap(run)
+                show(size, name, f"{load / 1e6:.3f} Mpps", r)
     finally:
         teardown()
     print()
     for size in (64, MTU + 14):
-        e, b, i = (results[n, size] for n in ("ethplus", "bridge", "ipfwd"))
+        e, b, i = (results[n, size, "max"] for n in ("ethplus", "bridge", "ipfwd"))
+        el, bl = results["ethplus", size, "load"], results["bridge", size, "load"]
         print(
             f"{size:5d} B: ethplus / bridge = {e['fps'] / b['fps']:.2f}x frames/s "
             f"(target {'1.5' if size == 64 else '1.2'}x), / ip forwarding = "
             f"{e['fps'] / i['fps']:.2f}x; CPU per frame ethplus / bridge = "
-            f"{e['us_per_frame'] / b['us_per_frame']:.2f} (target <= 1)"
+            f"{el['us_per_frame'] / bl['us_per_frame']:.2f} at an equal offered load"
+            f" (target <= 1), {e['us_per_frame'] / b['us_per_frame']:.2f} saturated"
         )
     if not args.no_idle:
         r = idle_cpu(10.0)
@@ -212,10 +230,10 @@ def main() -> int:
     return 0
 
 
-def measure_frame(f: bytes, seconds: float) -> dict:
+def measure_frame(f: bytes, seconds: float, rate_pps: int = 0) -> dict:
     tx = core.Port("ethpbA", _path("A"))
     r0, c0, t0 = _rx_packets(), _busy_s(), time.monotonic()
-    tx.blast(f, 10**9, 34, int(seconds * 1000))
+    tx.blast(f, 10**9, 34, int(seconds * 1000), rate_pps)
     time.sleep(0.2)
     r1, c1, t1 = _rx_packets(), _busy_s(), time.monotonic()
     tx.close()

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 10
+#define ETHP_ABI_VERSION 11
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -214,9 +214,11 @@ uint32_t ethp_port_tx_burst_to(struct ethp_port *port, struct ethp_pkt **pkts, u
  * If vary_off is non-zero, the 16-bit big-endian field at that offset counts
  * up by one per frame (e.g. a UDP source port, to make many flows).  Waits
  * for room when the socket is full; gives up after timeout_ms.  Returns how
- * many frames the kernel took. */
+ * many frames the kernel took.  rate_pps > 0 paces the frames (in bursts of
+ * 32, sleeping between them); 0 sends as fast as it can. */
 uint64_t ethp_port_blast(struct ethp_port *port, const uint8_t *frame, uint32_t len,
-                         uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms);
+                         uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms,
+                         uint64_t rate_pps);
 /* Copy the counters (ETHP_PORT_NCOUNTERS values) into out. */
 void ethp_port_counters(struct ethp_port *port, uint64_t *out);
 

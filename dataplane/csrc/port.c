@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ethp_int.h"
 
 #define ETHP_TX_BURST_MAX 64
+#define ETHP_BLAST_BURST 32 /* frames per paced burst */
 
 struct ethp_port {
     int fd;
@@ -310,7 +312,8 @@ void ethp_port_counters(struct ethp_port *p, uint64_t *out)
 }
 
 uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len,
-                         uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms)
+                         uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms,
+                         uint64_t rate_pps)
 {
     if (!len || len > ETHP_MAX_FRAME_BYTES || (vary_off && vary_off + 2 > len))
         return 0;
@@ -324,9 +327,25 @@ uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len
         b[i]->len = len;
     }
     uint16_t v = vary_off ? (uint16_t)(frame[vary_off] << 8 | frame[vary_off + 1]) : 0;
-    uint64_t sent = 0, deadline = ethp_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t start = ethp_now_ns(), sent = 0;
+    uint64_t deadline = start + (uint64_t)timeout_ms * 1000000ull;
+    /* Paced: bursts of ETHP_BLAST_BURST, each due at start + sent / rate; a
+     * late burst is not made up beyond one burst (no catch-up storms). */
+    uint32_t unit = rate_pps ? ETHP_BLAST_BURST : nb;
+    if (unit > nb)
+        unit = nb;
     while (sent < n_frames && ethp_now_ns() < deadline) {
-        uint32_t m = n_frames - sent < nb ? (uint32_t)(n_frames - sent) : nb;
+        if (rate_pps) {
+            uint64_t due = start + sent * 1000000000ull / rate_pps, now = ethp_now_ns();
+            if (due > now) {
+                struct timespec ts = {.tv_sec = (time_t)((due - now) / 1000000000ull),
+                                      .tv_nsec = (long)((due - now) % 1000000000ull)};
+                nanosleep(&ts, NULL);
+            } else if (now - due > 1000000000ull * unit / rate_pps) {
+                start = now - sent * 1000000000ull / rate_pps; /* fell behind: rebase */
+            }
+        }
+        uint32_t m = n_frames - sent < unit ? (uint32_t)(n_frames - sent) : unit;
         if (vary_off)
             for (uint32_t i = 0; i < m; i++, v++) {
                 b[i]->data[vary_off] = (uint8_t)(v >> 8);
