@@ -201,6 +201,19 @@ _NIC_SCHEMA = {
     "encapsulation": one_of(
         ("udp", "compact"), "udp", "ETH+ over IPv4/UDP, or the compact EtherType form"
     ),
+    # The emulated RoCEv2 transport (`roce`), nominal units; DCQCN defaults are
+    # the paper's (PROTOCOLS.md), increase steps 0.1% / 1% of a 400G port.
+    "roce_qps": nonneg_int(0, "queue pairs per pair of ranks; 0: one per plane"),
+    "roce_rto_us": pos_num(131.072, "retransmit timeout: 4.096 us x 2^5, as RoCE NICs set it"),
+    "dcqcn": boolean(True, "DCQCN rate control (off: line rate, PFC alone)"),
+    "dcqcn_g": fraction(1 / 256, "alpha gain g"),
+    "dcqcn_timer_us": pos_num(55.0, "alpha update and rate-increase timer"),
+    "dcqcn_byte_counter_bytes": pos_int(10_000_000, "bytes per byte-counter stage"),
+    "dcqcn_f": pos_int(5, "fast-recovery stages"),
+    "dcqcn_rai_mbps": pos_num(400.0, "additive increase step"),
+    "dcqcn_rhai_mbps": pos_num(4000.0, "hyper increase step"),
+    "dcqcn_min_rate_mbps": pos_num(100.0, "lowest rate"),
+    "cnp_interval_us": pos_num(50.0, "at most one CNP per QP per interval"),
 }
 
 

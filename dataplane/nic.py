@@ -57,6 +57,27 @@ def _ip(text: str) -> int:
     return int(ipaddress.IPv4Address(text))
 
 
+def _roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn, spray) -> None:
+    """The RoCE mode's settings, from the lab file's [nic] (nominal) to real."""
+    cfg.roce = 1
+    cfg.qps = qps or nic.get("roce_qps") or planes
+    if not 1 <= cfg.qps <= 16:
+        raise NicError(f"qps must be between 1 and 16, not {cfg.qps}")
+    cfg.roce_spray = bool(spray)
+    cfg.dcqcn = bool(nic.get("dcqcn", True) if dcqcn is None else dcqcn)
+    us = 1000 * k  # one nominal microsecond, in real ns
+    cfg.rto_ns = max(int(nic.get("roce_rto_us", 131.072) * us), 20_000_000)
+    cfg.cnp_interval_ns = int(nic.get("cnp_interval_us", 50.0) * us)
+    cfg.dcqcn_timer_ns = int(nic.get("dcqcn_timer_us", 55.0) * us)
+    cfg.dcqcn_byte_counter_bytes = int(nic.get("dcqcn_byte_counter_bytes", 10_000_000))
+    cfg.dcqcn_g_inv = max(1, round(1 / nic.get("dcqcn_g", 1 / 256)))
+    cfg.dcqcn_f = int(nic.get("dcqcn_f", 5))
+    mbps = 1e6 / k  # one nominal Mbit/s, in real bit/s
+    cfg.dcqcn_rai_bps = max(1, int(nic.get("dcqcn_rai_mbps", 400.0) * mbps))
+    cfg.dcqcn_rhai_bps = max(1, int(nic.get("dcqcn_rhai_mbps", 4000.0) * mbps))
+    cfg.dcqcn_min_rate_bps = min(rate_real, max(1, int(nic.get("dcqcn_min_rate_mbps", 100.0) * mbps)))
+
+
 class Endpoint:
     """The NIC of one accelerator (rank) of a running lab, on all its planes."""
 
@@ -69,7 +90,17 @@ class Endpoint:
         seed: int = 1,
         max_retries: int = 12,
         rec: dict | None = None,
+        roce: bool = False,
+        qps: int | None = None,
+        dcqcn: bool | None = None,
+        roce_spray: bool = False,
+        drop_psn: int | None = None,
     ):
+        """roce=True runs the emulated RoCEv2 mode: go-back-N, one path per
+        queue pair (qps, default one per plane), DCQCN (dcqcn, default the lab
+        file's [nic] dcqcn); roce_spray sprays every packet (to show why RoCE
+        does not).  drop_psn drops the first transmission of that PSN once
+        (fault injection for tests)."""
         rec = rec or registry.load_lab(lab)
         if rec is None:
             raise NicError(f"no lab named {lab!r}")
@@ -103,6 +134,9 @@ class Endpoint:
         cfg.rto_ns = max(4 * base_rtt_real, 20_000_000)
         cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
         cfg.seed = seed
+        cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
+        if roce:
+            _roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
         err = ffi.new("int *")
         ns = rec["namespaces"][node]
         nic = lib.ethp_nic_new(cfg, ns.encode(), max(h["index"] for h in hosts) + 1, err)
@@ -134,7 +168,12 @@ class Endpoint:
             "bdp_bytes": bdp,
             "max_cwnd_bytes": cfg.max_cwnd_bytes,
             "planes": len(ports),
+            "mode": "roce" if roce else "ethplus",
         }
+        if roce:
+            self.config.update(
+                qps=cfg.qps, dcqcn=bool(cfg.dcqcn), rto_ns=cfg.rto_ns, spray=bool(cfg.roce_spray)
+            )
 
     def close(self) -> None:
         if self._nic is not None:

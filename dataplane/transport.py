@@ -33,6 +33,7 @@ class Options:
     tcp_streams: int | None = None  # None: one connection per plane
     adaptive: bool = False  # ethplus: adaptive rather than oblivious spraying
     seed: int = 1
+    roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)
 
 
 class Transport(ABC):
@@ -97,20 +98,32 @@ def _nbytes(buf) -> int:
     return memoryview(buf).nbytes
 
 
-class EthplusTransport(Transport):
-    """The ETH+ NIC engine: sprayed over every plane, out-of-order placement."""
+class NicTransport(Transport):
+    """This project's NIC engine: ``ethplus`` (sprayed over every plane,
+    out-of-order placement, selective retransmit) or ``roce`` (the emulated
+    RoCEv2: go-back-N, one path per queue pair, DCQCN)."""
 
-    name = "ethplus"
-
-    def __init__(self, lab: str, node: str, rec: dict, opts: Options):
+    def __init__(self, name: str, lab: str, node: str, rec: dict, opts: Options):
         from dataplane import nic
 
+        self.name = name
         self._errors = nic.NicError
         try:
-            self.ep = nic.Endpoint(lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec)
+            self.ep = nic.Endpoint(
+                lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
+                roce=name == "roce", qps=opts.roce_qps,
+            )  # fmt: skip
         except nic.NicError as e:
             raise TransportError(str(e)) from e
         self.rank, self.world = self.ep.rank, self.ep.world
+        if name == "roce":
+            lossless = rec["switch"].get("lossless")
+            self.notes = (
+                "RoCEv2 emulated in this project's NIC engine (this kernel has no RDMA):"
+                f" go-back-N, {self.ep.config['qps']} QP(s) per pair of ranks, one path each,"
+                f" DCQCN {'on' if self.ep.config['dcqcn'] else 'off'}",
+                "fabric lossless (PFC)" if lossless else "fabric LOSSY (no PFC): go-back-N recovers",
+            )
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.ep.post_send(peer, tag, view)
@@ -136,7 +149,7 @@ class EthplusTransport(Transport):
 
 def available() -> list[str]:
     """Transports this build can run, in report order."""
-    return ["ethplus", "tcp"]
+    return ["ethplus", "roce", "tcp"]
 
 
 def open_transport(
@@ -144,8 +157,8 @@ def open_transport(
 ) -> Transport:
     """The transport of one rank.  barrier(name) returns once every rank has
     called it: transports that must listen before their peers connect use it."""
-    if name == "ethplus":
-        return EthplusTransport(lab, node, rec, opts)
+    if name in ("ethplus", "roce"):
+        return NicTransport(name, lab, node, rec, opts)
     if name == "tcp":
         from dataplane.tcp import TcpTransport
 

@@ -1,8 +1,8 @@
 /* cc.h - the congestion-control interface of the NIC (private to the core).
  *
  * An algorithm is a set of callbacks over one window's state, one file per
- * algorithm (cc_nscc.c now; DCQCN and an INT-based HPCC-like one go beside
- * it).  The engine calls them per plane towards each peer; the state is
+ * algorithm (cc_nscc.c, cc_dcqcn.c; an INT-based HPCC-like one goes beside
+ * them).  The engine calls them per plane towards each peer; the state is
  * opaque to it except for cwnd_bytes, the window it enforces.
  */
 #ifndef ETHP_CC_H
@@ -14,10 +14,15 @@ struct ethp_cc_params {
     uint64_t mss_bytes;
     uint64_t max_cwnd_bytes;   /* this window's share of 1.5 x BDP */
     uint64_t base_rtt_ns;      /* real */
+    /* rate-based algorithms (DCQCN) */
+    uint64_t line_rate_bps;    /* real */
+    uint64_t timer_ns, byte_counter_bytes, g_inv, rai_bps, rhai_bps, min_rate_bps;
+    uint32_t f;
 };
 
 struct ethp_cc_state {
     uint64_t cwnd_bytes;
+    uint64_t rate_bps; /* a rate-based algorithm's sending rate; 0: window only */
     uint64_t rtt_ns; /* last sample */
     uint64_t rtt_epoch_ns, acked_epoch_bytes, acked_last_rtt_bytes, last_decrease_ns;
     uint64_t algo[8]; /* the algorithm's own */
@@ -34,8 +39,15 @@ struct ethp_cc_ops {
     void (*on_nack)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, uint64_t now_ns);
     void (*on_timeout)(struct ethp_cc_state *s, const struct ethp_cc_params *pp,
                        uint64_t now_ns);
+    /* rate-based only (NULL otherwise): a congestion notification arrived;
+     * and the clock, with the bytes sent since the last call (timers and
+     * byte counter).  on_cnp returns 1 if it cut the rate. */
+    int (*on_cnp)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, uint64_t now_ns);
+    void (*on_tick)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, uint64_t now_ns,
+                    uint64_t sent_bytes);
 };
 
 extern const struct ethp_cc_ops ethp_cc_nscc;
+extern const struct ethp_cc_ops ethp_cc_dcqcn;
 
 #endif

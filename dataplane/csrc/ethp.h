@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 11
+#define ETHP_ABI_VERSION 12
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -25,6 +25,7 @@ enum {
     ETHP_ETHERTYPE_COMPACT = 0x88B5, /* IEEE 802 local experimental EtherType 1 */
     ETHP_ETHERTYPE_MACCTL = 0x8808,  /* 802.3x / 802.1Qbb pause */
     ETHP_UDP_PORT = 4793,            /* destination port of ETH+ over IPv4/UDP */
+    ETHP_ROCE_UDP_PORT = 4791,       /* RoCEv2's: the emulated RoCE mode of the NIC */
     ETHP_VERSION = 1,
     ETHP_ETH_HDR_BYTES = 14,
     ETHP_IPV4_HDR_BYTES = 20,
@@ -39,6 +40,7 @@ enum ethp_opcode {
     ETHP_OP_ACK = 2,
     ETHP_OP_NACK = 3,
     ETHP_OP_RNR = 4, /* receiver not ready: no receive posted for this tag yet */
+    ETHP_OP_CNP = 5, /* roce: congestion notification (DCQCN) */
 };
 
 /* ETH+ header flags (byte 1). */
@@ -57,6 +59,8 @@ enum ethp_kind {
     ETHP_KIND_ETHP_UDP = 2,  /* ETH+ over IPv4/UDP (scale-out) */
     ETHP_KIND_ETHP_COMPACT = 3, /* ETH+ right after Ethernet (scale-up) */
     ETHP_KIND_MACCTL = 4,    /* MAC control frame (pause) */
+    ETHP_KIND_ROCE_UDP = 5,  /* the emulated RoCEv2: the same header on UDP port 4791;
+                                switches treat it as any IPv4/UDP flow (5-tuple ECMP) */
 };
 
 enum ethp_err {
@@ -387,7 +391,14 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_rnrs, "receiver-not-ready replies received")                           \
     X(msgs_sent, "messages completed by the sender")                            \
     X(msgs_received, "messages completed by the receiver")                      \
-    X(tx_again, "sends deferred: socket buffer full")
+    X(tx_again, "sends deferred: socket buffer full")                           \
+    X(rx_oos_drops, "roce: out-of-sequence packets discarded (go-back-N)")      \
+    X(retx_gbn, "roce: packets resent going back to a NAKed or timed-out PSN")  \
+    X(tx_cnps, "roce: CNPs sent (CE marks seen, at most one per interval per QP)") \
+    X(rx_cnps, "roce: CNPs received")                                           \
+    X(rate_cuts, "roce: DCQCN rate decreases")                                  \
+    X(rate_bps, "roce: DCQCN rate now, summed over QPs (real bit/s)")          \
+    X(tx_injected_drops, "first transmissions dropped by fault injection (drop_psn)")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
@@ -417,6 +428,23 @@ struct ethp_nic_cfg {
     uint64_t rto_ns;            /* real, initial */
     uint64_t max_cwnd_bytes;    /* 1.5 x BDP over all planes */
     uint64_t seed;
+    /* The emulated RoCEv2 mode (roce != 0): go-back-N, one path per queue
+     * pair, DCQCN; always IPv4/UDP to port 4791. */
+    uint32_t roce;
+    uint32_t qps;               /* queue pairs per peer (packet i goes on QP i mod qps) */
+    uint32_t roce_spray;        /* a test of why RoCE keeps one path: spray every packet */
+    uint32_t dcqcn;             /* DCQCN rate control on (else line rate, PFC alone) */
+    uint64_t cnp_interval_ns;   /* real: at most one CNP per QP per interval */
+    uint64_t dcqcn_timer_ns;    /* real: alpha update and rate-increase timer */
+    uint64_t dcqcn_byte_counter_bytes;
+    uint64_t dcqcn_g_inv;       /* g = 1 / dcqcn_g_inv */
+    uint64_t dcqcn_rai_bps;     /* real: additive increase */
+    uint64_t dcqcn_rhai_bps;    /* real: hyper increase */
+    uint64_t dcqcn_min_rate_bps;
+    uint32_t dcqcn_f;           /* fast-recovery stages */
+    /* Fault injection, for tests: the first transmission of PSN
+     * drop_psn_plus1 - 1 (towards any peer) is dropped at the sender, once. */
+    uint32_t drop_psn_plus1;
 };
 
 struct ethp_nic;

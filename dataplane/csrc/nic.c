@@ -15,6 +15,18 @@
  *
  * Congestion control: one window per plane towards each peer, run by the
  * algorithm behind struct ethp_cc_ops (cc.h; NSCC-like in cc_nscc.c).
+ *
+ * RoCE mode (cfg.roce, the emulated RoCEv2 baseline): the same engine with
+ * RoCE's semantics.  Packet i of a peer belongs to queue pair i mod qps; a QP
+ * keeps one plane and one UDP source port, so switches hash it onto one path
+ * (UDP port 4791: to a switch, an ordinary flow).  The receiver accepts only
+ * the next PSN of each QP; on a gap it NAKs once and discards until that PSN
+ * arrives; acks are cumulative per QP; the sender goes back to the NAKed (or
+ * timed-out) PSN and resends everything after it on that QP.  Rate control is
+ * DCQCN (cc_dcqcn.c), one rate per QP: the receiver turns CE marks into CNPs,
+ * at most one per QP per cnp_interval_ns.  PSNs are assigned across QPs in
+ * turn, so a QP that may not send holds the next ones back (NCCL, too, splits
+ * a message evenly over its QPs and waits for the slowest).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -69,6 +81,7 @@ struct tx_pkt {
     uint8_t plane;
     uint16_t ev;
     uint8_t last, retx;
+    uint8_t sub; /* the congestion-control sub-flow: the plane (ethplus) or the QP (roce) */
 };
 
 /* One plane towards one peer: a sub-flow with its own window (a slow or
@@ -76,6 +89,16 @@ struct tx_pkt {
 struct nic_cc {
     struct ethp_cc_state st;
     uint64_t inflight;
+};
+
+/* roce: one queue pair towards a peer */
+struct nic_qp {
+    uint32_t rcv_nxt;     /* recv: the next PSN expected on this QP */
+    int nak_sent;         /* recv: a NAK for rcv_nxt is out */
+    uint64_t last_cnp_ns; /* recv */
+    uint64_t next_tx_ns;  /* send: DCQCN's rate pacer */
+    uint64_t sent_bytes;  /* send: since the last DCQCN tick */
+    uint16_t ev;          /* send: fixed entropy (UDP source port), plane in the low bits */
 };
 
 struct nic_peer {
@@ -108,6 +131,8 @@ struct nic_peer {
     uint32_t last_psn; /* the newest data PSN placed */
     uint32_t ack_count, ts_echo;
     uint16_t ev_echo;
+    struct nic_qp qp[ETHP_NIC_MAX_PLANES]; /* roce */
+    uint32_t qp_ack_mask;                  /* roce: QPs owing a cumulative ack */
     uint64_t c[ETHP_NIC_NCOUNTERS];
 };
 
@@ -263,7 +288,7 @@ static void addr_for(struct ethp_nic *n, uint32_t plane, const struct nic_peer *
     a->src_ip = pt->ip;
     a->dst_ip = p->ip[plane];
     a->src_port = (uint16_t)(0xC000 | (ev & 0x3fff)); /* entropy in the UDP source port */
-    a->dst_port = ETHP_UDP_PORT;
+    a->dst_port = n->cfg.roce ? ETHP_ROCE_UDP_PORT : ETHP_UDP_PORT;
     a->tos = 0x02; /* ECT(0) */
     a->ttl = 64;
 }
@@ -287,13 +312,13 @@ static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_
 static void add_inflight(struct nic_peer *p, const struct tx_pkt *t)
 {
     p->inflight_bytes += t->len;
-    p->cc[t->plane].inflight += t->len;
+    p->cc[t->sub].inflight += t->len;
 }
 
 static void sub_inflight(struct nic_peer *p, const struct tx_pkt *t)
 {
     p->inflight_bytes -= t->len;
-    p->cc[t->plane].inflight -= t->len;
+    p->cc[t->sub].inflight -= t->len;
 }
 
 static int has_window(const struct nic_peer *p, uint32_t plane)
@@ -393,30 +418,121 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
 {
     struct tx_pkt *t = &p->win[psn % NIC_WIN];
     /* The entropy value carries the plane in its low 4 bits, so an ack that
-     * echoes it says which plane the acked packet took. */
-    t->ev = (uint16_t)((rnd64(n) % n->cfg.n_evs) << 4 | plane);
+     * echoes it says which plane the acked packet took.  A RoCE QP keeps its
+     * own, so that its packets keep one path. */
+    if (n->cfg.roce && !n->cfg.roce_spray)
+        t->ev = p->qp[psn % n->cfg.qps].ev;
+    else
+        t->ev = (uint16_t)((rnd64(n) % n->cfg.n_evs) << 4 | plane);
     t->plane = (uint8_t)plane;
     t->sent_ns = now;
     struct ethp_l2l3 a;
     addr_for(n, plane, p, t->ev, &a);
-    uint8_t flags = ETHP_F_TRIMMABLE | (t->last ? ETHP_F_LAST : 0) | (t->retx ? ETHP_F_RETX : 0);
+    uint8_t flags = (n->cfg.roce ? 0 : ETHP_F_TRIMMABLE) | (t->last ? ETHP_F_LAST : 0) |
+                    (t->retx ? ETHP_F_RETX : 0);
     struct ethp_hdr_fields h = {.opcode = ETHP_OP_DATA, .flags = flags, .entropy = t->ev,
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
                                 .msg_id = t->m->msg_id, .psn = psn, .offset_bytes = t->off,
                                 .tag = t->m->tag, .len_bytes = t->len, .tos = 0x02,
                                 .ts_ns = (uint32_t)now};
-    int rc = emit(n, plane, &a, &h, t->m->buf + t->off, t->len);
+    int rc = 0;
+    if (n->cfg.drop_psn_plus1 && psn + 1 == n->cfg.drop_psn_plus1 && !t->retx) {
+        n->cfg.drop_psn_plus1 = 0; /* lost on the wire, once */
+        count(n, p, ETHP_NC_tx_injected_drops, 1);
+    } else {
+        rc = emit(n, plane, &a, &h, t->m->buf + t->off, t->len);
+    }
     if (rc)
         return rc;
     count(n, p, ETHP_NC_tx_data_pkts, 1);
     count(n, p, ETHP_NC_tx_data_bytes, t->len);
+    if (n->cfg.roce) {
+        struct nic_qp *qp = &p->qp[psn % n->cfg.qps];
+        uint64_t rate = p->cc[psn % n->cfg.qps].st.rate_bps;
+        uint64_t start = qp->next_tx_ns > now ? qp->next_tx_ns : now;
+        qp->next_tx_ns = rate ? start + ser_ns(n, t->len + 80) * n->cfg.rate_bps / rate : now;
+        qp->sent_bytes += t->len;
+    }
     if (!p->rto_deadline)
         p->rto_deadline = now + p->rto_ns;
     return 0;
 }
 
+/* roce: the plane a packet of QP q takes: its own, unless spraying, when
+ * a QP's successive packets rotate over the planes */
+static uint32_t roce_plane(const struct ethp_nic *n, uint32_t psn)
+{
+    uint32_t q = psn % n->cfg.qps;
+    if (!n->cfg.roce_spray)
+        return q % n->n_ports;
+    return (q + psn / n->cfg.qps) % n->n_ports;
+}
+
+static int qp_ready(const struct ethp_nic *n, const struct nic_peer *p, uint32_t psn,
+                    uint64_t now)
+{
+    uint32_t q = psn % n->cfg.qps;
+    return port_free(n, roce_plane(n, psn), now) && p->qp[q].next_tx_ns <= now + NIC_LOOKAHEAD_NS &&
+           p->cc[q].inflight < p->cc[q].st.cwnd_bytes;
+}
+
+static void pump_roce(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+{
+    uint32_t blocked = 0; /* QPs that cannot send now: their later PSNs wait */
+    for (uint32_t psn = p->snd_una; p->n_lost && now >= p->rnr_until && psn != p->snd_nxt;
+         psn++) {
+        struct tx_pkt *t = &p->win[psn % NIC_WIN];
+        uint32_t q = psn % n->cfg.qps;
+        if (t->state != PKT_LOST || (blocked & (1u << q)))
+            continue;
+        if (!qp_ready(n, p, psn, now)) {
+            blocked |= 1u << q;
+            continue;
+        }
+        t->retx = 1;
+        t->state = PKT_INFLIGHT;
+        p->n_lost--;
+        t->plane = (uint8_t)roce_plane(n, psn);
+        add_inflight(p, t);
+        if (send_pkt(n, p, psn, t->plane, now) == 0) {
+            count(n, p, ETHP_NC_retx_pkts, 1);
+            count(n, p, ETHP_NC_retx_bytes, t->len);
+            count(n, p, ETHP_NC_retx_gbn, 1);
+        }
+    }
+    if (p->n_lost && now < p->rnr_until)
+        return;
+    while (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
+        uint32_t psn = p->snd_nxt;
+        if ((blocked & (1u << (psn % n->cfg.qps))) || !qp_ready(n, p, psn, now))
+            return;
+        struct nic_msg *m = p->sq_head;
+        uint32_t len = (uint32_t)(m->len - m->next_off < n->cfg.payload_bytes
+                                      ? m->len - m->next_off
+                                      : n->cfg.payload_bytes);
+        struct tx_pkt *t = &p->win[psn % NIC_WIN];
+        *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
+                             .state = PKT_INFLIGHT, .plane = (uint8_t)roce_plane(n, psn),
+                             .sub = (uint8_t)(psn % n->cfg.qps)};
+        m->next_off += len;
+        t->last = m->next_off >= m->len;
+        if (t->last) {
+            p->sq_head = m->next;
+            if (!p->sq_head)
+                p->sq_tail = NULL;
+        }
+        add_inflight(p, t);
+        p->snd_nxt++;
+        send_pkt(n, p, psn, t->plane, now);
+    }
+}
+
 static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 {
+    if (n->cfg.roce) {
+        pump_roce(n, p, now);
+        return;
+    }
     /* retransmissions first (unless the peer asked us to wait) */
     for (uint32_t psn = p->snd_una; p->n_lost && now >= p->rnr_until && psn != p->snd_nxt;
          psn++) {
@@ -429,7 +545,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         t->retx = 1;
         t->state = PKT_INFLIGHT;
         p->n_lost--;
-        t->plane = (uint8_t)plane;
+        t->plane = t->sub = (uint8_t)plane;
         add_inflight(p, t);
         uint64_t nacked = t->nacked_ns;
         t->nacked_ns = 0;
@@ -454,7 +570,8 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
                                       : n->cfg.payload_bytes);
         struct tx_pkt *t = &p->win[p->snd_nxt % NIC_WIN];
         *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
-                             .state = PKT_INFLIGHT, .plane = (uint8_t)plane};
+                             .state = PKT_INFLIGHT, .plane = (uint8_t)plane,
+                             .sub = (uint8_t)(n->cfg.roce ? p->snd_nxt % n->cfg.qps : plane)};
         m->next_off += len;
         t->last = m->next_off >= m->len;
         if (t->last) {
@@ -472,9 +589,14 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 
 static struct ethp_cc_params cc_params(const struct ethp_nic *n)
 {
-    return (struct ethp_cc_params){.mss_bytes = n->cfg.payload_bytes,
-                                   .max_cwnd_bytes = n->cfg.max_cwnd_bytes / n->n_ports,
-                                   .base_rtt_ns = n->cfg.base_rtt_ns};
+    const struct ethp_nic_cfg *c = &n->cfg;
+    return (struct ethp_cc_params){
+        .mss_bytes = c->payload_bytes,
+        .max_cwnd_bytes = c->max_cwnd_bytes / (c->roce ? c->qps : n->n_ports),
+        .base_rtt_ns = c->base_rtt_ns, .line_rate_bps = c->rate_bps, .timer_ns = c->dcqcn_timer_ns,
+        .byte_counter_bytes = c->dcqcn_byte_counter_bytes, .g_inv = c->dcqcn_g_inv,
+        .rai_bps = c->dcqcn_rai_bps, .rhai_bps = c->dcqcn_rhai_bps,
+        .min_rate_bps = c->dcqcn_min_rate_bps, .f = c->dcqcn_f};
 }
 
 /* ---------------------------------------------------------------- receive */
@@ -484,8 +606,25 @@ static struct nic_peer *peer_of(struct ethp_nic *n, uint32_t ep)
     return ep < n->max_peers && n->peers[ep].known ? &n->peers[ep] : NULL;
 }
 
+static void send_ack_roce(struct ethp_nic *n, struct nic_peer *p)
+{
+    /* cumulative per QP: the next PSN expected there, the QP in aux */
+    for (uint32_t q = 0; q < n->cfg.qps; q++)
+        if (p->qp_ack_mask & (1u << q)) {
+            send_ctl(n, p, ETHP_OP_ACK, p->qp[q].rcv_nxt, q, 0, p->ts_echo, p->qp[q].ev, NULL, 0);
+            count(n, p, ETHP_NC_tx_acks, 1);
+        }
+    p->qp_ack_mask = 0;
+    p->ack_pending = 0;
+    p->ack_count = 0;
+}
+
 static void send_ack(struct ethp_nic *n, struct nic_peer *p)
 {
+    if (n->cfg.roce) {
+        send_ack_roce(n, p);
+        return;
+    }
     /* The SACK window starts right after the cumulative PSN, unless the
      * newest arrival lies beyond it: then it ends at the newest arrival, so
      * every packet is SACKed by the ack it draws even when a slow plane
@@ -548,6 +687,75 @@ static void unbind(struct nic_peer *p, struct nic_msg *m)
             p->bound[i] = NULL;
 }
 
+static void place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
+                  const struct ethp_hdr_fields *h, const uint8_t *payload)
+{
+    if (m->status != ETHP_NIC_PENDING) {
+        /* a message that already failed (buffer too small): swallow the rest */
+    } else if ((uint64_t)h->offset_bytes + h->len_bytes > m->len) {
+        complete(n, m, ETHP_NIC_ERR_TOO_SMALL); /* stays bound: its packets keep coming */
+    } else {
+        memcpy(m->buf + h->offset_bytes, payload, h->len_bytes);
+        m->done_bytes += h->len_bytes;
+        if (h->flags & ETHP_F_LAST)
+            m->total = (uint64_t)h->offset_bytes + h->len_bytes;
+        count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
+        if (m->done_bytes == m->total) {
+            unbind(p, m);
+            complete(n, m, ETHP_NIC_OK);
+        }
+    }
+    count(n, p, ETHP_NC_rx_data_pkts, 1);
+}
+
+static void on_data_roce(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                         const uint8_t *payload, uint64_t now)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    uint32_t q = h->psn % n->cfg.qps;
+    struct nic_qp *qp = &p->qp[q];
+    if (ps->ecn == 3) {
+        count(n, p, ETHP_NC_rx_ce_pkts, 1);
+        if (n->cfg.dcqcn && (!qp->last_cnp_ns || now - qp->last_cnp_ns >= n->cfg.cnp_interval_ns)) {
+            send_ctl(n, p, ETHP_OP_CNP, h->psn, q, 0, h->ts_ns, h->entropy, NULL, 0);
+            count(n, p, ETHP_NC_tx_cnps, 1);
+            qp->last_cnp_ns = now;
+        }
+    }
+    p->ts_echo = h->ts_ns;
+    activate(n, p);
+    int32_t d = (int32_t)(h->psn - qp->rcv_nxt);
+    if (d < 0) { /* a duplicate: ack again, its ack may have been lost */
+        count(n, p, ETHP_NC_rx_dup_pkts, 1);
+        p->qp_ack_mask |= 1u << q;
+        p->ack_pending = 1;
+        return;
+    }
+    if (d > 0) { /* a gap: NAK once, discard until the expected PSN comes */
+        count(n, p, ETHP_NC_rx_oos_drops, 1);
+        if (!qp->nak_sent) {
+            send_ctl(n, p, ETHP_OP_NACK, qp->rcv_nxt, q, 0, h->ts_ns, qp->ev, NULL, 0);
+            count(n, p, ETHP_NC_tx_nacks, 1);
+            qp->nak_sent = 1;
+        }
+        return;
+    }
+    struct nic_msg *m = bind_msg(p, h->msg_id, h->tag);
+    if (!m) {
+        count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
+        send_ctl(n, p, ETHP_OP_RNR, h->psn, q, 0, h->ts_ns, qp->ev, NULL, 0);
+        count(n, p, ETHP_NC_tx_rnrs, 1);
+        return;
+    }
+    place(n, p, m, h, payload);
+    qp->rcv_nxt += n->cfg.qps;
+    qp->nak_sent = 0;
+    p->qp_ack_mask |= 1u << q;
+    p->ack_pending = 1;
+    if (++p->ack_count >= NIC_ACK_EVERY || (h->flags & ETHP_F_LAST))
+        send_ack(n, p);
+}
+
 static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
                     const uint8_t *payload)
 {
@@ -589,22 +797,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         count(n, p, ETHP_NC_tx_rnrs, 1);
         return;
     }
-    if (m->status != ETHP_NIC_PENDING) {
-        /* a message that already failed (buffer too small): swallow the rest */
-    } else if ((uint64_t)h->offset_bytes + h->len_bytes > m->len) {
-        complete(n, m, ETHP_NIC_ERR_TOO_SMALL); /* stays bound: its packets keep coming */
-    } else {
-        memcpy(m->buf + h->offset_bytes, payload, h->len_bytes);
-        m->done_bytes += h->len_bytes;
-        if (h->flags & ETHP_F_LAST)
-            m->total = (uint64_t)h->offset_bytes + h->len_bytes;
-        count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
-        if (m->done_bytes == m->total) {
-            unbind(p, m);
-            complete(n, m, ETHP_NIC_OK);
-        }
-    }
-    count(n, p, ETHP_NC_rx_data_pkts, 1);
+    place(n, p, m, h, payload);
     p->rbits[(h->psn % NIC_RWIN) / 8] |= (uint8_t)(1u << (h->psn % 8));
     if ((int32_t)(h->psn - p->last_psn) > 0 || p->c[ETHP_NC_rx_data_pkts] == 1)
         p->last_psn = h->psn;
@@ -625,12 +818,14 @@ static void acked(struct ethp_nic *n, struct nic_peer *p, struct tx_pkt *t, uint
     else
         return;
     t->state = PKT_ACKED;
-    bytes[t->plane] += t->len;
+    bytes[t->sub] += t->len;
     struct nic_msg *m = t->m;
     m->done_bytes += t->len;
     if (m->done_bytes == m->len && m->status == ETHP_NIC_PENDING)
         complete(n, m, ETHP_NIC_OK);
 }
+
+static void progress_made(struct ethp_nic *n, struct nic_peer *p, uint64_t now);
 
 static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
                    const uint8_t *payload, uint64_t now)
@@ -687,7 +882,7 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
                 avoid_plane(n, t->plane, now);
                 count(n, p, ETHP_NC_retx_sack, 1);
                 struct ethp_cc_params pp = cc_params(n);
-                n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
+                n->cc->on_nack(&p->cc[t->sub].st, &pp, now);
                 lost = 1;
             }
         }
@@ -710,20 +905,76 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
             n->cc->on_ack(&p->cc[i].st, &pp, bytes[i],
                           p->cc[i].st.rtt_ns ? p->cc[i].st.rtt_ns : rtt, ecn && i == echo_plane,
                           now);
-    if (progress) {
-        p->rnr_since_progress = 0;
-        p->rnr_rounds = 0;
-        p->rnr_backoff_ns = 0;
-        p->timeouts = 0;
-        p->rto_ns = n->cfg.rto_ns;
-        p->rto_deadline = p->snd_una != p->snd_nxt ? now + p->rto_ns : 0;
-    }
+    if (progress)
+        progress_made(n, p, now);
+}
+
+static void progress_made(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+{
+    p->rnr_since_progress = 0;
+    p->rnr_rounds = 0;
+    p->rnr_backoff_ns = 0;
+    p->timeouts = 0;
+    p->rto_ns = n->cfg.rto_ns;
+    p->rto_deadline = p->snd_una != p->snd_nxt ? now + p->rto_ns : 0;
+}
+
+static void on_ack_roce(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                        uint64_t now)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    count(n, p, ETHP_NC_rx_acks, 1);
+    uint32_t q = h->offset_bytes, next = h->psn;
+    if (!p->win || q >= n->cfg.qps)
+        return;
+    uint64_t bytes[ETHP_NIC_MAX_PLANES] = {0};
+    int progress = 0;
+    for (uint32_t psn = p->snd_una; psn != p->snd_nxt && (int32_t)(next - psn) > 0; psn++)
+        if (psn % n->cfg.qps == q && p->win[psn % NIC_WIN].state != PKT_ACKED) {
+            acked(n, p, &p->win[psn % NIC_WIN], bytes);
+            progress = 1;
+        }
+    while (p->snd_una != p->snd_nxt && p->win[p->snd_una % NIC_WIN].state == PKT_ACKED)
+        p->win[p->snd_una++ % NIC_WIN].state = PKT_FREE;
+    uint32_t rtt = (uint32_t)now - h->ts_ns;
+    count(n, p, ETHP_NC_rtt_samples, 1);
+    p->c[ETHP_NC_rtt_last_ns] = n->c[ETHP_NC_rtt_last_ns] = rtt;
+    if (progress)
+        progress_made(n, p, now);
+}
+
+/* roce: go back to psn on its QP: it and every later packet of that QP are
+ * resent. */
+static void go_back(struct ethp_nic *n, struct nic_peer *p, uint32_t psn)
+{
+    uint32_t q = psn % n->cfg.qps;
+    if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
+        return;
+    for (; psn != p->snd_nxt; psn++)
+        if (psn % n->cfg.qps == q)
+            mark_lost(p, psn);
+}
+
+static void on_cnp(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                   uint64_t now)
+{
+    count(n, p, ETHP_NC_rx_cnps, 1);
+    uint32_t q = ps->hdr.offset_bytes;
+    if (!n->cfg.dcqcn || q >= n->cfg.qps || !n->cc->on_cnp)
+        return;
+    struct ethp_cc_params pp = cc_params(n);
+    if (n->cc->on_cnp(&p->cc[q].st, &pp, now))
+        count(n, p, ETHP_NC_rate_cuts, 1);
 }
 
 static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
                     uint64_t now)
 {
     count(n, p, ETHP_NC_rx_nacks, 1);
+    if (n->cfg.roce) {
+        go_back(n, p, ps->hdr.psn);
+        return;
+    }
     struct tx_pkt *t = mark_lost(p, ps->hdr.psn);
     if (!t)
         return;
@@ -731,7 +982,7 @@ static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     avoid_plane(n, t->plane, now);
     count(n, p, ETHP_NC_retx_nack, 1);
     struct ethp_cc_params pp = cc_params(n);
-    n->cc->on_nack(&p->cc[t->plane].st, &pp, now);
+    n->cc->on_nack(&p->cc[t->sub].st, &pp, now);
 }
 
 static void fail_peer(struct ethp_nic *n, struct nic_peer *p);
@@ -740,7 +991,13 @@ static void on_rnr(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
                    uint64_t now)
 {
     count(n, p, ETHP_NC_rx_rnrs, 1);
-    if (!mark_lost(p, ps->hdr.psn))
+    int first = p->win && ps->hdr.psn - p->snd_una < p->snd_nxt - p->snd_una &&
+                p->win[ps->hdr.psn % NIC_WIN].state == PKT_INFLIGHT;
+    if (n->cfg.roce)
+        go_back(n, p, ps->hdr.psn);
+    else
+        mark_lost(p, ps->hdr.psn);
+    if (!first)
         return;
     p->rnr_since_progress = 1;
     /* The peer is alive but has no receive posted: retry after a backoff
@@ -799,7 +1056,8 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
             n->c[ETHP_NC_rx_malformed]++;
         return;
     }
-    if (kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
+    if (n->cfg.roce ? kind != ETHP_KIND_ROCE_UDP
+                    : kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
         return; /* the host's own traffic */
     struct nic_peer *p = peer_of(n, ps.hdr.src_ep);
     if (!p || ps.hdr.dst_ep != n->cfg.ep) {
@@ -809,10 +1067,19 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     const uint8_t *payload = data + ps.payload_off;
     switch (ps.hdr.opcode) {
     case ETHP_OP_DATA:
-        on_data(n, p, &ps, payload);
+        if (n->cfg.roce)
+            on_data_roce(n, p, &ps, payload, c->now);
+        else
+            on_data(n, p, &ps, payload);
         break;
     case ETHP_OP_ACK:
-        on_ack(n, p, &ps, payload, c->now);
+        if (n->cfg.roce)
+            on_ack_roce(n, p, &ps, c->now);
+        else
+            on_ack(n, p, &ps, payload, c->now);
+        break;
+    case ETHP_OP_CNP:
+        on_cnp(n, p, &ps, c->now);
         break;
     case ETHP_OP_NACK:
         on_nack(n, p, &ps, c->now);
@@ -872,7 +1139,7 @@ static void timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
             count(n, p, ETHP_NC_retx_timeout, 1);
     }
     struct ethp_cc_params pp = cc_params(n);
-    for (uint32_t i = 0; i < n->n_ports; i++)
+    for (uint32_t i = 0; i < (n->cfg.roce ? n->cfg.qps : n->n_ports); i++)
         n->cc->on_timeout(&p->cc[i].st, &pp, now);
     p->rto_ns = p->rto_ns * 2 > n->cfg.rto_ns * 64 ? n->cfg.rto_ns * 64 : p->rto_ns * 2;
     p->rto_deadline = now + p->rto_ns;
@@ -932,6 +1199,16 @@ static uint64_t next_due(struct ethp_nic *n)
         if (p->rto_deadline && p->rto_deadline < t)
             t = p->rto_deadline;
         uint32_t plane = UINT32_MAX;
+        if (n->cfg.roce && (p->n_lost || p->sq_head) && ethp_now_ns() >= p->rnr_until) {
+            for (uint32_t q = 0; q < n->cfg.qps; q++) {
+                uint64_t f = free_at(n, (q % n->n_ports));
+                uint64_t r = p->qp[q].next_tx_ns > NIC_LOOKAHEAD_NS
+                                 ? p->qp[q].next_tx_ns - NIC_LOOKAHEAD_NS : 0;
+                if ((r > f ? r : f) < t)
+                    t = r > f ? r : f;
+            }
+            continue;
+        }
         if (p->n_lost && ethp_now_ns() < p->rnr_until) {
             if (p->rnr_until < t)
                 t = p->rnr_until;
@@ -965,6 +1242,16 @@ static void *nic_main(void *arg)
             struct nic_peer *p = &n->peers[n->active[k]];
             if (p->ack_pending)
                 send_ack(n, p);
+            if (n->cfg.roce && n->cfg.dcqcn) {
+                struct ethp_cc_params pp = cc_params(n);
+                uint64_t rate = 0;
+                for (uint32_t q = 0; q < n->cfg.qps; q++) {
+                    n->cc->on_tick(&p->cc[q].st, &pp, now, p->qp[q].sent_bytes);
+                    p->qp[q].sent_bytes = 0;
+                    rate += p->cc[q].st.rate_bps;
+                }
+                p->c[ETHP_NC_rate_bps] = rate;
+            }
             timers(n, p, now);
             pump(n, p, now);
             if (peer_busy(p))
@@ -982,7 +1269,7 @@ static void *nic_main(void *arg)
 
 /* ---------------------------------------------------------------- API */
 
-static int quiet_udp_port(const char *netns_path)
+static int quiet_udp_port(const char *netns_path, uint16_t port)
 {
     /* A UDP socket on the ETH+ port whose filter drops everything: the host's
      * kernel then has a listener and never answers ETH+ frames with ICMP
@@ -992,7 +1279,7 @@ static int quiet_udp_port(const char *netns_path)
         return fd;
     struct sock_filter drop = BPF_STMT(BPF_RET | BPF_K, 0);
     struct sock_fprog prog = {.len = 1, .filter = &drop};
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(ETHP_UDP_PORT)};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) < 0 ||
@@ -1019,6 +1306,16 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     }
     n->cfg = *cfg;
     n->cc = &ethp_cc_nscc;
+    if (cfg->roce) {
+        if (!cfg->qps || cfg->qps > ETHP_NIC_MAX_PLANES || !cfg->dcqcn_g_inv ||
+            !cfg->dcqcn_timer_ns || !cfg->dcqcn_byte_counter_bytes) {
+            free(n);
+            *err = -EINVAL;
+            return NULL;
+        }
+        n->cc = &ethp_cc_dcqcn;
+        n->cfg.compact = 0; /* RoCEv2 is IPv4/UDP */
+    }
     snprintf(n->netns_path, sizeof(n->netns_path), "%s", netns_path ? netns_path : "");
     n->max_peers = max_peers;
     n->udp_fd = -1;
@@ -1045,8 +1342,8 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
                 rc = -errno;
         }
     }
-    if (!rc && !cfg->compact) {
-        n->udp_fd = quiet_udp_port(netns_path);
+    if (!rc && !n->cfg.compact) {
+        n->udp_fd = quiet_udp_port(netns_path, cfg->roce ? ETHP_ROCE_UDP_PORT : ETHP_UDP_PORT);
         if (n->udp_fd < 0)
             rc = n->udp_fd;
     }
@@ -1087,8 +1384,15 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
     if (!p->rbits)
         return -ENOMEM;
     struct ethp_cc_params pp = cc_params(n);
-    for (uint32_t i = 0; i < n->n_ports; i++)
+    uint32_t subs = n->cfg.roce ? n->cfg.qps : n->n_ports;
+    for (uint32_t i = 0; i < subs; i++)
         n->cc->init(&p->cc[i].st, &pp);
+    for (uint32_t q = 0; n->cfg.roce && q < n->cfg.qps; q++) {
+        /* a fixed UDP source port per QP (the ECMP hash input), its plane in the low bits */
+        uint64_t h = (uint64_t)n->cfg.ep * 0x9E3779B97F4A7C15ull ^ (uint64_t)(ep * 64 + q) * 0xC2B2AE3D27D4EB4Full;
+        p->qp[q].ev = (uint16_t)(((h >> 32) % n->cfg.n_evs) << 4 | (q % n->n_ports));
+        p->qp[q].rcv_nxt = q;
+    }
     p->rto_ns = n->cfg.rto_ns;
     /* half a base RTT, at least 4 ms: this machine reorders sprayed packets by
      * a few ms (1 ms ring timers per hop, late thread wake-ups per plane) */
@@ -1218,11 +1522,16 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
     const uint64_t *c = peer < 0 ? n->c : (peer_of(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
     for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
-    /* the window is state, not a counter: summed here, on read */
+    /* the window and the rate are state, not counters: summed here, on read */
     out[ETHP_NC_cwnd_bytes] = 0;
+    if (peer < 0) {
+        out[ETHP_NC_rate_bps] = 0;
+        for (uint32_t i = 0; i < n->max_peers; i++)
+            out[ETHP_NC_rate_bps] += __atomic_load_n(&n->peers[i].c[ETHP_NC_rate_bps], __ATOMIC_RELAXED);
+    }
     for (uint32_t i = peer < 0 ? 0 : (uint32_t)peer; c && i < n->max_peers; i++) {
         const struct nic_peer *q = &n->peers[i];
-        for (uint32_t j = 0; q->known && q->win && j < n->n_ports; j++)
+        for (uint32_t j = 0; q->known && q->win && j < (n->cfg.roce ? n->cfg.qps : n->n_ports); j++)
             out[ETHP_NC_cwnd_bytes] += __atomic_load_n(&q->cc[j].st.cwnd_bytes, __ATOMIC_RELAXED);
         if (peer >= 0)
             break;

@@ -380,7 +380,8 @@ static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
         return;
     }
     uint16_t gi = 0;
-    if ((kind == ETHP_KIND_IPV4 || kind == ETHP_KIND_ETHP_UDP) && ps.addr.dst_ip >> 16 == SW_LAB_NET)
+    int ip_kind = kind == ETHP_KIND_IPV4 || kind == ETHP_KIND_ETHP_UDP || kind == ETHP_KIND_ROCE_UDP;
+    if (ip_kind && ps.addr.dst_ip >> 16 == SW_LAB_NET)
         gi = sw->route_ip[ps.addr.dst_ip & 0xffff];
     else if (kind == ETHP_KIND_ETHP_COMPACT)
         gi = sw->route_ep[ps.hdr.dst_ep];

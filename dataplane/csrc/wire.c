@@ -212,14 +212,15 @@ int ethp_parse(const uint8_t *frame, size_t len, struct ethp_parsed *p)
     const uint16_t *ports = (const uint16_t *)(frame + p->l4_off);
     p->addr.src_port = ntohs(ports[0]);
     p->addr.dst_port = ntohs(ports[1]);
-    if (ip->proto != 17 || p->addr.dst_port != ETHP_UDP_PORT)
+    int roce = p->addr.dst_port == ETHP_ROCE_UDP_PORT;
+    if (ip->proto != 17 || (p->addr.dst_port != ETHP_UDP_PORT && !roce))
         return p->kind = ETHP_KIND_IPV4;
     if (end < p->l4_off + (size_t)ETHP_UDP_HDR_BYTES)
         return p->kind = ETHP_ERR_TRUNCATED;
     rc = parse_ethp(frame, end, p->l4_off + ETHP_UDP_HDR_BYTES, p);
     if (rc)
-        return p->kind = rc;
-    return p->kind = ETHP_KIND_ETHP_UDP;
+        return p->kind = roce ? ETHP_KIND_IPV4 : rc; /* to a switch, any UDP flow */
+    return p->kind = roce ? ETHP_KIND_ROCE_UDP : ETHP_KIND_ETHP_UDP;
 }
 
 int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
