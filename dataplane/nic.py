@@ -75,7 +75,8 @@ def _roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn,
     mbps = 1e6 / k  # one nominal Mbit/s, in real bit/s
     cfg.dcqcn_rai_bps = max(1, int(nic.get("dcqcn_rai_mbps", 400.0) * mbps))
     cfg.dcqcn_rhai_bps = max(1, int(nic.get("dcqcn_rhai_mbps", 4000.0) * mbps))
-    cfg.dcqcn_min_rate_bps = min(rate_real, max(1, int(nic.get("dcqcn_min_rate_mbps", 100.0) * mbps)))
+    lowest = max(1, int(nic.get("dcqcn_min_rate_mbps", 100.0) * mbps))
+    cfg.dcqcn_min_rate_bps = min(rate_real, lowest)
 
 
 class Endpoint:

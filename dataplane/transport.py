@@ -122,7 +122,9 @@ class NicTransport(Transport):
                 "RoCEv2 emulated in this project's NIC engine (this kernel has no RDMA):"
                 f" go-back-N, {self.ep.config['qps']} QP(s) per pair of ranks, one path each,"
                 f" DCQCN {'on' if self.ep.config['dcqcn'] else 'off'}",
-                "fabric lossless (PFC)" if lossless else "fabric LOSSY (no PFC): go-back-N recovers",
+                "fabric lossless (PFC)"
+                if lossless
+                else "fabric LOSSY (no PFC): go-back-N recovers",
             )
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:

@@ -162,6 +162,7 @@ struct ethp_nic {
      * the loop and the wake-up deadline look at these only. */
     uint32_t *active;
     uint32_t n_active;
+    uint32_t rr; /* which active peer is served first on the next pass */
     uint64_t rng;
     pthread_t thread;
     int started, stop;
@@ -1237,9 +1238,12 @@ static void *nic_main(void *arg)
         take_commands(n);
         uint64_t now = ethp_now_ns();
         rx(n, now);
-        uint32_t kept = 0;
-        for (uint32_t k = 0; k < n->n_active; k++) {
-            struct nic_peer *p = &n->peers[n->active[k]];
+        /* Peers take turns: the one served first moves on every pass, so a
+         * port's free slots are shared among its peers (as a NIC's QP
+         * scheduler shares them) rather than going to the first in the list. */
+        uint32_t na = n->n_active, first = na ? n->rr++ % na : 0;
+        for (uint32_t i = 0; i < na; i++) {
+            struct nic_peer *p = &n->peers[n->active[(first + i) % na]];
             if (p->ack_pending)
                 send_ack(n, p);
             if (n->cfg.roce && n->cfg.dcqcn) {
@@ -1254,6 +1258,10 @@ static void *nic_main(void *arg)
             }
             timers(n, p, now);
             pump(n, p, now);
+        }
+        uint32_t kept = 0;
+        for (uint32_t k = 0; k < n->n_active; k++) {
+            struct nic_peer *p = &n->peers[n->active[k]];
             if (peer_busy(p))
                 n->active[kept++] = n->active[k];
             else

@@ -1,0 +1,216 @@
+"""The emulated RoCEv2 transport on real labs: byte-exact under loss,
+go-back-N that really goes back, why RoCE keeps one path per queue pair,
+DCQCN with CNPs and rate cuts, PFC pauses and their head-of-line blocking."""
+
+import time
+
+import numpy as np
+import pytest
+from conftest import RUN_ID, ethplus
+from labtools import Lab
+
+from dataplane import stats
+from dataplane.nic import Endpoint
+
+pytestmark = pytest.mark.root
+
+KiB, MiB = 1024, 1024 * 1024
+# PFC, with headroom below the (at least 1 MB) buffers
+LOSSLESS = "lossless = true\npfc_xoff_bytes = 150000\npfc_xon_bytes = 75000\n"
+
+
+def _lab_file(tmp_path, base: str, name: str, dcqcn: bool = True) -> str:
+    src = open(f"netns-labs/{base}.toml").read()
+    src = src.replace("[switch]\n", "[switch]\n" + LOSSLESS, 1)
+    src = src.replace("buffer_bytes = 400000 ", "buffer_bytes = 1000000 ")  # erack's
+    if "[nic]" not in src:
+        src += "\n[nic]\n"
+    src = src.replace("[nic]\n", f"[nic]\ndcqcn = {'true' if dcqcn else 'false'}\n", 1)
+    f = tmp_path / f"{name}.toml"
+    f.write_text(src)
+    return str(f)
+
+
+class Ctx:
+    def __init__(self, name: str):
+        self.lab = Lab(name)
+        self.eps: dict[tuple, Endpoint] = {}
+
+    def ep(self, node: str, **kw) -> Endpoint:
+        """One engine per node at a time (a second would see the first's
+        frames): a node asked for with other settings gets a new one."""
+        old = self.eps.get(node)
+        if old is not None and old[1] != kw:
+            old[0].close()
+            old = None
+        if old is None:
+            self.eps[node] = old = (Endpoint(self.lab.name, node, roce=True, **kw), kw)
+        return old[0]
+
+    def close(self, *nodes: str) -> None:
+        for node in nodes or list(self.eps):
+            e = self.eps.pop(node, None)
+            if e is not None:
+                e[0].close()
+
+
+def _module_lab(tmp_path_factory, base: str, suffix: str, **kw):
+    name = f"{RUN_ID}-ro{suffix}"
+    f = _lab_file(tmp_path_factory.mktemp(name), base, name, **kw)
+    ethplus("lab", "up", f, "--name", name, check=True)
+    ctx = Ctx(name)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+        ethplus("lab", "down", name)
+
+
+@pytest.fixture(scope="module")
+def erack(tmp_path_factory):
+    yield from _module_lab(tmp_path_factory, "erack-8x4", "e")
+
+
+@pytest.fixture(scope="module")
+def clos(tmp_path_factory):
+    yield from _module_lab(tmp_path_factory, "clos-16", "c")
+
+
+def transfer(a: Endpoint, b: Endpoint, size: int, tag: int, timeout_s: float = 180) -> float:
+    src = np.random.default_rng(size + tag).integers(0, 256, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    t0 = time.monotonic()
+    hr = b.post_recv(a.rank, tag, dst)
+    hs = a.post_send(b.rank, tag, src)
+    assert a.wait(hs, timeout_s) == size
+    assert b.wait(hr, timeout_s) == size
+    dt = time.monotonic() - t0
+    assert np.array_equal(src, dst)
+    return dt
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in after}
+
+
+@pytest.mark.parametrize("loss", ["0", "1%"])
+@pytest.mark.parametrize("which", ["erack", "clos"])
+def test_messages_arrive_byte_exact(request, which, loss):
+    ctx = request.getfixturevalue(which)
+    a, b = ctx.ep("h0"), ctx.ep("h5")
+    links = [p["link"] for p in ctx.lab.nodes["h5"]["ports"]]
+    c0 = a.counters()
+    try:
+        for lk in links:
+            ctx.lab.link_set(lk, "loss", loss)
+        for i, size in enumerate((1 * KiB, 1 * MiB + 3, 64 * MiB if loss == "0" else 16 * MiB)):
+            transfer(a, b, size, tag=100 + i)
+    finally:
+        for lk in links:
+            ctx.lab.link_set(lk, "loss", "0")
+    d = _delta(a.counters(), c0)
+    if loss != "0":
+        assert d["retx_gbn"] > 0 and d["rx_nacks"] > 0
+
+
+def test_go_back_n_resends_everything_after_one_loss(erack):
+    """One packet lost: RoCE resends it and every packet of its QP sent after
+    it (the receiver discarded them); ETH+ resends that one packet."""
+    size, lost = 1 * MiB, 40
+    a, b = erack.ep("h2", qps=1, drop_psn=lost), erack.ep("h3", qps=1)
+    ca, cb = a.counters(b.rank), b.counters(a.rank)
+    transfer(a, b, size, tag=7)
+    da, db = _delta(a.counters(b.rank), ca), _delta(b.counters(a.rank), cb)
+    assert da["tx_injected_drops"] == 1
+    assert db["rx_oos_drops"] > 10, "packets sent after the lost one were discarded"
+    assert da["retx_gbn"] >= db["rx_oos_drops"] + 1, "each discarded packet was resent"
+    assert db["tx_nacks"] == 1 and da["rx_nacks"] == 1  # one NAK per gap
+    assert db["rx_data_pkts"] == size // 4096  # placed exactly once each
+    e_a = Endpoint(erack.lab.name, "h2", drop_psn=lost)
+    e_b = Endpoint(erack.lab.name, "h3")
+    try:
+        src = np.arange(size, dtype=np.uint8)
+        dst = np.zeros_like(src)
+        hr, hs = e_b.post_recv(e_a.rank, 8, dst), e_a.post_send(e_b.rank, 8, src)
+        e_a.wait(hs, 60), e_b.wait(hr, 60)
+        assert np.array_equal(src, dst)
+        assert e_a.counters()["retx_pkts"] == 1  # selective: only the lost one
+    finally:
+        e_a.close()
+        e_b.close()
+
+
+def test_one_qp_sprayed_over_paths_collapses(erack):
+    """Why RoCE keeps one path per QP: spray one QP's packets over the planes
+    and go-back-N treats every reordering as a loss."""
+    a, b = erack.ep("h4", qps=1), erack.ep("h6", qps=1)
+    t_one_path = transfer(a, b, 2 * MiB, tag=1)
+    sa, sb = erack.ep("h4", qps=1, roce_spray=True), erack.ep("h6", qps=1, roce_spray=True)
+    c0 = sb.counters(sa.rank)
+    t_sprayed = transfer(sa, sb, 2 * MiB, tag=2)
+    d = _delta(sb.counters(sa.rank), c0)
+    assert d["rx_oos_drops"] > 50 and sa.counters(sb.rank)["retx_gbn"] > 50
+    # One path is one plane; sprayed, it has all four, and is still slower.
+    assert t_sprayed > 1.5 * t_one_path, (t_sprayed, t_one_path)
+
+
+def _incast(ctx, flows: list[tuple[str, str]], seconds: float, **kw) -> dict:
+    """Every flow (src, dst) streams on one QP (plane 0) for 2 x seconds; the
+    bytes/s each delivered in the second half, and everyone's counters."""
+    nodes = sorted({n for f in flows for n in f})
+    ctx.close(*nodes)
+    eps = {n: ctx.ep(n, qps=1, **kw) for n in nodes}
+    size = 512 * MiB
+    keep = []
+    for i, (s, d) in enumerate(flows):
+        src, dst = np.ones(size, np.uint8), np.zeros(size, np.uint8)
+        keep += [src, dst]
+        eps[d].post_recv(eps[s].rank, 20 + i, dst)
+        eps[s].post_send(eps[d].rank, 20 + i, src)
+    st0 = ctx.lab.totals()
+    time.sleep(seconds)
+    mid = [eps[d].counters(eps[s].rank)["rx_data_bytes"] for s, d in flows]
+    time.sleep(seconds)
+    end = [eps[d].counters(eps[s].rank)["rx_data_bytes"] for s, d in flows]
+    st1 = ctx.lab.totals()
+    out = {
+        "rates": [(e - m) / seconds for e, m in zip(end, mid, strict=True)],
+        "senders": [eps[s].counters(eps[d].rank) for s, d in flows],
+        "sender_nics": [eps[s].counters() for s, _ in flows],  # pauses are per port
+        "receivers": [eps[d].counters(eps[s].rank) for s, d in flows],
+        "switch": {k: st1.get(k, 0) - st0.get(k, 0) for k in st1},
+    }
+    ctx.close(*nodes)  # mid-transfer: the rest is cut short
+    return out
+
+
+def test_dcqcn_shares_a_port_fairly_with_cnps_and_rate_cuts(erack):
+    r = _incast(erack, [("h1", "h0"), ("h2", "h0")], 3.0)
+    a, b = r["rates"]
+    assert abs(a - b) / ((a + b) / 2) <= 0.15, r["rates"]
+    assert all(x["tx_cnps"] > 0 for x in r["receivers"])
+    assert all(x["rx_cnps"] > 0 and x["rate_cuts"] > 0 for x in r["senders"])
+    assert all(x["rate_bps"] < 62_500_000 for x in r["senders"]), "rates were cut"
+
+
+def test_without_dcqcn_pfc_pauses_instead(erack):
+    r = _incast(erack, [("h1", "h0"), ("h2", "h0")], 1.5, dcqcn=False)
+    assert all(x["tx_cnps"] == 0 for x in r["receivers"])
+    assert all(x["rate_cuts"] == 0 for x in r["senders"])
+    assert r["switch"]["pause_tx"] > 0, "the congested switch paused its senders"
+    assert sum(x["pauses_rx"] for x in r["sender_nics"]) > 0
+    assert sum(r["switch"].get(k, 0) for k in stats.DROP_REASONS) == 0, "lossless"
+
+
+def test_pfc_head_of_line_blocking_slows_an_innocent_flow(erack):
+    """h1 sends to h3 (nobody else does) and to h0; when h2, h4 and h5 also
+    send to h0, h0's switch port pauses h1's whole uplink and h1 -> h3 slows,
+    although its own path is idle."""
+    alone = _incast(erack, [("h1", "h3"), ("h1", "h0")], 1.5, dcqcn=False)
+    blocked = _incast(
+        erack, [("h1", "h3"), ("h1", "h0"), ("h2", "h0"), ("h4", "h0"), ("h5", "h0")], 1.5,
+        dcqcn=False,
+    )  # fmt: skip
+    innocent_alone, innocent_blocked = alone["rates"][0], blocked["rates"][0]
+    assert innocent_blocked < 0.75 * innocent_alone, (innocent_alone, innocent_blocked)
+    assert blocked["switch"]["pause_tx"] > 0 and blocked["sender_nics"][0]["pauses_rx"] > 0
