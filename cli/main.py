@@ -443,6 +443,9 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tcp: connections per pair of ranks (default: one per plane)",
     )
+    p.add_argument(
+        "--qps", type=int, metavar="N", help="roce: queue pairs per pair of ranks (one per plane)"
+    )
     p.add_argument("--adaptive", action="store_true", help="ethplus: adaptive spraying")
     p.add_argument("--no-check", action="store_true", help="skip the check against numpy")
     p.add_argument("--seed", type=int, default=1, help="seed of the test data (1)")
@@ -522,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="time a collective at a range of sizes (nccl-tests style)")
     _add_bench_options(b)
-    b.add_argument("--transport", default="ethplus", help="ethplus or tcp (default ethplus)")
+    b.add_argument("--transport", default="ethplus", help="ethplus, roce or tcp (default ethplus)")
     b.add_argument("--json", metavar="FILE", help="also write the result as JSON (see docs)")
     b.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     b.set_defaults(func=cmd_bench)

@@ -82,6 +82,7 @@ class Spec:
     root: int = 0
     uneven: bool = False
     tcp_streams: int | None = None
+    qps: int | None = None
     adaptive: bool = False
     check: bool = True
     seed: int = 1
@@ -115,6 +116,8 @@ class Spec:
             )
         if self.iters < 1 or self.warmup < 0:
             raise BenchError("--iters must be at least 1 and --warmup at least 0")
+        if self.qps is not None and not 1 <= self.qps <= 16:
+            raise BenchError(f"--qps: expected 1 to 16 queue pairs, got {self.qps}")
         if self.tcp_streams is not None and self.tcp_streams < 1:
             raise BenchError(f"--tcp-streams: expected at least 1, got {self.tcp_streams}")
         return self
@@ -218,6 +221,7 @@ def meta(spec: Spec, rec: dict) -> dict:
         "root": spec.root,
         "uneven": spec.uneven,
         "tcp_streams": spec.tcp_streams,
+        "qps": spec.qps,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -241,6 +245,7 @@ def run(spec: Spec, rec: dict, on_row=None, on_progress=None) -> dict:
         root=spec.root,
         uneven=spec.uneven,
         tcp_streams=spec.tcp_streams,
+        qps=spec.qps,
         adaptive=spec.adaptive,
     )
     job = Job(plan, rec, on_result=None, on_progress=on_progress)

@@ -52,6 +52,7 @@ class Plan:
     root: int = 0
     uneven: bool = False
     tcp_streams: int | None = None
+    qps: int | None = None
     adaptive: bool = False
     stall_s: float = 300.0  # no message from any rank for this long fails the job
 

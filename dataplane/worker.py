@@ -63,7 +63,11 @@ def run(link: Link, plan: dict, node: str) -> None:
     rec = registry.load_lab(plan["lab"])
     if rec is None:
         raise SystemExit(f"lab {plan['lab']!r} is gone")
-    opts = Options(tcp_streams=plan.get("tcp_streams"), adaptive=plan.get("adaptive", False))
+    opts = Options(
+        tcp_streams=plan.get("tcp_streams"),
+        adaptive=plan.get("adaptive", False),
+        roce_qps=plan.get("qps"),
+    )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])
     link.send(ready=t.describe())
