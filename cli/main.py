@@ -179,59 +179,13 @@ def cmd_lab_show(args) -> int:
     return 0
 
 
-def _parse_value(what: str, text: str) -> float:
-    """Numbers with units: rates 400G / 25Gbit / 800M (bit/s), delays 2us / 500ns / 1ms,
-    probabilities 0.01 or 1%."""
-    t = text.strip().lower()
-    units = {
-        "rate": [
-            ("tbit", 1e12),
-            ("gbit", 1e9),
-            ("mbit", 1e6),
-            ("kbit", 1e3),
-            ("t", 1e12),
-            ("g", 1e9),
-            ("m", 1e6),
-            ("k", 1e3),
-            ("", 1e9),
-        ],
-        "delay": [("ns", 1), ("us", 1e3), ("ms", 1e6), ("s", 1e9), ("", 1)],
-        "probability": [("%", 0.01), ("", 1)],
-    }[what]
-    for suffix, scale in units:
-        if t.endswith(suffix):
-            try:
-                v = float(t[: len(t) - len(suffix)] if suffix else t) * scale
-            except ValueError:
-                break
-            if v != v or v < 0 or (what == "probability" and v > 1) or (what == "rate" and v <= 0):
-                break
-            return v
-    expected = {
-        "rate": "a rate > 0 such as 400G, 25Gbit, 800M (bare numbers are Gbit/s)",
-        "delay": "a delay >= 0 such as 500ns, 2us, 1ms (bare numbers are ns)",
-        "probability": "a probability in [0, 1] such as 0.01 or 1%",
-    }[what]
-    raise LabError(f"{what} {text!r}: expected {expected}")
-
-
 def cmd_link_set(args) -> int:
-    from dataplane import lab
+    from dataplane import faults, lab
 
-    a = args.change
-    if a[0] in ("up", "down") and len(a) == 1:
-        change = {"up": a[0] == "up"}
-    elif a[0] in ("loss", "corrupt") and len(a) == 2:
-        change = {a[0]: _parse_value("probability", a[1])}
-    elif a[0] == "rate" and len(a) == 2:
-        change = {"rate_bps": int(_parse_value("rate", a[1]))}
-    elif a[0] == "delay" and len(a) == 2:
-        change = {"delay_ns": int(_parse_value("delay", a[1]))}
-    else:
-        raise LabError(
-            f"cannot understand {' '.join(a)!r}: expected one of: down, up, loss P, corrupt P, "
-            "rate R, delay D"
-        )
+    try:
+        change = faults.link_change(args.change)
+    except ValueError as exc:
+        raise LabError(str(exc)) from None
     resp = lab.control(args.lab, {"op": "link", "link": args.link, "set": change})
     st = resp["link"]
     print(
@@ -411,6 +365,51 @@ def cmd_demo(args) -> int:
     return _compare(args, ["all-reduce", "all-to-all"], transport.available())
 
 
+def cmd_scenario_list(args) -> int:
+    from dataplane import scenario
+
+    rows = []
+    for sc in scenario.listing():
+        jobs = ", ".join(f"{j.name}: {j.collective}" for j in sc.jobs[:3])
+        more = f" (+{len(sc.jobs) - 3})" if len(sc.jobs) > 3 else ""
+        rows.append([sc.name, sc.lab, ",".join(sc.transports), len(sc.faults), jobs + more])
+    print(_table(rows, ["NAME", "LAB", "TRANSPORTS", "FAULTS", "JOBS"]))
+    for sc in scenario.listing():
+        print(f"\n{sc.name}: {sc.description}")
+    return 0
+
+
+def cmd_scenario_run(args) -> int:
+    from dataplane import lab, report, scenario
+
+    sc = scenario.load(args.scenario, short=args.short)
+    if args.transports:
+        sc.transports = _split(args.transports)
+        bad = [t for t in sc.transports if t not in _available()]
+        if bad:
+            raise BenchError(f"--transports: unknown transport {bad[0]!r}")
+    lab.require_root("ethplus scenario run")
+    out_dir = args.out or f"results/{sc.name}"
+    with lab.session(args.lab or sc.lab, announce=_announce) as rec:
+        res = scenario.run(sc, rec, log=lambda m: print(m, file=sys.stderr, flush=True))
+        paths = report.write_scenario(out_dir, res, rec)
+    s = res["summary"]
+    print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['metric']}")
+    for t, v in s["figures"].items():
+        adv = s["ethplus_advantage"].get(t)
+        wrong = sum(j.get("wrong", 0) for j in res["transports"][t]["jobs"].values())
+        print(
+            f"  {t:8s} {'stalled or failed' if v is None else f'{v:.3f}'}"
+            + (f"   ethplus {adv:.2f}x better" if adv else "")
+            + f"   #wrong {wrong}"
+        )
+    print(f"report: {paths['report']}")
+    failed = any(
+        j["status"] != "ok" for r in res["transports"].values() for j in r["jobs"].values()
+    )
+    return 1 if failed else 0
+
+
 def _add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "collective",
@@ -561,6 +560,18 @@ def build_parser() -> argparse.ArgumentParser:
         seed=1,
         time_scale=None,
     )
+
+    sc = sub.add_parser("scenario", help="reproducible experiments: a lab, jobs, timed faults")
+    sc_sub = sc.add_subparsers(dest="scenario_command", required=True, metavar="SCENARIO_COMMAND")
+    sl = sc_sub.add_parser("list", help="the scenarios in netns-labs/scenarios/")
+    sl.set_defaults(func=cmd_scenario_list)
+    sr = sc_sub.add_parser("run", help="run a scenario over each of its transports")
+    sr.add_argument("scenario", metavar="NAME|FILE")
+    sr.add_argument("--out", metavar="DIR", help="report directory (results/NAME)")
+    sr.add_argument("--short", action="store_true", help="the short form (CI: seconds)")
+    sr.add_argument("--transports", help="only these (comma list)")
+    sr.add_argument("--lab", help="a running lab or lab file instead of the scenario's")
+    sr.set_defaults(func=cmd_scenario_run)
 
     cl = sub.add_parser("clean", help="remove leftovers of ethplus after a crash (only those)")
     cl.set_defaults(func=cmd_clean)

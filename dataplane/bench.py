@@ -198,8 +198,8 @@ def footer(result: dict) -> str:
     return "\n".join(lines)
 
 
-def meta(spec: Spec, rec: dict) -> dict:
-    world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
+def meta(spec: Spec, rec: dict, nodes: list[str] | None = None) -> dict:
+    world = len(nodes) if nodes else sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
     return {
         "schema": SCHEMA,
         "collective": spec.collective,
@@ -222,57 +222,59 @@ def meta(spec: Spec, rec: dict) -> dict:
         "uneven": spec.uneven,
         "tcp_streams": spec.tcp_streams,
         "qps": spec.qps,
+        "nodes": nodes,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
+class Run:
+    """One bench run: a Job on a running lab (on some of its accelerators if
+    nodes is given), its rows in nominal units as they complete, its result."""
+
+    def __init__(self, spec: Spec, rec: dict, nodes: list[str] | None = None, on_row=None,
+                 on_progress=None, sample: bool = True):  # fmt: skip
+        self.spec, self.rec, self.on_row = spec, rec, on_row
+        self.meta = meta(spec, rec, nodes)
+        plan = Plan(
+            lab=rec["name"], transport=spec.transport, collective=spec.collective,
+            sizes=spec.sizes, algo=spec.algo, dtype=spec.dtype, op=spec.op, iters=spec.iters,
+            warmup=spec.warmup, check=spec.check, seed=spec.seed, root=spec.root,
+            uneven=spec.uneven, tcp_streams=spec.tcp_streams, qps=spec.qps,
+            adaptive=spec.adaptive, nodes=nodes, sample=sample,
+        )  # fmt: skip
+        self.job = Job(plan, rec, on_result=self._row_done, on_progress=on_progress)
+
+    def _nominal(self, row: dict) -> dict:
+        return nominal_row(row, self.spec, self.meta["world"], self.meta["lab"]["time_scale"])
+
+    def _row_done(self, row: dict) -> None:
+        fidelity.mark_row(row, self.job.samples, self.rec)
+        if self.on_row:
+            self.on_row(self._nominal(row))
+
+    def execute(self) -> dict:
+        """Run it (raises JobError); returns the result (what --json writes)."""
+        res = self.job.run()
+        for row in res["rows"]:  # again, now that samples after each row exist
+            fidelity.mark_row(row, res["samples"], self.rec)
+        rows = [self._nominal(r) for r in res["rows"]]
+        return {
+            **self.meta,
+            "rows": rows,
+            "avg_busbw_GBps": sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0,
+            "ideal_busbw_GBps": ideal_busbw_Bps(self.rec) / 1e9,
+            "fidelity": fidelity.report(res, self.rec),
+            "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
+            "nic_counters": _sum_counters(res["ranks"]),
+            "wall_s": res["wall_s"],
+            "series": series(res, self.rec),
+            "real_rows": [{k: r[k] for k in ("size", "t0", "t1", "ends")} for r in res["rows"]],
+        }
+
+
 def run(spec: Spec, rec: dict, on_row=None, on_progress=None) -> dict:
-    """Run the bench on a running lab; returns the result (what --json writes)."""
-    m = meta(spec, rec)
-    k = m["lab"]["time_scale"]
-    plan = Plan(
-        lab=rec["name"],
-        transport=spec.transport,
-        collective=spec.collective,
-        sizes=spec.sizes,
-        algo=spec.algo,
-        dtype=spec.dtype,
-        op=spec.op,
-        iters=spec.iters,
-        warmup=spec.warmup,
-        check=spec.check,
-        seed=spec.seed,
-        root=spec.root,
-        uneven=spec.uneven,
-        tcp_streams=spec.tcp_streams,
-        qps=spec.qps,
-        adaptive=spec.adaptive,
-    )
-    job = Job(plan, rec, on_result=None, on_progress=on_progress)
-    samples = job.samples
-
-    def row_done(row: dict) -> None:
-        fidelity.mark_row(row, samples, rec)
-        if on_row:
-            on_row(nominal_row(row, spec, m["world"], k))
-
-    job.on_result = row_done
-    res = job.run()
-    for row in res["rows"]:
-        fidelity.mark_row(row, samples, rec)  # again, now that samples after each row exist
-    rows = [nominal_row(r, spec, m["world"], k) for r in res["rows"]]
-    ideal = ideal_busbw_Bps(rec) / 1e9
-    return {
-        **m,
-        "rows": rows,
-        "avg_busbw_GBps": sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0,
-        "ideal_busbw_GBps": ideal,
-        "fidelity": fidelity.report(res, rec),
-        "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
-        "nic_counters": _sum_counters(res["ranks"]),
-        "wall_s": res["wall_s"],
-        "series": series(res, rec),
-    }
+    """Run the bench on every accelerator of a running lab."""
+    return Run(spec, rec, on_row=on_row, on_progress=on_progress).execute()
 
 
 def _sum_counters(ranks: list[dict]) -> dict[str, int]:

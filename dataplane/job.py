@@ -30,6 +30,7 @@ from dataplane import fabric, registry
 
 GRACE_S = 2.0
 SAMPLE_S = 0.2
+_serial = 0  # jobs started by this process: each gets its own socket
 
 
 class JobError(RuntimeError):
@@ -54,6 +55,9 @@ class Plan:
     tcp_streams: int | None = None
     qps: int | None = None
     adaptive: bool = False
+    nodes: list[str] | None = None  # a job on these accelerators only, in rank order
+    members: list[int] | None = None  # their lab ranks (filled in by Job)
+    sample: bool = True  # sample the fabric's counters (one job of several is enough)
     stall_s: float = 300.0  # no message from any rank for this long fails the job
 
 
@@ -128,13 +132,23 @@ class Job:
         hosts = sorted(
             (n for n in rec["topology"]["nodes"] if n["role"] == "host"), key=lambda n: n["index"]
         )
-        self.ranks = [Rank(h["index"], h["name"]) for h in hosts]
+        if plan.nodes is not None:
+            by_name = {h["name"]: h for h in hosts}
+            missing = [x for x in plan.nodes if x not in by_name]
+            if missing or len(set(plan.nodes)) != len(plan.nodes) or len(plan.nodes) < 2:
+                raise JobError(f"a job needs two or more distinct accelerators, not {plan.nodes}")
+            hosts = [by_name[x] for x in plan.nodes]
+            plan.members = [h["index"] for h in hosts]
+        # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
+        self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
         jobdir = registry.lab_dir(plan.lab) / "job"
         jobdir.mkdir(parents=True, exist_ok=True)
-        self.sock_path = str(jobdir / f"job-{os.getpid()}.sock")
+        global _serial
+        _serial += 1
+        self.sock_path = str(jobdir / f"job-{os.getpid()}-{_serial}.sock")
         for r in self.ranks:
-            r.log = str(jobdir / f"rank-{r.rank}.log")
+            r.log = str(jobdir / f"{r.node}.log")
         self.results: list[list[dict | None]] = [[None] * self.world for _ in plan.sizes]
         self.rows: list[dict] = []
         self.samples: list[dict] = []
@@ -161,7 +175,8 @@ class Job:
             for r in self.ranks:
                 await self._spawn(r)
                 tasks.append(asyncio.create_task(self._watch(r)))
-            tasks.append(asyncio.create_task(self._sample()))
+            if self.plan.sample:
+                tasks.append(asyncio.create_task(self._sample()))
             tasks.append(asyncio.create_task(self._stall_guard()))
             await self.failed
         finally:
@@ -304,6 +319,8 @@ class Job:
             "wrong": sum(x["wrong"] for x in per_rank),
             "t0": min(x["t0"] for x in per_rank),
             "t1": max(x["t1"] for x in per_rank),
+            # when each timed iteration had ended on every rank
+            "ends": [max(e) for e in zip(*(x["ends"] for x in per_rank), strict=True)],
         }
 
     async def _sample(self) -> None:

@@ -205,7 +205,8 @@ def plot_busbw(results: list[dict], path: Path) -> None:
         for r in runs:
             xs = [row["size_bytes"] for row in r["rows"]]
             ys = [row["busbw_GBps"] for row in r["rows"]]
-            ax.plot(xs, ys, marker="o", label=transport.LABELS.get(r["transport"], r["transport"]))
+            label = r.get("label") or transport.LABELS.get(r["transport"], r["transport"])
+            ax.plot(xs, ys, marker="o", label=label)
             late = [
                 (x, y) for x, y, row in zip(xs, ys, r["rows"], strict=True) if row["fell_behind"]
             ]
@@ -266,3 +267,160 @@ def write(out_dir: str, results: list[dict], rec: dict) -> dict[str, str]:
     _plot_series(results, paths["link-utilisation"], "plane_util", "egress utilisation (%)", 100)
     _plot_series(results, paths["queue-depth"], "queue_bytes", "deepest queue (KB)", 1e-3)
     return {k: str(v) for k, v in paths.items()}
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def plot_timeline(result: dict, path: Path) -> None:
+    """Per-job busbw of every timed iteration over time, one panel per
+    transport, the fault events as vertical lines."""
+    ts = result["transports"]
+    fig, axes = _fig(len(ts))
+    for ax, r in zip(axes, ts.values(), strict=True):
+        for jname, j in r["jobs"].items():
+            its = j.get("iterations", [])
+            if its:
+                xs = [v for x in its for v in (x["start_s"], x["end_s"])]
+                ys = [x["busbw_GBps"] for x in its for _ in (0, 1)]
+                ax.plot(xs, ys, label=jname, linewidth=1.2)
+        for f in r["faults_applied"]:
+            ax.axvline(f["at_s"], color="red", linestyle="--", linewidth=1)
+            ax.text(
+                f["at_s"],
+                1.0,
+                f" {f['name']} {f['set']}",
+                transform=ax.get_xaxis_transform(),
+                color="red",
+                fontsize=7,
+                va="top",
+                rotation=90,
+            )
+        stalled = f" (stalled: {', '.join(r['stalled'])})" if r["stalled"] else ""
+        ax.set_title(f"{result['scenario']} over {r['label']}{stalled}")
+        ax.set_xlabel("time since the timed phase started (s, real)")
+        ax.set_ylabel("busbw per iteration (GB/s, nominal)")
+        ax.grid(True, alpha=0.3)
+        if r["jobs"]:
+            ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=PLOT_DPI)
+    plt.close(fig)
+
+
+def scenario_markdown(result: dict, rec: dict) -> str:
+    s = result["summary"]
+    k = float(rec["time_scale"])
+    lines = [
+        f"# Scenario {result['scenario']}" + (" (short form)" if result["short"] else ""),
+        "",
+        result["description"],
+        "",
+        result["explain"],
+        "",
+        f"Lab `{rec['name']}` ({rec['family']}) from `{rec['file']}`, time scale k = {k:g};"
+        f" seed {result['seed']}. Times marked real are wall-clock on this machine;"
+        " bandwidths are nominal.",
+        "",
+        "## Result",
+        "",
+    ]
+    unit = {
+        "jct": "job completion time, real s (lower is better)",
+        "slowdown": "slowdown (lower is better)",
+        "busbw": "busbw, GB/s nominal (higher is better)",
+        "phases": "busbw in the last phase / in the first",
+    }[s["metric"]]
+    rows = [
+        [
+            t,
+            "stalled or failed" if v is None else f"{v:.3f}",
+            f"{s['ethplus_advantage'][t]:.2f}x" if t in s["ethplus_advantage"] else "-",
+        ]
+        for t, v in s["figures"].items()
+    ]
+    lines += _md_table(["transport", unit, "ethplus's advantage"], rows) + [""]
+    for tname, r in result["transports"].items():
+        lines += [f"## {r['label']}", ""]
+        rows = []
+        for jname, j in r["jobs"].items():
+            if j["status"] == "failed":
+                rows.append([jname, "FAILED", "-", "-", "-", j["error"]])
+                continue
+            rows.append(
+                [
+                    jname,
+                    j["collective"],
+                    f"{j['jct_real_s']:.2f}",
+                    f"{j['busbw_GBps']:.2f}",
+                    str(j["wrong"]),
+                    f"{j['slowdown_vs_alone']:.2f}x" if j["slowdown_vs_alone"] else "-",
+                ]
+            )
+        lines += _md_table(
+            ["job", "collective", "JCT (real s)", "busbw (GB/s)", "#wrong", "slowdown vs alone"],
+            rows,
+        ) + [""]
+        for jname, j in r["jobs"].items():
+            if len(j.get("phases", [])) > 1:
+                lines.append(
+                    f"Phases of {jname}: "
+                    + "; ".join(
+                        f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations)"
+                        for p in j["phases"]
+                    )
+                    + "."
+                )
+        if r["faults_applied"]:
+            lines += [
+                "",
+                "Faults applied (planned and actual seconds after the timed phase began): "
+                + "; ".join(
+                    f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s)"
+                    for f in r["faults_applied"]
+                )
+                + ".",
+            ]
+        lines.append("")
+        if r["fidelity"]:
+            fake = {"collective": "the first job", "transport": tname, "fidelity": r["fidelity"]}
+            lines += _fidelity_md(fake)
+    lines += [
+        "## Plots",
+        "",
+        "- `timeline.png`: each job's busbw per iteration over time, faults marked.",
+        "- `busbw.png`, `link-utilisation.png`, `queue-depth.png`: as `compare`"
+        " writes them (utilisation and queues sampled during the first job).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_scenario(out_dir: str, result: dict, rec: dict) -> dict[str, str]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "report": out / "report.md",
+        "results": out / "results.json",
+        "timeline": out / "timeline.png",
+        **{p.removesuffix(".png"): out / p for p in PLOTS},
+    }
+    paths["results"].write_text(json.dumps(result, indent=1) + "\n")
+    paths["report"].write_text(scenario_markdown(result, rec))
+    plot_timeline(result, paths["timeline"])
+    runs = []
+    for r in result["transports"].values():
+        for jname, res in r["results"].items():
+            runs.append({**res, "label": f"{jname} / {r['label']}"})
+    sampled = [
+        r["results"][next(iter(r["jobs"]))]
+        for r in result["transports"].values()
+        if next(iter(r["jobs"])) in r["results"]
+    ]
+    if runs:
+        plot_busbw(runs, paths["busbw"])
+    if sampled:
+        _plot_series(
+            sampled, paths["link-utilisation"], "plane_util", "egress utilisation (%)", 100
+        )
+        _plot_series(sampled, paths["queue-depth"], "queue_bytes", "deepest queue (KB)", 1e-3)
+    return {k: str(v) for k, v in paths.items() if v.exists()}

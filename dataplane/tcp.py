@@ -104,7 +104,10 @@ class TcpTransport(Transport):
             f"congestion control {_sysctl('tcp_congestion_control')}, tcp_ecn={_sysctl('tcp_ecn')}",
         )
         self._sel = selectors.DefaultSelector()
-        self._conns: dict[int, list[_Conn]] = {p: [] for p in ips if p != self.rank}
+        members = set(opts.members) if opts.members is not None else set(ips)
+        self._conns: dict[int, list[_Conn]] = {
+            p: [] for p in ips if p != self.rank and p in members
+        }
         self._posted: dict[tuple[int, int], _Msg] = {}
         self._early: dict[tuple[int, int], _Early] = {}
         self._rr: dict[int, int] = dict.fromkeys(self._conns, 0)
@@ -135,7 +138,7 @@ class TcpTransport(Transport):
                     )
                     s.sendall(_HELLO.pack(self.rank, st))
                     self._add(s, peer, st)
-            self._accept(listeners, self.rank * self.streams)
+            self._accept(listeners, sum(p < self.rank for p in self._conns) * self.streams)
         except OSError as e:
             self.close()
             raise TransportError(f"rank {self.rank}: cannot connect the TCP streams: {e}") from e

@@ -34,6 +34,7 @@ class Options:
     adaptive: bool = False  # ethplus: adaptive rather than oblivious spraying
     seed: int = 1
     roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)
+    members: list[int] | None = None  # the lab ranks of this job (None: every accelerator)
 
 
 class Transport(ABC):
@@ -149,6 +150,34 @@ class NicTransport(Transport):
         self.ep.close()
 
 
+class Group(Transport):
+    """A job on some of a lab's accelerators: ranks 0..len(members)-1 of the
+    group stand for the lab ranks in members."""
+
+    def __init__(self, inner: Transport, members: list[int]):
+        self.inner, self.members = inner, list(members)
+        self.name, self.notes = inner.name, inner.notes
+        self.rank, self.world = self.members.index(inner.rank), len(self.members)
+
+    def _isend(self, peer: int, tag: int, view: memoryview) -> object:
+        return self.inner._isend(self.members[peer], tag, view)
+
+    def _irecv(self, peer: int, tag: int, view: memoryview) -> object:
+        return self.inner._irecv(self.members[peer], tag, view)
+
+    def _wait(self, handle: object) -> None:
+        self.inner._wait(handle)
+
+    def counters(self) -> dict[str, int]:
+        return self.inner.counters()
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "members": self.members}
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def available() -> list[str]:
     """Transports this build can run, in report order."""
     return ["ethplus", "roce", "tcp"]
@@ -160,9 +189,13 @@ def open_transport(
     """The transport of one rank.  barrier(name) returns once every rank has
     called it: transports that must listen before their peers connect use it."""
     if name in ("ethplus", "roce"):
-        return NicTransport(name, lab, node, rec, opts)
-    if name == "tcp":
+        t: Transport = NicTransport(name, lab, node, rec, opts)
+    elif name == "tcp":
         from dataplane.tcp import TcpTransport
 
-        return TcpTransport(lab, node, rec, opts, barrier)
-    raise TransportError(f"unknown transport {name!r} (expected one of {', '.join(available())})")
+        t = TcpTransport(lab, node, rec, opts, barrier)
+    else:
+        raise TransportError(
+            f"unknown transport {name!r} (expected one of {', '.join(available())})"
+        )
+    return Group(t, opts.members) if opts.members is not None else t

@@ -67,6 +67,7 @@ def run(link: Link, plan: dict, node: str) -> None:
         tcp_streams=plan.get("tcp_streams"),
         adaptive=plan.get("adaptive", False),
         roce_qps=plan.get("qps"),
+        members=plan.get("members"),
     )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])
@@ -88,11 +89,13 @@ def run(link: Link, plan: dict, node: str) -> None:
                 case.run()
             link.barrier(f"time-{i}")
             t0 = time.monotonic()
+            ends = []
             for _ in range(plan["iters"]):
                 case.run()
-            t1 = time.monotonic()
+                ends.append(time.monotonic())
+            t1 = ends[-1]
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
-                              "t0": t0, "t1": t1, "cpu_s": _cpu_s()})  # fmt: skip
+                              "t0": t0, "t1": t1, "ends": ends, "cpu_s": _cpu_s()})  # fmt: skip
             del case
         # Nobody closes before everyone is through: a closing rank would leave
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.

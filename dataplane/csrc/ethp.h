@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 12
+#define ETHP_ABI_VERSION 13
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -398,7 +398,8 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_cnps, "roce: CNPs received")                                           \
     X(rate_cuts, "roce: DCQCN rate decreases")                                  \
     X(rate_bps, "roce: DCQCN rate now, summed over QPs (real bit/s)")          \
-    X(tx_injected_drops, "first transmissions dropped by fault injection (drop_psn)")
+    X(tx_injected_drops, "first transmissions dropped by fault injection (drop_psn)") \
+    X(plane_failures, "adaptive: a plane kept losing packets and was taken out for a while")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };

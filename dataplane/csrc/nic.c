@@ -142,6 +142,8 @@ struct nic_port {
     uint32_t ip;
     uint64_t next_tx_ns, paused_until;
     uint64_t avoid_until; /* adaptive: marked, trimmed or lost here lately */
+    uint32_t fails;       /* adaptive: loss events in a row (at most one per base RTT) */
+    uint64_t fail_counted_ns;
     int up;
     struct ethp_pkt *txq[NIC_BURST];
     uint32_t ntx;
@@ -347,6 +349,33 @@ static void avoid_plane(struct ethp_nic *n, uint32_t plane, uint64_t now)
         n->ports[plane].avoid_until = now + n->cfg.base_rtt_ns;
 }
 
+/* Adaptive: a plane that loses packets again and again (a failed switch, a
+ * dead link) is taken out of the rotation for one base RTT, doubling per
+ * loss event (at most one per base RTT) up to 64, and from the second event
+ * on its packets in flight are resent elsewhere at once: a failure costs a
+ * few RTTs, not a retransmit timeout per message.  An unmarked ack of a
+ * packet sent there puts it back. */
+static void plane_lost(struct ethp_nic *n, uint32_t plane, uint64_t now)
+{
+    if (!n->cfg.adaptive || plane >= n->n_ports)
+        return;
+    struct nic_port *pt = &n->ports[plane];
+    if (pt->fails && now - pt->fail_counted_ns < n->cfg.base_rtt_ns)
+        return;
+    pt->fail_counted_ns = now;
+    uint32_t f = ++pt->fails < 6 ? pt->fails : 6;
+    pt->avoid_until = now + (n->cfg.base_rtt_ns << f);
+    if (pt->fails < 2)
+        return;
+    n->c[ETHP_NC_plane_failures]++;
+    for (uint32_t k = 0; k < n->n_active; k++) {
+        struct nic_peer *p = &n->peers[n->active[k]];
+        for (uint32_t psn = p->snd_una; p->win && psn != p->snd_nxt; psn++)
+            if (p->win[psn % NIC_WIN].state == PKT_INFLIGHT && p->win[psn % NIC_WIN].plane == plane)
+                mark_lost(p, psn);
+    }
+}
+
 static uint32_t pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_t psn,
                            int for_send)
 {
@@ -403,8 +432,14 @@ static uint32_t retx_plane(const struct ethp_nic *n, uint32_t old)
 {
     uint32_t best = UINT32_MAX;
     uint64_t t = UINT64_MAX;
+    uint64_t now = ethp_now_ns();
+    int healthy = 0; /* adaptive: leave out planes taken out, if any other is left */
+    for (uint32_t i = 0; n->cfg.adaptive && i < n->n_ports; i++)
+        healthy += n->ports[i].up && n->ports[i].avoid_until <= now && !n->ports[i].fails;
     for (uint32_t i = 0; i < n->n_ports; i++) {
         const struct nic_port *pt = &n->ports[i];
+        if (healthy && (pt->avoid_until > now || pt->fails))
+            continue;
         uint64_t free_at = pt->next_tx_ns > pt->paused_until ? pt->next_tx_ns : pt->paused_until;
         if (pt->up && (i != old || best == UINT32_MAX) && (free_at < t || best == old)) {
             t = free_at;
@@ -881,6 +916,7 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
             if (t->state == PKT_INFLIGHT && t->sent_ns < hs_sent) {
                 mark_lost(p, psn);
                 avoid_plane(n, t->plane, now);
+                plane_lost(n, t->plane, now);
                 count(n, p, ETHP_NC_retx_sack, 1);
                 struct ethp_cc_params pp = cc_params(n);
                 n->cc->on_nack(&p->cc[t->sub].st, &pp, now);
@@ -899,6 +935,9 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
     if (ecn) {
         count(n, p, ETHP_NC_ecn_echoes, 1);
         avoid_plane(n, echo_plane, now);
+    } else if (echo_plane < n->n_ports && n->ports[echo_plane].fails) {
+        n->ports[echo_plane].fails = 0; /* it delivers again */
+        n->ports[echo_plane].avoid_until = 0;
     }
     struct ethp_cc_params pp = cc_params(n);
     for (uint32_t i = 0; i < n->n_ports; i++)
@@ -1136,8 +1175,11 @@ static void timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         return;
     }
     for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
-        if (mark_lost(p, psn))
+        struct tx_pkt *t = mark_lost(p, psn);
+        if (t) {
             count(n, p, ETHP_NC_retx_timeout, 1);
+            plane_lost(n, t->plane, now);
+        }
     }
     struct ethp_cc_params pp = cc_params(n);
     for (uint32_t i = 0; i < (n->cfg.roce ? n->cfg.qps : n->n_ports); i++)

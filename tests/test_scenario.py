@@ -1,0 +1,149 @@
+"""Scenarios: every one runs (short form) over every transport it names with
+zero #wrong and a fidelity report; plane failure loses and duplicates nothing;
+runs are reproducible from the seed; bad scenario files get one-line errors."""
+
+import json
+
+import pytest
+from conftest import RUN_ID, ethplus
+
+from dataplane import scenario
+
+KiB, MiB = 1024, 1 << 20
+
+
+def _module_lab(file: str):
+    name = f"{RUN_ID}-sc-{file.split('-')[0]}"
+    ethplus("lab", "up", file, "--name", name, check=True)
+    try:
+        yield name
+    finally:
+        ethplus("lab", "down", name)
+
+
+@pytest.fixture(scope="module")
+def erack():
+    yield from _module_lab("erack-8x4")
+
+
+@pytest.fixture(scope="module")
+def clos():
+    yield from _module_lab("clos-16")
+
+
+def _run(lab: str, name: str, out, *extra: str) -> dict:
+    r = ethplus("scenario", "run", name, "--short", "--lab", lab, "--out", str(out), *extra,
+                timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"report: {out}/report.md" in r.stdout
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("name", [s.name for s in scenario.listing()])
+def test_every_scenario_runs_on_every_transport(request, name, tmp_path):
+    sc = scenario.load(name, short=True)
+    lab = request.getfixturevalue("erack" if sc.lab == "erack-8x4" else "clos")
+    res = _run(lab, name, tmp_path / name)
+    assert list(res["transports"]) == sc.transports
+    for t, r in res["transports"].items():
+        for jname, j in r["jobs"].items():
+            assert j["status"] == "ok", f"{t} {jname}: {j}"
+            assert j["wrong"] == 0
+        assert r["fidelity"] and "not_time_scaled" in r["fidelity"]
+        assert len(r["faults_applied"]) == len(sc.faults)
+    md = (tmp_path / name / "report.md").read_text()
+    assert sc.explain.split()[0] in md and "## Result" in md
+    for png in ("timeline.png", "busbw.png", "link-utilisation.png", "queue-depth.png"):
+        assert (tmp_path / name / png).stat().st_size > 10_000
+
+
+@pytest.mark.root
+def test_plane_failure_loses_and_duplicates_nothing(erack, tmp_path):
+    res = _run(erack, "plane-failure", tmp_path / "pf", "--transports", "ethplus")
+    e = res["transports"]["ethplus"]
+    assert [f["set"] for f in e["faults_applied"]] == ["down", "up"]
+    job = e["jobs"]["allreduce"]
+    assert job["status"] == "ok" and job["wrong"] == 0
+    c = e["results"]["allreduce"]["nic_counters"]
+    assert c["msgs_sent"] == c["msgs_received"] > 0  # every message once
+    slowdown = res["summary"]["figures"]["ethplus"]
+    assert slowdown is not None and slowdown > 0
+    md = (tmp_path / "pf" / "report.md").read_text()
+    assert "4/3" in md
+
+
+@pytest.mark.root
+def test_a_seed_reproduces_faults_and_traffic(erack, tmp_path):
+    runs = [
+        _run(erack, "lossy-link", tmp_path / f"r{i}", "--transports", "ethplus") for i in range(2)
+    ]
+    fa = [r["transports"]["ethplus"]["faults_applied"] for r in runs]
+    assert [f["planned_s"] for f in fa[0]] == [f["planned_s"] for f in fa[1]]
+    for a, b in zip(fa[0], fa[1], strict=True):
+        assert abs(a["at_s"] - b["at_s"]) < 0.1
+        assert a["at_s"] >= a["planned_s"] - 1e-3
+    first_tx = [
+        (c["tx_data_bytes"] - c["retx_bytes"], c["msgs_sent"])
+        for c in (r["transports"]["ethplus"]["results"]["allreduce"]["nic_counters"] for r in runs)
+    ]
+    assert first_tx[0] == first_tx[1]
+
+
+BAD = {
+    "no-scenario": ('[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n', "scenario"),
+    "bad-collective": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\ncollective = "gather"\nsizes = ["1M"]\n',
+        "job.job0.collective",
+    ),
+    "bad-size": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\ncollective = "all-reduce"\nsizes = ["1Q"]\n',
+        "job.job0.sizes",
+    ),
+    "bad-transport": (
+        '[scenario]\nlab = "erack-8x4"\ntransports = ["udp"]\n'
+        '[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n',
+        "scenario.transports",
+    ),
+    "bad-fault": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n'
+        '[[fault]]\nat_s = 1\nlink = "h0-plane0"\nset = "melt"\n',
+        "fault[0].set",
+    ),
+    "fault-both": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n'
+        '[[fault]]\nat_s = 1\nlink = "h0-plane0"\nnode = "plane0"\nset = "down"\n',
+        "fault[0]",
+    ),
+    "overlap": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\nname = "a"\ncollective = "all-reduce"\n'
+        'sizes = ["1M"]\nnodes = ["h0", "h1"]\n[[job]]\nname = "b"\ncollective = "all-reduce"\n'
+        'sizes = ["1M"]\nnodes = ["h1", "h2"]\n',
+        "job.b.nodes",
+    ),
+    "unknown-key": ('[scenario]\nlab = "erack-8x4"\nspeed = 3\n', "scenario.speed"),
+    "not-toml": ("[scenario\n", "file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_scenario_files_are_one_line_errors(case, tmp_path):
+    text, key = BAD[case]
+    f = tmp_path / f"{case}.toml"
+    f.write_text(text)
+    r = ethplus("scenario", "run", str(f))
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and str(f) in line and f"{key}:" in line and "expected" in line, line
+    assert "Traceback" not in r.stderr
+
+
+def test_every_shipped_scenario_loads_in_both_forms():
+    names = {s.name for s in scenario.listing()}
+    assert {"ecmp-collision", "incast-alltoall", "plane-failure", "lossy-link", "two-jobs"} <= names
+    for n in names:
+        full, short = scenario.load(n), scenario.load(n, short=True)
+        assert full.explain and short.short
+        assert sum(j.sizes[-1] * j.iters for j in short.jobs) <= sum(
+            j.sizes[-1] * j.iters for j in full.jobs
+        )
