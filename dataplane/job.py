@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,8 @@ from dataplane import fabric, registry
 GRACE_S = 2.0
 SAMPLE_S = 0.2
 _serial = 0  # jobs started by this process: each gets its own socket
+# uvloop refuses two loops (concurrent jobs, one per thread) spawning at once
+_spawn_lock = threading.Lock()
 
 
 class JobError(RuntimeError):
@@ -214,7 +217,7 @@ class Job:
 
     async def _spawn(self, r: Rank) -> None:
         ns = self.rec["namespaces"][r.node]
-        with open(r.log, "wb") as log:
+        with open(r.log, "wb") as log, _spawn_lock:
             r.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
