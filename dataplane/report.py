@@ -366,7 +366,8 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                 lines.append(
                     f"Phases of {jname}: "
                     + "; ".join(
-                        f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations)"
+                        f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations,"
+                        f" the longest {p['longest_iteration_s']:.2f} s)"
                         for p in j["phases"]
                     )
                     + "."

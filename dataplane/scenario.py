@@ -441,15 +441,17 @@ def _jct_s(result: dict) -> float:
 
 
 def _phases(iters: list[dict], applied: list[dict]) -> list[dict]:
-    """Mean busbw of the iterations wholly inside each span between faults."""
+    """Mean busbw of the iterations that overlap each span between faults (an
+    iteration stalled across a whole span counts, at its low busbw)."""
     edges = [0.0] + [f["at_s"] for f in applied] + [float("inf")]
     names = ["before any fault"] + [f"after {f['name']} {f['set']}" for f in applied]
     out = []
     for (a, b), name in zip(zip(edges, edges[1:], strict=False), names, strict=False):
-        inside = [x for x in iters if x["start_s"] >= a and x["end_s"] <= b]
-        if inside:
-            mean = sum(x["busbw_GBps"] for x in inside) / len(inside)
-            out.append({"phase": name, "iterations": len(inside), "busbw_GBps": mean})
+        over = [x for x in iters if x["start_s"] < b and x["end_s"] > a]
+        mean = sum(x["busbw_GBps"] for x in over) / len(over) if over else 0.0
+        longest = max((x["end_s"] - x["start_s"] for x in over), default=0.0)
+        out.append({"phase": name, "iterations": len(over), "busbw_GBps": mean,
+                    "longest_iteration_s": longest})  # fmt: skip
     return out
 
 
