@@ -340,6 +340,12 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         for t, v in s["figures"].items()
     ]
     lines += _md_table(["transport", unit, "ethplus's advantage"], rows) + [""]
+    planes = sorted({n.get("plane") for n in rec["topology"]["nodes"]
+                     if n["role"] == "switch" and n.get("plane") is not None})  # fmt: skip
+    if s["metric"] == "slowdown" and result["planned_faults"] and len(planes) > 1:
+        p = len(planes)
+        lines += [f"With one of its {p} planes gone, the best a transport can do is"
+                  f" P/(P-1) = {p / (p - 1):.2f} of its time per iteration.", ""]  # fmt: skip
     for tname, r in result["transports"].items():
         lines += [f"## {r['label']}", ""]
         rows = []
@@ -361,6 +367,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
             ["job", "collective", "JCT (real s)", "busbw (GB/s)", "#wrong", "slowdown vs alone"],
             rows,
         ) + [""]
+        lines += _stall_lines(r)
         for jname, j in r["jobs"].items():
             if len(j.get("phases", [])) > 1:
                 lines.append(
@@ -394,6 +401,28 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         " writes them (utilisation and queues sampled during the first job).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _stall_lines(r: dict) -> list[str]:
+    """Whether each job stalled, and the deepest queues sampled."""
+    out = []
+    for jname, j in r["jobs"].items():
+        if j.get("stalled_s"):
+            out.append(
+                f"**{jname} stalled**: its longest iteration took {j['longest_iteration_s']:.2f} s"
+                f" against a typical {j['typical_iteration_s']:.2f} s."
+            )
+        elif j["status"] != "failed" and r["faults_applied"]:
+            out.append(
+                f"{jname} did not stall (longest iteration {j['longest_iteration_s']:.2f} s,"
+                f" typical {j['typical_iteration_s']:.2f} s)."
+            )
+    sampled = r["results"].get(next(iter(r["jobs"])), {}).get("series", {})
+    deepest = {sw: max(q) for sw, q in sampled.get("queue_bytes", {}).items() if q}
+    if deepest:
+        shown = ", ".join(f"{sw} {q / 1e3:.0f} KB" for sw, q in sorted(deepest.items()))
+        out.append(f"Deepest egress queue sampled per switch (every 0.2 s): {shown}.")
+    return [*out, ""] if out else []
 
 
 def write_scenario(out_dir: str, result: dict, rec: dict) -> dict[str, str]:

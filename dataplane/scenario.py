@@ -486,6 +486,13 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
                 continue
             iters = _iterations(r, res["t0"])
             jct = _jct_s(r)
+            before = [
+                x["end_s"] - x["start_s"]
+                for x in iters
+                if not res["faults"] or x["end_s"] <= res["faults"][0]["at_s"]
+            ]
+            longest = max((x["end_s"] - x["start_s"] for x in iters), default=0.0)
+            typical = sorted(before)[len(before) // 2] if before else 0.0
             per_job[j.name] = {
                 "status": "ok" if not any(x["wrong"] for x in r["rows"]) else "wrong",
                 "collective": j.collective,
@@ -497,6 +504,11 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
                 "iterations": iters,
                 "phases": _phases(iters, res["faults"]),
                 "slowdown_vs_alone": jct / alone[j.name] if alone.get(j.name) else None,
+                # an iteration that took over three typical ones (before any
+                # fault): the transport stalled for about the difference
+                "typical_iteration_s": typical,
+                "longest_iteration_s": longest,
+                "stalled_s": longest - typical if typical and longest > 3 * typical else 0.0,
             }
         sampled = res["jobs"].get(sc.jobs[0].name)
         out["transports"][tname] = {
