@@ -20,6 +20,7 @@ ALGORITHMS = {"all-reduce": ("ring", "halving-doubling")}
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
+RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
 _TAG_BITS = 12  # tags per collective call: 4096
 
 
@@ -242,15 +243,33 @@ class Comm:
         n, r, t = self.world, self.rank, self.t
         sd = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
         rd = np.concatenate([[0], np.cumsum(recv_counts)]).astype(int)
-        tag = self._tags(1)
+        tag = self._tags(2)
         recvs = [t.irecv(s, tag(0), recv[rd[s] : rd[s + 1]]) for s in range(n) if s != r]
         # Staggered order (r+1, r+2, ...): every receiver starts with a different sender.
-        sends = [
-            t.isend(d, tag(0), send[sd[d] : sd[d + 1]]) for d in ((r + i) % n for i in range(1, n))
-        ]
+        order = [(r + i) % n for i in range(1, n)]
+        big = (
+            max(send.itemsize * int(send_counts[d]) for d in order) >= RENDEZVOUS_BYTES
+            if order
+            else False
+        )
+        if big:
+            # Rendezvous: tell every sender this rank's receives are posted, and
+            # send to a rank only once it said so.  A rank still busy with the
+            # previous collective would otherwise turn the data away.
+            flags = np.zeros(n, np.uint8)
+            ready = {d: t.irecv(d, tag(1), flags[d : d + 1]) for d in order}
+            one = np.ones(1, np.uint8)
+            acks = [t.isend(s, tag(1), one) for s in order]
+        sends = []
+        for d in order:
+            if big:
+                t.wait(ready[d])
+            sends.append(t.isend(d, tag(0), send[sd[d] : sd[d + 1]]))
         recv[rd[r] : rd[r + 1]] = send[sd[r] : sd[r + 1]]
         t.waitall(recvs)
         t.waitall(sends)
+        if big:
+            t.waitall(acks)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Root's buf to every rank, down a pipelined chain root, root+1, ..."""
