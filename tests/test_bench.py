@@ -258,3 +258,21 @@ def test_demo_runs_every_transport(erack, tmp_path):
         assert t.upper() in r.stdout
     assert "all-reduce: busbw" in r.stdout and "all-to-all: busbw" in r.stdout
     assert (tmp_path / "demo" / "report.md").exists()
+
+
+def test_a_run_the_machine_cannot_keep_up_with_is_marked_behind(tmp_path):
+    """At time scale 100 the links run at 4 Gbit/s real, more than this
+    machine forwards: the row must say `behind`, the report must say so,
+    and the JSON's fidelity must not be clean."""
+    name = f"{RUN_ID}-bk"
+    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
+    js = tmp_path / "r.json"
+    r = ethplus("bench", "all-reduce", "--lab", str(f), "--time-scale", "100", "--sizes", "4M",
+                "--iters", "2", "--warmup", "0", "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert _rows(r.stdout)[0][-1] == "behind"
+    assert "PACING FELL BEHIND" in r.stdout
+    result = json.loads(js.read_text())
+    assert result["rows"][0]["fell_behind"] and not result["fidelity"]["clean"]
