@@ -247,29 +247,31 @@ class Comm:
         recvs = [t.irecv(s, tag(0), recv[rd[s] : rd[s + 1]]) for s in range(n) if s != r]
         # Staggered order (r+1, r+2, ...): every receiver starts with a different sender.
         order = [(r + i) % n for i in range(1, n)]
-        big = (
-            max(send.itemsize * int(send_counts[d]) for d in order) >= RENDEZVOUS_BYTES
-            if order
-            else False
-        )
-        if big:
-            # Rendezvous: tell every sender this rank's receives are posted, and
-            # send to a rank only once it said so.  A rank still busy with the
-            # previous collective would otherwise turn the data away.
-            flags = np.zeros(n, np.uint8)
-            ready = {d: t.irecv(d, tag(1), flags[d : d + 1]) for d in order}
-            one = np.ones(1, np.uint8)
-            acks = [t.isend(s, tag(1), one) for s in order]
+        # Rendezvous for big messages: a rank tells each rank that will send
+        # it RENDEZVOUS_BYTES or more that its receives are posted, and sends
+        # such a message only once told so (a rank still busy with the last
+        # collective would turn the data away).  Both ends judge a pair by the
+        # same count, so they agree on it.
+        item = send.itemsize
+        flags = np.zeros(n, np.uint8)
+        one = np.ones(1, np.uint8)
+        ready = {
+            d: t.irecv(d, tag(1), flags[d : d + 1])
+            for d in order
+            if item * int(send_counts[d]) >= RENDEZVOUS_BYTES
+        }
+        acks = [
+            t.isend(s, tag(1), one) for s in order if item * int(recv_counts[s]) >= RENDEZVOUS_BYTES
+        ]
         sends = []
         for d in order:
-            if big:
+            if d in ready:
                 t.wait(ready[d])
             sends.append(t.isend(d, tag(0), send[sd[d] : sd[d + 1]]))
         recv[rd[r] : rd[r + 1]] = send[sd[r] : sd[r + 1]]
         t.waitall(recvs)
         t.waitall(sends)
-        if big:
-            t.waitall(acks)
+        t.waitall(acks)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Root's buf to every rank, down a pipelined chain root, root+1, ..."""

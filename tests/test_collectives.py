@@ -92,3 +92,9 @@ def test_bus_factors_are_nccl_tests():
     assert canonical("All_Gather") == "all-gather"
     with pytest.raises(ValueError, match="unknown collective 'gather'"):
         canonical("gather")
+
+
+def test_uneven_all_to_all_with_some_pairs_above_the_rendezvous_size():
+    # About 267 KB per pair on average, skewed: some pairs use the rendezvous,
+    # some do not, and both ends of every pair must agree.
+    assert _wrong(6, "all-to-all", "ring", 400_000, uneven=True) == [0] * 6
