@@ -486,12 +486,57 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
         struct nic_qp *qp = &p->qp[psn % n->cfg.qps];
         uint64_t rate = p->cc[psn % n->cfg.qps].st.rate_bps;
         uint64_t start = qp->next_tx_ns > now ? qp->next_tx_ns : now;
-        qp->next_tx_ns = rate ? start + ser_ns(n, t->len + 80) * n->cfg.rate_bps / rate : now;
+        uint32_t frame = t->len + ETHP_ETH_HDR_BYTES + ETHP_IPV4_HDR_BYTES + ETHP_UDP_HDR_BYTES +
+                         ETHP_HDR_BYTES; /* RoCE mode is always the UDP form */
+        qp->next_tx_ns = rate ? start + ser_ns(n, frame) * n->cfg.rate_bps / rate : now;
         qp->sent_bytes += t->len;
     }
     if (!p->rto_deadline)
         p->rto_deadline = now + p->rto_ns;
     return 0;
+}
+
+/* Cut the next packet off the send queue as PSN snd_nxt, in flight on plane
+ * (window sub), and send it. */
+static void send_new(struct ethp_nic *n, struct nic_peer *p, uint32_t plane, uint32_t sub,
+                     uint64_t now)
+{
+    struct nic_msg *m = p->sq_head;
+    uint32_t len = (uint32_t)(m->len - m->next_off < n->cfg.payload_bytes ? m->len - m->next_off
+                                                                          : n->cfg.payload_bytes);
+    uint32_t psn = p->snd_nxt++;
+    struct tx_pkt *t = &p->win[psn % NIC_WIN];
+    *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
+                         .state = PKT_INFLIGHT, .plane = (uint8_t)plane, .sub = (uint8_t)sub};
+    m->next_off += len;
+    t->last = m->next_off >= m->len;
+    if (t->last) {
+        p->sq_head = m->next;
+        if (!p->sq_head)
+            p->sq_tail = NULL;
+    }
+    add_inflight(p, t);
+    send_pkt(n, p, psn, plane, now);
+}
+
+/* Put lost packet psn back in flight on plane (window sub) and resend it;
+ * 0 if the frame went out. */
+static int resend(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32_t plane,
+                  uint32_t sub, uint64_t now)
+{
+    struct tx_pkt *t = &p->win[psn % NIC_WIN];
+    t->retx = 1;
+    t->state = PKT_INFLIGHT;
+    p->n_lost--;
+    t->plane = (uint8_t)plane;
+    t->sub = (uint8_t)sub;
+    add_inflight(p, t);
+    int rc = send_pkt(n, p, psn, plane, now);
+    if (rc == 0) {
+        count(n, p, ETHP_NC_retx_pkts, 1);
+        count(n, p, ETHP_NC_retx_bytes, t->len);
+    }
+    return rc;
 }
 
 /* roce: the plane a packet of QP q takes: its own, unless spraying, when
@@ -525,16 +570,8 @@ static void pump_roce(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
             blocked |= 1u << q;
             continue;
         }
-        t->retx = 1;
-        t->state = PKT_INFLIGHT;
-        p->n_lost--;
-        t->plane = (uint8_t)roce_plane(n, psn);
-        add_inflight(p, t);
-        if (send_pkt(n, p, psn, t->plane, now) == 0) {
-            count(n, p, ETHP_NC_retx_pkts, 1);
-            count(n, p, ETHP_NC_retx_bytes, t->len);
+        if (resend(n, p, psn, roce_plane(n, psn), psn % n->cfg.qps, now) == 0)
             count(n, p, ETHP_NC_retx_gbn, 1);
-        }
     }
     if (p->n_lost && now < p->rnr_until)
         return;
@@ -542,24 +579,7 @@ static void pump_roce(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         uint32_t psn = p->snd_nxt;
         if ((blocked & (1u << (psn % n->cfg.qps))) || !qp_ready(n, p, psn, now))
             return;
-        struct nic_msg *m = p->sq_head;
-        uint32_t len = (uint32_t)(m->len - m->next_off < n->cfg.payload_bytes
-                                      ? m->len - m->next_off
-                                      : n->cfg.payload_bytes);
-        struct tx_pkt *t = &p->win[psn % NIC_WIN];
-        *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
-                             .state = PKT_INFLIGHT, .plane = (uint8_t)roce_plane(n, psn),
-                             .sub = (uint8_t)(psn % n->cfg.qps)};
-        m->next_off += len;
-        t->last = m->next_off >= m->len;
-        if (t->last) {
-            p->sq_head = m->next;
-            if (!p->sq_head)
-                p->sq_tail = NULL;
-        }
-        add_inflight(p, t);
-        p->snd_nxt++;
-        send_pkt(n, p, psn, t->plane, now);
+        send_new(n, p, roce_plane(n, psn), psn % n->cfg.qps, now);
     }
 }
 
@@ -578,16 +598,9 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         uint32_t plane = retx_plane(n, t->plane);
         if (plane == UINT32_MAX || !port_free(n, plane, now))
             return;
-        t->retx = 1;
-        t->state = PKT_INFLIGHT;
-        p->n_lost--;
-        t->plane = t->sub = (uint8_t)plane;
-        add_inflight(p, t);
         uint64_t nacked = t->nacked_ns;
         t->nacked_ns = 0;
-        if (send_pkt(n, p, psn, plane, now) == 0) {
-            count(n, p, ETHP_NC_retx_pkts, 1);
-            count(n, p, ETHP_NC_retx_bytes, t->len);
+        if (resend(n, p, psn, plane, plane, now) == 0) {
             if (nacked && now - nacked > p->c[ETHP_NC_nack_retx_max_ns]) {
                 p->c[ETHP_NC_nack_retx_max_ns] = now - nacked;
                 if (now - nacked > n->c[ETHP_NC_nack_retx_max_ns])
@@ -600,24 +613,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         uint32_t plane = pick_plane(n, p, p->snd_nxt, 1);
         if (plane == UINT32_MAX || !port_free(n, plane, now))
             return;
-        struct nic_msg *m = p->sq_head;
-        uint32_t len = (uint32_t)(m->len - m->next_off < n->cfg.payload_bytes
-                                      ? m->len - m->next_off
-                                      : n->cfg.payload_bytes);
-        struct tx_pkt *t = &p->win[p->snd_nxt % NIC_WIN];
-        *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
-                             .state = PKT_INFLIGHT, .plane = (uint8_t)plane,
-                             .sub = (uint8_t)(n->cfg.roce ? p->snd_nxt % n->cfg.qps : plane)};
-        m->next_off += len;
-        t->last = m->next_off >= m->len;
-        if (t->last) {
-            p->sq_head = m->next;
-            if (!p->sq_head)
-                p->sq_tail = NULL;
-        }
-        add_inflight(p, t);
-        uint32_t psn = p->snd_nxt++;
-        send_pkt(n, p, psn, plane, now);
+        send_new(n, p, plane, plane, now);
     }
 }
 
@@ -969,8 +965,10 @@ static void on_ack_roce(struct ethp_nic *n, struct nic_peer *p, const struct eth
         return;
     uint64_t bytes[ETHP_NIC_MAX_PLANES] = {0};
     int progress = 0;
-    for (uint32_t psn = p->snd_una; psn != p->snd_nxt && (int32_t)(next - psn) > 0; psn++)
-        if (psn % n->cfg.qps == q && p->win[psn % NIC_WIN].state != PKT_ACKED) {
+    uint32_t qps = n->cfg.qps, first = p->snd_una + (q + qps - p->snd_una % qps) % qps;
+    for (uint32_t psn = first; (int32_t)(p->snd_nxt - psn) > 0 && (int32_t)(next - psn) > 0;
+         psn += qps) /* this QP's PSNs only */
+        if (p->win[psn % NIC_WIN].state != PKT_ACKED) {
             acked(n, p, &p->win[psn % NIC_WIN], bytes);
             progress = 1;
         }
@@ -987,12 +985,10 @@ static void on_ack_roce(struct ethp_nic *n, struct nic_peer *p, const struct eth
  * resent. */
 static void go_back(struct ethp_nic *n, struct nic_peer *p, uint32_t psn)
 {
-    uint32_t q = psn % n->cfg.qps;
     if (!p->win || psn - p->snd_una >= p->snd_nxt - p->snd_una)
         return;
-    for (; psn != p->snd_nxt; psn++)
-        if (psn % n->cfg.qps == q)
-            mark_lost(p, psn);
+    for (; (int32_t)(p->snd_nxt - psn) > 0; psn += n->cfg.qps) /* this QP's PSNs only */
+        mark_lost(p, psn);
 }
 
 static void on_cnp(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
