@@ -13,6 +13,7 @@ is the slowest rank's, averaged over the timed iterations.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import json
 import re
@@ -235,13 +236,7 @@ class Run:
                  on_progress=None, sample: bool = True):  # fmt: skip
         self.spec, self.rec, self.on_row = spec, rec, on_row
         self.meta = meta(spec, rec, nodes)
-        plan = Plan(
-            lab=rec["name"], transport=spec.transport, collective=spec.collective,
-            sizes=spec.sizes, algo=spec.algo, dtype=spec.dtype, op=spec.op, iters=spec.iters,
-            warmup=spec.warmup, check=spec.check, seed=spec.seed, root=spec.root,
-            uneven=spec.uneven, tcp_streams=spec.tcp_streams, qps=spec.qps,
-            adaptive=spec.adaptive, nodes=nodes, sample=sample,
-        )  # fmt: skip
+        plan = Plan(lab=rec["name"], nodes=nodes, sample=sample, **dataclasses.asdict(spec))
         self.job = Job(plan, rec, on_result=self._row_done, on_progress=on_progress)
 
     def _nominal(self, row: dict) -> dict:

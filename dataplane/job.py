@@ -42,6 +42,9 @@ class JobError(RuntimeError):
 
 @dataclass
 class Plan:
+    """What every rank of a job is told: a bench.Spec's fields (passed on
+    whole), the lab, and where the job runs."""
+
     lab: str
     transport: str
     collective: str

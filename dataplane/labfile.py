@@ -268,16 +268,17 @@ class LabSpec:
         }
 
 
-def resolve_path(file_or_name: str) -> Path:
-    """A lab file path, or the name of one in netns-labs/ (with or without .toml)."""
+def resolve_path(file_or_name: str, directory: Path = LABS_DIR, what: str = "lab file") -> Path:
+    """A file path, or the name of one in directory (netns-labs/ by default),
+    with or without .toml."""
     p = Path(file_or_name)
     if p.exists():
         return p
-    for cand in (LABS_DIR / file_or_name, LABS_DIR / f"{file_or_name}.toml"):
+    for cand in (directory / file_or_name, directory / f"{file_or_name}.toml"):
         if cand.exists():
             return cand
-    known = ", ".join(sorted(x.stem for x in LABS_DIR.glob("*.toml")))
-    raise LabFileError(file_or_name, "file", f"an existing lab file or one of: {known}")
+    known = ", ".join(sorted(x.stem for x in directory.glob("*.toml")))
+    raise LabFileError(file_or_name, "file", f"an existing {what} or one of: {known}")
 
 
 def _section(path: str, data: dict, name: str, fields: dict[str, Field]) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from pathlib import Path
 from dataplane import bench, faults, transport
 from dataplane.collectives import COLLECTIVES, bus_factor, canonical
 from dataplane.job import JobError
-from dataplane.labfile import LABS_DIR, LabFileError
+from dataplane.labfile import LABS_DIR, LabFileError, resolve_path
 
 SCENARIO_DIR = LABS_DIR / "scenarios"
 METRICS = ("jct", "slowdown", "busbw", "phases")
@@ -101,14 +101,7 @@ def _err(path: str, key: str, expected: str, value=None) -> LabFileError:
 
 
 def resolve(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.exists():
-        return p
-    for cand in (SCENARIO_DIR / name_or_path, SCENARIO_DIR / f"{name_or_path}.toml"):
-        if cand.exists():
-            return cand
-    known = ", ".join(sorted(x.stem for x in SCENARIO_DIR.glob("*.toml")))
-    raise LabFileError(name_or_path, "file", f"an existing scenario file or one of: {known}")
+    return resolve_path(name_or_path, SCENARIO_DIR, "scenario file")
 
 
 def _get(path, table: dict, key: str, where: str, kind, default=..., check=None, expected=""):

@@ -7,6 +7,7 @@ switch's own bookkeeping alone.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import subprocess
@@ -183,3 +184,14 @@ class Capture:
         self._stop.set()
         self._thread.join()
         self.port.close()
+
+
+@contextlib.contextmanager
+def lab_up_down(name: str, file: str, *extra: str):
+    """Lab `name` from `file` for a with block (a module fixture's body),
+    removed after it even when a test failed.  Gives the name."""
+    ethplus("lab", "up", file, "--name", name, *extra, check=True)
+    try:
+        yield name
+    finally:
+        ethplus("lab", "down", name)

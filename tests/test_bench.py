@@ -13,6 +13,7 @@ import time
 import jsonschema
 import pytest
 from conftest import RUN_ID, ethplus, fabric_pids
+from labtools import lab_up_down
 
 from dataplane import bench, registry, transport
 from dataplane.collectives import COLLECTIVES, bus_factor
@@ -24,11 +25,8 @@ MiB = 1 << 20
 
 def _module_lab(file: str):
     name = f"{RUN_ID}-bn-{file.split('-')[0]}"
-    ethplus("lab", "up", file, "--name", name, check=True)
-    try:
-        yield name
-    finally:
-        ethplus("lab", "down", name)
+    with lab_up_down(name, file) as n:
+        yield n
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RUN_ID, ethplus
-from labtools import Lab
+from conftest import RUN_ID
+from labtools import Lab, lab_up_down
 
 from dataplane import stats
 from dataplane.nic import Endpoint
@@ -64,13 +64,12 @@ class Ctx:
 def _module_lab(tmp_path_factory, base: str, suffix: str, *up_args: str, **kw):
     name = f"{RUN_ID}-ro{suffix}"
     f = _lab_file(tmp_path_factory.mktemp(name), base, name, **kw)
-    ethplus("lab", "up", f, "--name", name, *up_args, check=True)
-    ctx = Ctx(name)
-    try:
-        yield ctx
-    finally:
-        ctx.close()
-        ethplus("lab", "down", name)
+    with lab_up_down(name, f, *up_args):
+        ctx = Ctx(name)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import RUN_ID, ethplus
+from labtools import lab_up_down
 
 from dataplane import scenario
 
@@ -14,11 +15,8 @@ KiB, MiB = 1024, 1 << 20
 
 def _module_lab(file: str):
     name = f"{RUN_ID}-sc-{file.split('-')[0]}"
-    ethplus("lab", "up", file, "--name", name, check=True)
-    try:
-        yield name
-    finally:
-        ethplus("lab", "down", name)
+    with lab_up_down(name, file) as n:
+        yield n
 
 
 @pytest.fixture(scope="module")

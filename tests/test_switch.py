@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import RUN_ID, ethplus
-from labtools import Capture, Lab, ethp_frame, if_stats, send_paced
+from labtools import Capture, Lab, ethp_frame, if_stats, lab_up_down, send_paced
 
 from dataplane import core, stats
 
@@ -28,10 +28,8 @@ def _up(name: str, file: str, *extra: str) -> Lab:
 
 def _module_lab(file: str):
     name = f"{RUN_ID}-sw-{file.split('-')[0]}"
-    try:
-        yield _up(name, file)
-    finally:
-        ethplus("lab", "down", name)
+    with lab_up_down(name, file) as n:
+        yield Lab(n)
 
 
 @pytest.fixture(scope="module")
