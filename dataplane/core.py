@@ -249,7 +249,7 @@ class PortConfig:
 
 
 class Port:
-    """An AF_PACKET port (TPACKET_V3 RX ring, sendmmsg TX) on one interface."""
+    """An AF_PACKET port (TPACKET_V3 RX ring, TPACKET_V2 TX ring) on one interface."""
 
     def __init__(self, ifname: str, netns_path: str | None = None, cfg: PortConfig = PortConfig()):
         c = ffi.new("struct ethp_port_cfg *")

@@ -171,7 +171,7 @@ uint32_t ethp_pool_size(const struct ethp_pool *pool);
     X(rx_truncated, "frames longer than a pool buffer, dropped")       \
     X(rx_no_buf, "frames dropped: packet pool empty")                  \
     X(rx_blocks, "ring blocks consumed")                               \
-    X(tx_batches, "sendmmsg calls")                                    \
+    X(tx_batches, "TX ring kicks (send calls)")                                    \
     X(tx_again, "frames not sent: socket buffer full (EAGAIN)")        \
     X(tx_errors, "frames not sent: other send error")
 
@@ -199,6 +199,8 @@ struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
                                  const struct ethp_port_cfg *cfg, int *err);
 void ethp_port_close(struct ethp_port *port);
 int ethp_port_fd(const struct ethp_port *port);
+/* The socket frames are sent on (poll it for POLLOUT). */
+int ethp_port_tx_fd(const struct ethp_port *port);
 int ethp_port_ifindex(const struct ethp_port *port);
 /* Wait until a ring block is ready or timeout_ms passes (-1: forever).
  * Returns 1 if frames are ready, 0 on timeout, negative errno on error. */
@@ -206,15 +208,16 @@ int ethp_port_wait(struct ethp_port *port, int timeout_ms);
 /* Copy up to n received frames into packets taken from pool. */
 uint32_t ethp_port_rx_burst(struct ethp_port *port, struct ethp_pool *pool,
                             struct ethp_pkt **pkts, uint32_t n);
-/* Send up to n frames in sendmmsg batches.  Returns how many were consumed:
- * sent, or refused by the kernel and counted in tx_errors.  The rest (socket
+/* Send up to n frames through the TX ring, one kick per call.  Returns how
+ * many were consumed: sent, or too long for the interface (or shorter than
+ * an Ethernet header) and counted in tx_errors.  The rest (ring or socket
  * buffer full) are counted in tx_again and left for the caller to retry.
  * The caller keeps ownership of every packet. */
 uint32_t ethp_port_tx_burst(struct ethp_port *port, struct ethp_pkt **pkts, uint32_t n);
 /* The same, out of interface ifindex (for a port bound to all interfaces). */
 uint32_t ethp_port_tx_burst_to(struct ethp_port *port, struct ethp_pkt **pkts, uint32_t n,
                                int ifindex);
-/* A traffic generator: send n_frames copies of frame in sendmmsg bursts.
+/* A traffic generator: send n_frames copies of frame in bursts.
  * If vary_off is non-zero, the 16-bit big-endian field at that offset counts
  * up by one per frame (e.g. a UDP source port, to make many flows).  Waits
  * for room when the socket is full; gives up after timeout_ms.  Returns how

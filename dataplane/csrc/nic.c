@@ -243,7 +243,7 @@ static void flush_port(struct ethp_nic *n, struct nic_port *pt)
         uint32_t k = ethp_port_tx_burst_to(n->io, pt->txq + done, pt->ntx - done, pt->ifindex);
         if (!k) {
             n->c[ETHP_NC_tx_again]++;
-            struct pollfd pfd = {.fd = ethp_port_fd(n->io), .events = POLLOUT};
+            struct pollfd pfd = {.fd = ethp_port_tx_fd(n->io), .events = POLLOUT};
             poll(&pfd, 1, 1);
             continue;
         }

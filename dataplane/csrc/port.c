@@ -1,11 +1,13 @@
-/* port.c - an AF_PACKET port: TPACKET_V3 RX ring, batched TX by sendmmsg. */
+/* port.c - an AF_PACKET port: TPACKET_V3 RX ring, TPACKET_V2 TX ring. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
+#include <linux/virtio_net.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -16,9 +18,27 @@
 
 #define ETHP_TX_BURST_MAX 64
 #define ETHP_BLAST_BURST 32 /* frames per paced burst */
+/* The transmit ring: fixed slots, each a tpacket2_hdr, the frame's data
+ * from ETHP_TX_DATA_OFF (the kernel's fixed offset without
+ * PACKET_TX_HAS_OFF): a virtio-net header, then the frame. */
+#define ETHP_TX_DATA_OFF (TPACKET2_HDRLEN - sizeof(struct sockaddr_ll))
+#define ETHP_TX_SLOT_BYTES \
+    TPACKET_ALIGN(ETHP_TX_DATA_OFF + sizeof(struct virtio_net_hdr) + ETHP_MAX_FRAME_BYTES)
+#define ETHP_TX_BLOCK_BYTES (1u << 16)
+#define ETHP_TX_SLOTS_PER_BLOCK (ETHP_TX_BLOCK_BYTES / ETHP_TX_SLOT_BYTES)
+#define ETHP_TX_BLOCKS 19 /* 133 slots: two switch bursts; 1.2 MiB */
+#define ETHP_TX_SLOTS (ETHP_TX_SLOTS_PER_BLOCK * ETHP_TX_BLOCKS)
+#define ETHP_MTU_CACHE 16
 
 struct ethp_port {
-    int fd;
+    int fd;                  /* receives (the ring); POLLIN */
+    int tx_fd;               /* transmits; nobody sleeps on it */
+    uint8_t *tx_ring;
+    uint32_t tx_head;        /* next slot to fill: the kernel's next to send */
+    struct {
+        int ifindex;
+        uint32_t max_frame_bytes;
+    } mtu[ETHP_MTU_CACHE];   /* per egress interface, direct-mapped */
     int ifindex;
     uint8_t *ring;
     size_t ring_bytes;
@@ -45,6 +65,57 @@ const char *ethp_port_counter_name(uint32_t i)
 const char *ethp_port_counter_help(uint32_t i)
 {
     return i < ETHP_PORT_NCOUNTERS ? counter_help[i] : NULL;
+}
+
+/* Transmit through a TX ring on a socket of its own.
+ *
+ * The ring: one send() hands the kernel every frame queued since the last,
+ * where sendmmsg costs a message header, an iovec and an address copied in
+ * per frame.  The virtio-net header's hdr_len covers the whole frame, so the
+ * kernel copies it into the skb's linear data, as sendmsg does, rather than
+ * pointing the skb at the ring's pages: those would be copied anyway where
+ * the frame crosses into the peer's namespace, a page at a time.
+ *
+ * Its own socket: every sent skb, when freed, wakes whoever sleeps on its
+ * socket, and the receive socket always has a sleeper (the thread's epoll).
+ * Bound with protocol 0, it receives nothing. */
+static int setup_tx_socket(struct ethp_port *p, const struct ethp_port_cfg *cfg)
+{
+    int one = 1, v2 = TPACKET_V2;
+    p->tx_fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (p->tx_fd < 0)
+        return -errno;
+    /* Straight to the driver: a port paces itself, and a lab veth has no
+     * queue worth going through (tc shapes only hosts' own kernel traffic). */
+    if (setsockopt(p->tx_fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof(one)) < 0 ||
+        setsockopt(p->tx_fd, SOL_PACKET, PACKET_VERSION, &v2, sizeof(v2)) < 0 ||
+        setsockopt(p->tx_fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof(one)) < 0 ||
+        /* a frame the kernel refuses is skipped, not left blocking the ring */
+        setsockopt(p->tx_fd, SOL_PACKET, PACKET_LOSS, &one, sizeof(one)) < 0)
+        return -errno;
+    if (cfg->sndbuf_bytes) {
+        int b = (int)cfg->sndbuf_bytes;
+        if (setsockopt(p->tx_fd, SOL_SOCKET, SO_SNDBUFFORCE, &b, sizeof(b)) < 0)
+            return -errno;
+    }
+    struct tpacket_req req = {
+        .tp_block_size = ETHP_TX_BLOCK_BYTES,
+        .tp_block_nr = ETHP_TX_BLOCKS,
+        .tp_frame_size = ETHP_TX_SLOT_BYTES,
+        .tp_frame_nr = ETHP_TX_SLOTS,
+    };
+    if (setsockopt(p->tx_fd, SOL_PACKET, PACKET_TX_RING, &req, sizeof(req)) < 0)
+        return -errno;
+    p->tx_ring = mmap(NULL, (size_t)ETHP_TX_BLOCK_BYTES * ETHP_TX_BLOCKS,
+                      PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, p->tx_fd, 0);
+    if (p->tx_ring == MAP_FAILED) {
+        p->tx_ring = NULL;
+        return -errno;
+    }
+    struct sockaddr_ll sll = {.sll_family = AF_PACKET, .sll_ifindex = p->ifindex};
+    if (bind(p->tx_fd, (struct sockaddr *)&sll, sizeof(sll)) < 0)
+        return -errno;
+    return 0;
 }
 
 static int setup_socket(struct ethp_port *p, const char *ifname,
@@ -84,18 +155,9 @@ static int setup_socket(struct ethp_port *p, const char *ifname,
         p->ring = NULL;
         return -errno;
     }
-    /* Straight to the driver: a port paces itself, and a lab veth has no
-     * queue worth going through (tc shapes only hosts' own kernel traffic). */
-    if (setsockopt(p->fd, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof(one)) < 0)
-        return -errno;
     /* A port never wants to read back what it sent itself. */
     if (setsockopt(p->fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0)
         return -errno;
-    if (cfg->sndbuf_bytes) {
-        int b = (int)cfg->sndbuf_bytes;
-        if (setsockopt(p->fd, SOL_SOCKET, SO_SNDBUFFORCE, &b, sizeof(b)) < 0)
-            return -errno;
-    }
     struct sockaddr_ll sll = {
         .sll_family = AF_PACKET,
         .sll_protocol = htons(ETH_P_ALL),
@@ -103,7 +165,7 @@ static int setup_socket(struct ethp_port *p, const char *ifname,
     };
     if (bind(p->fd, (struct sockaddr *)&sll, sizeof(sll)) < 0)
         return -errno;
-    return 0;
+    return setup_tx_socket(p, cfg);
 }
 
 static int cfg_valid(const struct ethp_port_cfg *cfg)
@@ -126,7 +188,7 @@ struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
         *err = -ENOMEM;
         return NULL;
     }
-    p->fd = -1;
+    p->fd = p->tx_fd = -1;
     int saved, rc = ethp_netns_enter(netns_path, &saved);
     if (!rc) {
         rc = setup_socket(p, ifname, cfg);
@@ -147,12 +209,17 @@ void ethp_port_close(struct ethp_port *p)
         return;
     if (p->ring)
         munmap(p->ring, p->ring_bytes);
+    if (p->tx_ring)
+        munmap(p->tx_ring, (size_t)ETHP_TX_BLOCK_BYTES * ETHP_TX_BLOCKS);
     if (p->fd >= 0)
         close(p->fd);
+    if (p->tx_fd >= 0)
+        close(p->tx_fd);
     free(p);
 }
 
 int ethp_port_fd(const struct ethp_port *p) { return p->fd; }
+int ethp_port_tx_fd(const struct ethp_port *p) { return p->tx_fd; }
 int ethp_port_ifindex(const struct ethp_port *p) { return p->ifindex; }
 
 static struct tpacket_block_desc *block_at(struct ethp_port *p, uint32_t i)
@@ -255,47 +322,86 @@ uint32_t ethp_port_tx_burst(struct ethp_port *p, struct ethp_pkt **pkts, uint32_
     return ethp_port_tx_burst_to(p, pkts, n, 0);
 }
 
+static struct tpacket2_hdr *tx_slot(const struct ethp_port *p, uint32_t i)
+{
+    uint32_t block = i / ETHP_TX_SLOTS_PER_BLOCK, in_block = i % ETHP_TX_SLOTS_PER_BLOCK;
+    return (struct tpacket2_hdr *)(p->tx_ring + (size_t)block * ETHP_TX_BLOCK_BYTES +
+                                   (size_t)in_block * ETHP_TX_SLOT_BYTES);
+}
+
+static uint32_t tx_status(const struct tpacket2_hdr *h)
+{
+    return __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
+}
+
+/* The largest frame the interface takes (its MTU plus the Ethernet header),
+ * or 0 if it cannot be asked. */
+static uint32_t max_frame_bytes(struct ethp_port *p, int ifindex)
+{
+    unsigned k = (unsigned)ifindex % ETHP_MTU_CACHE;
+    if (p->mtu[k].ifindex == ifindex && p->mtu[k].max_frame_bytes)
+        return p->mtu[k].max_frame_bytes;
+    struct ifreq ifr = {.ifr_ifindex = ifindex};
+    if (ioctl(p->tx_fd, SIOCGIFNAME, &ifr) < 0 || ioctl(p->tx_fd, SIOCGIFMTU, &ifr) < 0)
+        return 0;
+    p->mtu[k].ifindex = ifindex;
+    p->mtu[k].max_frame_bytes = (uint32_t)ifr.ifr_mtu + 14;
+    return p->mtu[k].max_frame_bytes;
+}
+
 uint32_t ethp_port_tx_burst_to(struct ethp_port *p, struct ethp_pkt **pkts, uint32_t n,
                                int ifindex)
 {
-    struct sockaddr_ll to = {.sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6};
-    uint32_t sent = 0;
-    while (sent < n) {
-        struct mmsghdr msgs[ETHP_TX_BURST_MAX];
-        struct iovec iov[ETHP_TX_BURST_MAX];
-        uint32_t m = n - sent < ETHP_TX_BURST_MAX ? n - sent : ETHP_TX_BURST_MAX;
-        memset(msgs, 0, sizeof(msgs[0]) * m);
-        for (uint32_t i = 0; i < m; i++) {
-            iov[i].iov_base = pkts[sent + i]->data;
-            iov[i].iov_len = pkts[sent + i]->len;
-            msgs[i].msg_hdr.msg_iov = &iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-            if (ifindex) {
-                msgs[i].msg_hdr.msg_name = &to;
-                msgs[i].msg_hdr.msg_namelen = sizeof(to);
-            }
-        }
-        int r = sendmmsg(p->fd, msgs, m, MSG_DONTWAIT);
-        p->c[ETHP_PC_tx_batches]++;
-        if (r < 0) {
-            if (errno == EAGAIN || errno == ENOBUFS) {
-                p->c[ETHP_PC_tx_again] += n - sent;
-                break;
-            }
-            /* Skip the frame the kernel refused (e.g. too long) and go on. */
+    int dev = ifindex ? ifindex : p->ifindex;
+    uint32_t limit = max_frame_bytes(p, dev), first = p->tx_head, queued = 0, taken = 0;
+    /* Into the ring, in order, until it is full.  A frame the interface
+     * cannot carry is counted and consumed, as the kernel would refuse it. */
+    for (; taken < n; taken++) {
+        const struct ethp_pkt *k = pkts[taken];
+        if (k->len < 14 || k->len > ETHP_MAX_FRAME_BYTES || (limit && k->len > limit)) {
+            if (queued)
+                break; /* sent first: the frames queued stay one run */
             p->c[ETHP_PC_tx_errors]++;
-            sent++;
             continue;
         }
-        for (int i = 0; i < r; i++)
-            p->c[ETHP_PC_tx_bytes] += pkts[sent + i]->len;
-        p->c[ETHP_PC_tx_frames] += (uint64_t)r;
-        sent += (uint32_t)r;
-        if ((uint32_t)r < m) {
-            p->c[ETHP_PC_tx_again] += n - sent;
+        struct tpacket2_hdr *h = tx_slot(p, p->tx_head);
+        if (tx_status(h) != TP_STATUS_AVAILABLE)
             break;
-        }
+        uint8_t *d = (uint8_t *)h + ETHP_TX_DATA_OFF;
+        struct virtio_net_hdr vh = {.hdr_len = (uint16_t)k->len};
+        memcpy(d, &vh, sizeof(vh));
+        memcpy(d + sizeof(vh), k->data, k->len);
+        h->tp_len = (uint32_t)(sizeof(vh) + k->len);
+        __atomic_store_n(&h->tp_status, TP_STATUS_SEND_REQUEST, __ATOMIC_RELEASE);
+        p->tx_head = (p->tx_head + 1) % ETHP_TX_SLOTS;
+        queued++;
     }
+    if (!queued)
+        return taken;
+    struct sockaddr_ll to = {.sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6};
+    if (ifindex)
+        sendto(p->tx_fd, NULL, 0, MSG_DONTWAIT, (struct sockaddr *)&to, sizeof(to));
+    else
+        send(p->tx_fd, NULL, 0, MSG_DONTWAIT);
+    p->c[ETHP_PC_tx_batches]++;
+    /* The kernel sends in ring order and stops at the first frame it cannot
+     * take (socket buffer full): that frame and the rest are taken back. */
+    uint32_t done = 0;
+    while (done < queued &&
+           tx_status(tx_slot(p, (first + done) % ETHP_TX_SLOTS)) != TP_STATUS_SEND_REQUEST)
+        done++;
+    for (uint32_t i = done; i < queued; i++)
+        __atomic_store_n(&tx_slot(p, (first + i) % ETHP_TX_SLOTS)->tp_status,
+                         TP_STATUS_AVAILABLE, __ATOMIC_RELEASE);
+    p->tx_head = (first + done) % ETHP_TX_SLOTS;
+    /* pkts[taken - queued .. taken) were queued; those after done are not sent */
+    uint32_t base = taken - queued;
+    for (uint32_t i = 0; i < done; i++)
+        p->c[ETHP_PC_tx_bytes] += pkts[base + i]->len;
+    p->c[ETHP_PC_tx_frames] += done;
+    uint32_t sent = base + done;
+    if (sent < n)
+        p->c[ETHP_PC_tx_again] += n - sent;
     return sent;
 }
 
@@ -356,7 +462,7 @@ uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len
         if (vary_off)
             v = (uint16_t)(v - (m - k)); /* resend the unsent values */
         if (k < m) {
-            struct pollfd pfd = {.fd = p->fd, .events = POLLOUT};
+            struct pollfd pfd = {.fd = p->tx_fd, .events = POLLOUT};
             poll(&pfd, 1, 10);
         }
     }

@@ -6,7 +6,7 @@
  * two classes, honouring the peer's pauses) -> shape (a pacer on the
  * monotonic clock: each frame occupies the link for its wire bytes at the
  * link's real rate) -> delay (a timestamped FIFO released at departure +
- * delay) -> transmit (sendmmsg).  The thread sleeps in epoll_pwait2 until a
+ * delay) -> transmit (a TX ring).  The thread sleeps in epoll_pwait2 until a
  * ring block is ready or the next frame is due; idle, it does not wake.
  *
  * Link directions: a frame crossing a link from switch to anything is shaped,
