@@ -10,6 +10,7 @@
 #include <sys/ioctl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 
 #define ETHP_TX_BURST_MAX 64
 #define ETHP_BLAST_BURST 32 /* frames per paced burst */
+#define ETHP_BLAST_CATCHUP_NS 2000000ull
 /* The transmit ring: fixed slots, each a tpacket2_hdr, the frame's data
  * from ETHP_TX_DATA_OFF (the kernel's fixed offset without
  * PACKET_TX_HAS_OFF): a virtio-net header, then the frame. */
@@ -435,11 +437,17 @@ uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len
     uint16_t v = vary_off ? (uint16_t)(frame[vary_off] << 8 | frame[vary_off + 1]) : 0;
     uint64_t start = ethp_now_ns(), sent = 0;
     uint64_t deadline = start + (uint64_t)timeout_ms * 1000000ull;
-    /* Paced: bursts of ETHP_BLAST_BURST, each due at start + sent / rate; a
-     * late burst is not made up beyond one burst (no catch-up storms). */
+    /* Paced: bursts of ETHP_BLAST_BURST, each due at start + sent / rate.  A
+     * late wake-up is made up by sending the late bursts back to back, up
+     * to ETHP_BLAST_CATCHUP_NS of them; beyond that the schedule restarts
+     * (no catch-up storm after a long stall).  Sleeps with 1 ns of timer
+     * slack: the default 50 us would pace slower than asked. */
     uint32_t unit = rate_pps ? ETHP_BLAST_BURST : nb;
     if (unit > nb)
         unit = nb;
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (rate_pps)
+        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     while (sent < n_frames && ethp_now_ns() < deadline) {
         if (rate_pps) {
             uint64_t due = start + sent * 1000000000ull / rate_pps, now = ethp_now_ns();
@@ -447,7 +455,7 @@ uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len
                 struct timespec ts = {.tv_sec = (time_t)((due - now) / 1000000000ull),
                                       .tv_nsec = (long)((due - now) % 1000000000ull)};
                 nanosleep(&ts, NULL);
-            } else if (now - due > 1000000000ull * unit / rate_pps) {
+            } else if (now - due > ETHP_BLAST_CATCHUP_NS) {
                 start = now - sent * 1000000000ull / rate_pps; /* fell behind: rebase */
             }
         }
@@ -466,6 +474,8 @@ uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len
             poll(&pfd, 1, 10);
         }
     }
+    if (rate_pps && slack > 0)
+        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
     ethp_pool_put(pool, b, nb);
     ethp_pool_free(pool);
     return sent;
