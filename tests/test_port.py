@@ -1,4 +1,4 @@
-"""The AF_PACKET port (TPACKET_V3 RX ring, sendmmsg TX) on a real veth pair."""
+"""The AF_PACKET port (TPACKET_V3 RX ring, TPACKET_V2 TX ring) on a real veth pair."""
 
 import os
 import subprocess
@@ -112,6 +112,44 @@ def test_ring_overflow_is_counted(veth_ns):
     assert c["rx_ring_drops"] > 0
     assert c["rx_frames"] == len(got)
     assert c["rx_frames"] + c["rx_ring_drops"] <= sent
+
+
+def test_a_burst_larger_than_the_tx_ring_is_sent_in_part_then_resumed(veth_ns):
+    path, a, b = veth_ns
+    pool = Pool(2048, 4096)
+    tx, rx = Port(a, path), Port(b, path)
+    frames = _frames(600)
+    first = tx.send(frames, pool)
+    assert 0 < first < 600  # the ring holds fewer: the rest is left to retry
+    assert tx.counters()["tx_again"] == 600 - first
+    sent = first
+    while sent < 600:
+        k = tx.send(frames[sent:], pool)
+        assert k > 0
+        sent += k
+    assert _drain(rx, pool, 600) == frames  # nothing lost, duplicated or reordered
+    assert tx.counters()["tx_frames"] == 600
+
+
+def test_a_frame_longer_than_the_mtu_is_counted_and_the_rest_go_out(veth_ns):
+    path, a, b = veth_ns
+    ns = os.path.basename(path)
+    subprocess.run(["ip", "-n", ns, "link", "set", a, "mtu", "1500"], check=True)
+    pool = Pool(64, 4096)
+    tx, rx = Port(a, path), Port(b, path)
+    small = _frames(3)[:1] * 3
+    big = build_frame(Addr(), Header(len_bytes=2000), bytes(2000), compact=True)
+    burst = [small[0], big, small[1], small[2]]
+    sent = tx.send(burst, pool)
+    while sent < len(burst):
+        k = tx.send(burst[sent:], pool)
+        assert k > 0
+        sent += k
+    assert _drain(rx, pool, 3) == small
+    c = tx.counters()
+    assert c["tx_errors"] == 1 and c["tx_frames"] == 3
+    time.sleep(0.05)
+    assert rx.recv(pool) == []  # the long one never went out
 
 
 def test_open_errors_are_clear(veth_ns):
