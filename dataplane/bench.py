@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dataplane import fidelity, reference, transport
 from dataplane.collectives import ALGORITHMS, bus_factor, canonical
-from dataplane.job import Job, Plan
+from dataplane.job import Job, Plan, Workload
 
 SCHEMA = "ethplus-bench/1"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "bench.schema.json"
@@ -69,24 +69,8 @@ def parse_sizes(spec: str, factor: float = 2.0) -> list[int]:
 
 
 @dataclass
-class Spec:
-    """Everything a bench run needs besides the lab."""
-
-    collective: str
-    transport: str
-    sizes: list[int]
-    dtype: str = "float32"
-    op: str = "sum"
-    algo: str = "ring"
-    iters: int = 5
-    warmup: int = 2
-    root: int = 0
-    uneven: bool = False
-    tcp_streams: int | None = None
-    qps: int | None = None
-    adaptive: bool = False
-    check: bool = True
-    seed: int = 1
+class Spec(Workload):
+    """Everything a bench run needs besides the lab, checked."""
 
     def validate(self) -> Spec:
         """Canonical names, or BenchError naming the argument."""

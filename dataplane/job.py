@@ -41,26 +41,32 @@ class JobError(RuntimeError):
 
 
 @dataclass
-class Plan:
-    """What every rank of a job is told: a bench.Spec's fields (passed on
-    whole), the lab, and where the job runs."""
+class Workload:
+    """What a job measures: one collective over a range of sizes, and how."""
 
-    lab: str
-    transport: str
     collective: str
+    transport: str
     sizes: list[int]
-    algo: str = "ring"
     dtype: str = "float32"
     op: str = "sum"
+    algo: str = "ring"
     iters: int = 5
     warmup: int = 2
-    check: bool = True
-    seed: int = 1
     root: int = 0
     uneven: bool = False
     tcp_streams: int | None = None
     qps: int | None = None
     adaptive: bool = False
+    check: bool = True
+    seed: int = 1
+
+
+@dataclass(kw_only=True)
+class Plan(Workload):
+    """What every rank of a job is told: the workload, the lab, and where
+    the job runs."""
+
+    lab: str
     nodes: list[str] | None = None  # a job on these accelerators only, in rank order
     members: list[int] | None = None  # their lab ranks (filled in by Job)
     sample: bool = True  # sample the fabric's counters (one job of several is enough)
