@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import uvloop
 
-from dataplane import core, kernel, registry, routing
+from dataplane import core, cpu, kernel, registry, routing
 
 SOCKET_NAME = "fabric.sock"
 
@@ -211,7 +211,7 @@ class Fabric:
             "lab": self.name,
             "time_scale": self.k,
             "uptime_s": (time.monotonic_ns() - self.started_ns) / 1e9,
-            "cpu_s": _cpu_s(),
+            "cpu_s": cpu.process_s(os.getpid()),
             "switches": out,
             "links": {n: vars(v) for n, v in self.nominal.items()},
         }
@@ -235,11 +235,6 @@ class Fabric:
         self.switches[name].set_up(up)
         self.node_up[name] = up
         return {"node": name, "up": up}
-
-
-def _cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import uvloop
 
-from dataplane import fabric, registry
+from dataplane import cpu, fabric, registry
 
 GRACE_S = 2.0
 SAMPLE_S = 0.2
@@ -83,24 +83,6 @@ class Rank:
     ready: dict = field(default_factory=dict)
     done: dict | None = None
     error: str | None = None
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far."""
-    with open("/proc/stat") as f:
-        vals = [int(v) for v in f.readline().split()[1:]]
-    tck = os.sysconf("SC_CLK_TCK")
-    idle = vals[3] + vals[4]
-    return (sum(vals) - idle) / tck, sum(vals) / tck
 
 
 def fabric_stats(lab: str) -> dict:
@@ -180,7 +162,7 @@ class Job:
             os.unlink(self.sock_path)
         server = await asyncio.start_unix_server(self._serve, self.sock_path, limit=1 << 24)
         t_start = time.monotonic()
-        busy0 = _machine_busy()
+        busy0 = cpu.machine_s()
         before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         tasks: list[asyncio.Task] = []
         try:
@@ -208,7 +190,7 @@ class Job:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.sock_path)
         after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
-        busy1 = _machine_busy()
+        busy1 = cpu.machine_s()
         return {
             "plan": asdict(self.plan),
             "world": self.world,
@@ -347,7 +329,7 @@ class Job:
                 self._fail(f"sampling the fabric failed: {type(e).__name__}: {e}")
                 return
             s = _compact(st)
-            s["workers_cpu_s"] = sum(_proc_cpu_s(r.proc.pid) for r in self.ranks if r.proc)
+            s["workers_cpu_s"] = sum(cpu.process_s(r.proc.pid) for r in self.ranks if r.proc)
             self.samples.append(s)
             await asyncio.sleep(SAMPLE_S)
 

@@ -21,30 +21,24 @@ import time
 
 import numpy as np
 
-from dataplane import core, kernel, lab, labfile, stats
+from dataplane import core, cpu, kernel, lab, labfile, stats
 from dataplane.nic import Endpoint
 from dataplane.registry import NETNS_DIR
 
 MTU = 4200
 
 
-def _busy_s() -> float:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def transfer(a: Endpoint, b: Endpoint, size: int, tag: int) -> tuple[float, float]:
     src = np.ones(size, dtype=np.uint8)
     dst = np.empty(size, dtype=np.uint8)
     dst.fill(0)  # touch every page now: page faults are not the transport's cost
-    c0, t0 = _busy_s(), time.perf_counter()
+    c0, t0 = cpu.machine_busy_s(), time.perf_counter()
     hr, hs = b.post_recv(a.rank, tag, dst), a.post_send(b.rank, tag, src)
     a.wait(hs, 600)
     b.wait(hr, 600)
-    dt, cpu = time.perf_counter() - t0, _busy_s() - c0
+    dt, cpu_s = time.perf_counter() - t0, cpu.machine_busy_s() - c0
     assert np.array_equal(src, dst)
-    return size * 8 / dt, cpu
+    return size * 8 / dt, cpu_s
 
 
 def part_a(size: int) -> None:
@@ -220,27 +214,27 @@ def _one_b(rec: dict, ns: dict, ips: dict, size: int) -> tuple:
     a, b = Endpoint("x", "h0", rec=rec), Endpoint("x", "h1", rec=rec)
     try:
         transfer(a, b, 4 << 20, 1)
-        bps, cpu = transfer(a, b, size, 2)
+        bps, cpu_s = transfer(a, b, size, 2)
     finally:
         a.close()
         b.close()
-    ours = (bps, cpu / (size / 1e9))
+    ours = (bps, cpu_s / (size / 1e9))
     h1 = os.path.basename(ns["h1"])
     srv = subprocess.Popen(
         ["ip", "netns", "exec", h1, "iperf3", "-s", "-1", "-B", ips["h1"]],
         stdout=subprocess.DEVNULL,
     )
     time.sleep(0.3)
-    c0 = _busy_s()
+    c0 = cpu.machine_busy_s()
     h0 = os.path.basename(ns["h0"])
     out = subprocess.run(
         ["ip", "netns", "exec", h0, "iperf3", "-c", ips["h1"], "-n", str(size * 4), "-J"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    cpu = _busy_s() - c0
+    cpu_s = cpu.machine_busy_s() - c0
     srv.wait(10)
     tcp_bps = json.loads(out)["end"]["sum_received"]["bits_per_second"]
-    return ours, (tcp_bps, cpu / (size * 4 / 1e9))
+    return ours, (tcp_bps, cpu_s / (size * 4 / 1e9))
 
 
 def main() -> int:

@@ -7,8 +7,9 @@ S forwards them with, in turn: a kernel bridge, kernel IPv4 forwarding, and
 the ethplus switch (full pipeline on: parse, route, ECN check, trimming check,
 pacer at an unreachable 1 Tbit/s, delay line, counters).  Frames/s and Gbit/s
 are what B's kernel counted; CPU per frame is the whole machine's busy time
-(/proc/stat) over frames forwarded, so sender and receiver costs, the same in
-every variant, are included.  Then the idle CPU of erack-64x8.
+(dataplane.cpu: exact, from the idle states' residency) over frames
+forwarded, so sender and receiver costs, the same in every variant, are
+included.  Then the idle CPU of erack-64x8.
 
     sudo python3 scripts/bench_switch.py [--seconds 3] [--no-idle]
 """
@@ -16,14 +17,13 @@ every variant, are included.  Then the idle CPU of erack-64x8.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import socket
 import subprocess
 import sys
 import time
 
-from dataplane import core, kernel, lab, labfile
+from dataplane import core, cpu, kernel, lab, labfile
 from dataplane.registry import NETNS_DIR
 
 NS = {x: f"ethp-bsw-{x}" for x in "ASB"}
@@ -94,28 +94,6 @@ def frame(size: int) -> bytes:
     return bytes(f)
 
 
-def _busy_s() -> float:
-    """CPU seconds the whole machine has been busy.
-
-    From the idle states' residency (microseconds, exact) where the kernel
-    has a cpuidle driver; /proc/stat samples at the scheduler tick, and work
-    done in short bursts between ticks (a paced sender, a switch waking per
-    ring block) is largely missed there.
-    """
-    cpus = sorted(glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpuidle"))
-    if cpus:
-        idle_us = 0
-        for c in cpus:
-            for t in glob.glob(f"{c}/state*/time"):
-                with open(t) as f:
-                    idle_us += int(f.read())
-        return len(cpus) * time.monotonic() - idle_us / 1e6
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def _rx_packets() -> int:
     return kernel_stats("B", "ethpbB")["rx_packets"]
 
@@ -172,9 +150,9 @@ def with_ethplus(fn):
 
 def idle_cpu(seconds: float) -> dict:
     """Machine busy time with erack-64x8 up and silent, against none, same run."""
-    base0 = _busy_s()
+    base0 = cpu.machine_busy_s()
     time.sleep(seconds)
-    base = (_busy_s() - base0) / seconds
+    base = (cpu.machine_busy_s() - base0) / seconds
     spec = labfile.load("erack-64x8")
     spec.name = "bench-idle"
     lab.up(spec)
@@ -183,15 +161,10 @@ def idle_cpu(seconds: float) -> dict:
         j = lab.registry.Journal.load("bench-idle")
         pid = j.fabric_pid
 
-        def proc_s() -> float:
-            with open(f"/proc/{pid}/stat") as f:
-                v = f.read().rsplit(")", 1)[1].split()
-            return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
-
-        p0, b0 = proc_s(), _busy_s()
+        p0, b0 = cpu.process_s(pid), cpu.machine_busy_s()
         time.sleep(seconds)
-        fabric = (proc_s() - p0) / seconds
-        busy = (_busy_s() - b0) / seconds
+        fabric = (cpu.process_s(pid) - p0) / seconds
+        busy = (cpu.machine_busy_s() - b0) / seconds
     finally:
         lab.down("bench-idle")
     return {"baseline_cores": base, "with_lab_cores": busy, "fabric_cores": fabric}
@@ -271,10 +244,10 @@ def main() -> int:
 
 def measure_frame(f: bytes, seconds: float, rate_pps: int = 0) -> dict:
     tx = core.Port("ethpbA", _path("A"))
-    r0, c0, t0 = _rx_packets(), _busy_s(), time.monotonic()
+    r0, c0, t0 = _rx_packets(), cpu.machine_busy_s(), time.monotonic()
     tx.blast(f, 10**9, 34, int(seconds * 1000), rate_pps)
     time.sleep(0.2)
-    r1, c1, t1 = _rx_packets(), _busy_s(), time.monotonic()
+    r1, c1, t1 = _rx_packets(), cpu.machine_busy_s(), time.monotonic()
     tx.close()
     frames = r1 - r0
     dt = t1 - t0 - 0.2
