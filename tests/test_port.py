@@ -153,6 +153,21 @@ def test_a_frame_longer_than_the_mtu_is_counted_and_the_rest_go_out(veth_ns):
     assert rx.recv(pool) == []  # the long one never went out
 
 
+def test_frames_for_a_down_interface_are_refused_not_retried_forever(veth_ns):
+    path, a, b = veth_ns
+    pool = Pool(64, 4096)
+    tx, rx = Port(a, path), Port(b, path)
+    subprocess.run(["ip", "-n", os.path.basename(path), "link", "set", a, "down"], check=True)
+    frames = _frames(10)
+    assert tx.send(frames, pool) == 10  # consumed: a caller would not spin on them
+    c = tx.counters()
+    assert c["tx_errors"] == 10 and c["tx_frames"] == 0 and c["tx_again"] == 0
+    subprocess.run(["ip", "-n", os.path.basename(path), "link", "set", a, "up"], check=True)
+    time.sleep(0.2)  # carrier
+    assert tx.send(frames, pool) == 10
+    assert _drain(rx, pool, 10) == frames
+
+
 def test_open_errors_are_clear(veth_ns):
     path, _a, _b = veth_ns
     with pytest.raises(OSError, match="ethpnosuch"):

@@ -209,8 +209,9 @@ int ethp_port_wait(struct ethp_port *port, int timeout_ms);
 uint32_t ethp_port_rx_burst(struct ethp_port *port, struct ethp_pool *pool,
                             struct ethp_pkt **pkts, uint32_t n);
 /* Send up to n frames through the TX ring, one kick per call.  Returns how
- * many were consumed: sent, or too long for the interface (or shorter than
- * an Ethernet header) and counted in tx_errors.  The rest (ring or socket
+ * many were consumed: sent, or refused and counted in tx_errors (too long
+ * for the interface, shorter than an Ethernet header, or the interface is
+ * down or gone).  The rest (ring or socket
  * buffer full) are counted in tx_again and left for the caller to retry.
  * The caller keeps ownership of every packet. */
 uint32_t ethp_port_tx_burst(struct ethp_port *port, struct ethp_pkt **pkts, uint32_t n);

@@ -381,11 +381,15 @@ uint32_t ethp_port_tx_burst_to(struct ethp_port *p, struct ethp_pkt **pkts, uint
     if (!queued)
         return taken;
     struct sockaddr_ll to = {.sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6};
-    if (ifindex)
-        sendto(p->tx_fd, NULL, 0, MSG_DONTWAIT, (struct sockaddr *)&to, sizeof(to));
-    else
-        send(p->tx_fd, NULL, 0, MSG_DONTWAIT);
+    ssize_t r = ifindex ? sendto(p->tx_fd, NULL, 0, MSG_DONTWAIT, (struct sockaddr *)&to,
+                                 sizeof(to))
+                        : send(p->tx_fd, NULL, 0, MSG_DONTWAIT);
     p->c[ETHP_PC_tx_batches]++;
+    /* The interface is gone or down: the kernel took nothing and never
+     * will.  The frames are refused, as sendmsg would refuse them, not left
+     * to be retried in a loop. */
+    int refused = r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS &&
+                  errno != EINTR;
     /* The kernel sends in ring order and stops at the first frame it cannot
      * take (socket buffer full): that frame and the rest are taken back. */
     uint32_t done = 0;
@@ -401,6 +405,10 @@ uint32_t ethp_port_tx_burst_to(struct ethp_port *p, struct ethp_pkt **pkts, uint
     for (uint32_t i = 0; i < done; i++)
         p->c[ETHP_PC_tx_bytes] += pkts[base + i]->len;
     p->c[ETHP_PC_tx_frames] += done;
+    if (refused) {
+        p->c[ETHP_PC_tx_errors] += queued - done;
+        return taken;
+    }
     uint32_t sent = base + done;
     if (sent < n)
         p->c[ETHP_PC_tx_again] += n - sent;
