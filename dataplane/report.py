@@ -301,7 +301,7 @@ def plot_timeline(result: dict, path: Path) -> None:
         ax.set_xlabel("time since the timed phase started (s, real)")
         ax.set_ylabel("busbw per iteration (GB/s, nominal)")
         ax.grid(True, alpha=0.3)
-        if r["jobs"]:
+        if ax.get_legend_handles_labels()[0]:  # a stalled job may have no iteration to plot
             ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=PLOT_DPI)

@@ -3,6 +3,7 @@ zero #wrong and a fidelity report; plane failure loses and duplicates nothing;
 runs are reproducible from the seed; bad scenario files get one-line errors."""
 
 import json
+import warnings
 
 import pytest
 from conftest import RUN_ID, ethplus
@@ -145,3 +146,27 @@ def test_every_shipped_scenario_loads_in_both_forms():
         assert sum(j.sizes[-1] * j.iters for j in short.jobs) <= sum(
             j.sizes[-1] * j.iters for j in full.jobs
         )
+
+
+def test_the_timeline_of_a_job_that_stalled_before_any_iteration_plots_cleanly(tmp_path):
+    """A transport whose only job never finished an iteration (roce on
+    plane-failure) still gets its panel, with no legend to draw and no
+    warning."""
+    from dataplane import report
+
+    result = {
+        "scenario": "plane-failure",
+        "transports": {
+            "roce": {
+                "label": "RoCEv2 (emulated)",
+                "jobs": {"allreduce": {"iterations": []}},
+                "faults_applied": [{"at_s": 3.0, "name": "plane2", "set": "down"}],
+                "stalled": ["allreduce"],
+            }
+        },
+    }
+    out = tmp_path / "timeline.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report.plot_timeline(result, out)
+    assert out.stat().st_size > 1000
