@@ -171,9 +171,9 @@ uint32_t ethp_pool_size(const struct ethp_pool *pool);
     X(rx_truncated, "frames longer than a pool buffer, dropped")       \
     X(rx_no_buf, "frames dropped: packet pool empty")                  \
     X(rx_blocks, "ring blocks consumed")                               \
-    X(tx_batches, "TX ring kicks (send calls)")                                    \
-    X(tx_again, "frames not sent: socket buffer full (EAGAIN)")        \
-    X(tx_errors, "frames not sent: other send error")
+    X(tx_batches, "TX ring kicks (send calls)")                        \
+    X(tx_again, "frames not sent yet: TX ring or socket buffer full")  \
+    X(tx_errors, "frames refused: too long or short, or interface down")
 
 #define ETHP_X_ENUM(name, help) ETHP_PC_##name,
 enum ethp_port_counter { ETHP_PORT_COUNTERS(ETHP_X_ENUM) ETHP_PORT_NCOUNTERS };
@@ -308,7 +308,7 @@ struct ethp_link_state {
     X(late_max_ns, "largest pacer lateness")                                    \
     X(late_sum_ns, "sum of pacer lateness")                                     \
     X(lost_link_ns, "link time lost: the pacer woke later than its catch-up allows") \
-    X(tx_again, "sends deferred: socket buffer full")
+    X(tx_again, "sends deferred: TX ring or socket buffer full")
 
 /* Per-port, per-class counters.  X(name, help) */
 #define ETHP_SW_CLASS_COUNTERS(X)                                               \
@@ -395,7 +395,7 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_rnrs, "receiver-not-ready replies received")                           \
     X(msgs_sent, "messages completed by the sender")                            \
     X(msgs_received, "messages completed by the receiver")                      \
-    X(tx_again, "sends deferred: socket buffer full")                           \
+    X(tx_again, "sends deferred: TX ring or socket buffer full")                \
     X(rx_oos_drops, "roce: out-of-sequence packets discarded (go-back-N)")      \
     X(retx_gbn, "roce: packets resent going back to a NAKed or timed-out PSN")  \
     X(tx_cnps, "roce: CNPs sent (CE marks seen, at most one per interval per QP)") \

@@ -347,7 +347,7 @@ static uint32_t max_frame_bytes(struct ethp_port *p, int ifindex)
     if (ioctl(p->tx_fd, SIOCGIFNAME, &ifr) < 0 || ioctl(p->tx_fd, SIOCGIFMTU, &ifr) < 0)
         return 0;
     p->mtu[k].ifindex = ifindex;
-    p->mtu[k].max_frame_bytes = (uint32_t)ifr.ifr_mtu + 14;
+    p->mtu[k].max_frame_bytes = (uint32_t)ifr.ifr_mtu + ETHP_ETH_HDR_BYTES;
     return p->mtu[k].max_frame_bytes;
 }
 
@@ -360,7 +360,7 @@ uint32_t ethp_port_tx_burst_to(struct ethp_port *p, struct ethp_pkt **pkts, uint
      * cannot carry is counted and consumed, as the kernel would refuse it. */
     for (; taken < n; taken++) {
         const struct ethp_pkt *k = pkts[taken];
-        if (k->len < 14 || k->len > ETHP_MAX_FRAME_BYTES || (limit && k->len > limit)) {
+        if (k->len < ETHP_ETH_HDR_BYTES || k->len > ETHP_MAX_FRAME_BYTES || (limit && k->len > limit)) {
             if (queued)
                 break; /* sent first: the frames queued stay one run */
             p->c[ETHP_PC_tx_errors]++;
