@@ -138,7 +138,7 @@ def test_a_frame_longer_than_the_mtu_is_counted_and_the_rest_go_out(veth_ns):
     subprocess.run(["ip", "-n", ns, "link", "set", a, "mtu", "1500"], check=True)
     pool = Pool(64, 4096)
     tx, rx = Port(a, path), Port(b, path)
-    small = _frames(3)[:1] * 3
+    small = _frames(3)  # distinct, so order and origin show at the receiver
     big = build_frame(Addr(), Header(len_bytes=2000), bytes(2000), compact=True)
     burst = [small[0], big, small[1], small[2]]
     sent = tx.send(burst, pool)
@@ -158,14 +158,16 @@ def test_frames_for_a_down_interface_are_refused_not_retried_forever(veth_ns):
     pool = Pool(64, 4096)
     tx, rx = Port(a, path), Port(b, path)
     subprocess.run(["ip", "-n", os.path.basename(path), "link", "set", a, "down"], check=True)
-    frames = _frames(10)
-    assert tx.send(frames, pool) == 10  # consumed: a caller would not spin on them
+    frames = _frames(20)
+    while_down, after = frames[:10], frames[10:]
+    assert tx.send(while_down, pool) == 10  # consumed: a caller would not spin on them
     c = tx.counters()
     assert c["tx_errors"] == 10 and c["tx_frames"] == 0 and c["tx_again"] == 0
     subprocess.run(["ip", "-n", os.path.basename(path), "link", "set", a, "up"], check=True)
     time.sleep(0.2)  # carrier
-    assert tx.send(frames, pool) == 10
-    assert _drain(rx, pool, 10) == frames
+    assert tx.send(after, pool) == 10
+    # only the frames sent once it was up arrive: none from before, not late
+    assert _drain(rx, pool, 20, timeout_s=1.0) == after
 
 
 def test_open_errors_are_clear(veth_ns):

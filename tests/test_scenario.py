@@ -9,7 +9,7 @@ import pytest
 from conftest import RUN_ID, ethplus
 from labtools import lab_up_down
 
-from dataplane import scenario
+from dataplane import report, scenario
 
 KiB, MiB = 1024, 1 << 20
 
@@ -152,8 +152,6 @@ def test_the_timeline_of_a_job_that_stalled_before_any_iteration_plots_cleanly(t
     """A transport whose only job never finished an iteration (roce on
     plane-failure) still gets its panel, with no legend to draw and no
     warning."""
-    from dataplane import report
-
     result = {
         "scenario": "plane-failure",
         "transports": {
