@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -307,6 +307,12 @@ class Port:
         return lib.ethp_port_blast(
             self._p, frame, len(frame), n_frames, vary_off, timeout_ms, rate_pps
         )
+
+    def relay(self, out: Port, duration_ms: int) -> int:
+        """Forward every frame received here out of `out`, unchanged, for
+        duration_ms (a bare forwarder: the switch's I/O without its
+        pipeline); the GIL is released.  Returns the frames sent."""
+        return lib.ethp_port_relay(self._p, out._p, duration_ms)
 
     def counters(self) -> dict[str, int]:
         out = ffi.new("uint64_t[]", len(PORT_COUNTERS))

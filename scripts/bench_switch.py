@@ -5,7 +5,9 @@ Three namespaces in a line, A -- S -- B, joined by veth pairs with offloads
 off.  A blasts frames (a C generator on an AF_PACKET socket) at B through S;
 S forwards them with, in turn: a kernel bridge, kernel IPv4 forwarding, and
 the ethplus switch (full pipeline on: parse, route, ECN check, trimming check,
-pacer at an unreachable 1 Tbit/s, delay line, counters).  Frames/s and Gbit/s
+pacer at an unreachable 1 Tbit/s, delay line, counters).  A bare relay on
+the switch's own port I/O (the same rings and copies, no pipeline) shows the
+ceiling of that I/O and what the pipeline costs on top.  Frames/s and Gbit/s
 are what B's kernel counted; CPU per frame is the whole machine's busy time
 (dataplane.cpu: exact, from the idle states' residency) over frames
 forwarded, so sender and receiver costs, the same in every variant, are
@@ -17,10 +19,12 @@ included.  Then the idle CPU of erack-64x8.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from dataplane import core, cpu, kernel, lab, labfile
@@ -153,6 +157,20 @@ def with_ethplus(fn):
         sw.close()
 
 
+def with_relay(fn, seconds: float):
+    # The floor under any forwarder on this port I/O: the same rings and
+    # copies as the switch, and nothing else.  The frames keep B's MAC.
+    rx, tx = core.Port("ethpbSA", _path("S")), core.Port("ethpbSB", _path("S"))
+    t = threading.Thread(target=rx.relay, args=(tx, int((seconds + 1.0) * 1000)))
+    t.start()
+    try:
+        return fn(bridge=True)
+    finally:
+        t.join()
+        rx.close()
+        tx.close()
+
+
 def idle_cpu(seconds: float) -> dict:
     """Machine busy time with erack-64x8 up and silent, against none, same run."""
     base0 = cpu.machine_busy_s()
@@ -184,7 +202,12 @@ def main() -> int:
     teardown()
     build()
     results = {}
-    variants = (("bridge", with_bridge), ("ipfwd", with_ipfwd), ("ethplus", with_ethplus))
+    variants = (
+        ("bridge", with_bridge),
+        ("ipfwd", with_ipfwd),
+        ("relay", functools.partial(with_relay, seconds=args.seconds)),
+        ("ethplus", with_ethplus),
+    )
 
     def frame_for(size: int, name: str, bridge: bool) -> bytes:
         f = bytearray(frame(size))
@@ -242,6 +265,15 @@ def main() -> int:
             f"{e['fps'] / i['fps']:.2f}x; CPU per frame ethplus / bridge = "
             f"{el['us_per_frame'] / bl['us_per_frame']:.2f} at an equal offered load"
             f" (target <= 1), {e['us_per_frame'] / b['us_per_frame']:.2f} saturated"
+        )
+    for size in (64, MTU + 14):
+        e, r, b = (results[n, size, "max"] for n in ("ethplus", "relay", "bridge"))
+        el, rl = results["ethplus", size, "load"], results["relay", size, "load"]
+        print(
+            f"{size:5d} B: the bare relay (same port I/O, no pipeline) = "
+            f"{r['fps'] / b['fps']:.2f}x the bridge's frames/s; ethplus carries "
+            f"{e['fps'] / r['fps']:.2f} of the relay's frames/s at "
+            f"{el['us_per_frame'] / rl['us_per_frame']:.2f}x its CPU per frame (equal load)"
         )
     for size in (64, MTU + 14):
         if ("bridge-nf", size, "max") in results:

@@ -1,7 +1,9 @@
 """The AF_PACKET port (TPACKET_V3 RX ring, TPACKET_V2 TX ring) on a real veth pair."""
 
+import contextlib
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -13,39 +15,32 @@ from dataplane.core import Addr, Header, Pool, Port, PortConfig, build_frame, pa
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture
-def veth_ns():
-    """One namespace holding both ends of a veth pair: (netns path, a, b)."""
-    name = f"ethp-{RUN_ID}-port{os.getpid() % 1000}"
+@contextlib.contextmanager
+def _namespace_with_veths(tag: str, pairs: list[tuple[str, str]]):
+    """A namespace holding both ends of each veth pair, MTU 9000, up."""
+    name = f"ethp-{RUN_ID}-{tag}{os.getpid() % 1000}"
     path = f"/run/netns/{name}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
-        subprocess.run(
-            [
-                "ip",
-                "-n",
-                name,
-                "link",
-                "add",
-                "ethptpa",
-                "mtu",
-                "9000",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "ethptpb",
-                "mtu",
-                "9000",
-            ],
-            check=True,
-        )
-        for i in ("ethptpa", "ethptpb"):
-            subprocess.run(["ip", "-n", name, "link", "set", i, "up"], check=True)
+        for a, b in pairs:
+            subprocess.run(
+                ["ip", "-n", name, "link", "add", a, "mtu", "9000", "type", "veth"]
+                + ["peer", "name", b, "mtu", "9000"],
+                check=True,
+            )
+            for i in (a, b):
+                subprocess.run(["ip", "-n", name, "link", "set", i, "up"], check=True)
         core.netns_sysctl(path, "net/ipv6/conf/all/disable_ipv6", "1")
-        yield path, "ethptpa", "ethptpb"
+        yield path
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+@pytest.fixture
+def veth_ns():
+    """One namespace holding both ends of a veth pair: (netns path, a, b)."""
+    with _namespace_with_veths("port", [("ethptpa", "ethptpb")]) as path:
+        yield path, "ethptpa", "ethptpb"
 
 
 def _frames(n: int) -> list[bytes]:
@@ -176,3 +171,26 @@ def test_open_errors_are_clear(veth_ns):
         Port("ethpnosuch", path)
     with pytest.raises(OSError):
         Port("lo", path, PortConfig(block_bytes=1000))  # not a power of two
+
+
+def test_the_relay_forwards_every_frame_unchanged_in_order():
+    # a -> b (relay in) ... relay out c -> d: what d receives is what a sent
+    pairs = [("ethptra", "ethptrb"), ("ethptrc", "ethptrd")]
+    with _namespace_with_veths("relay", pairs) as path:
+        pool = Pool(1024, 9216)
+        src, r_in, r_out, dst = (
+            Port(i, path) for i in ("ethptra", "ethptrb", "ethptrc", "ethptrd")
+        )
+        frames = _frames(500)
+        moved: list[int] = []
+        t = threading.Thread(target=lambda: moved.append(r_in.relay(r_out, 1500)))
+        t.start()
+        try:
+            for i in range(0, len(frames), 50):
+                assert src.send(frames[i : i + 50], pool) == len(frames[i : i + 50])
+            got = _drain(dst, pool, len(frames))
+        finally:
+            t.join()
+        assert got == frames  # every byte, in order
+        assert moved == [len(frames)]
+        assert r_out.counters()["tx_frames"] == len(frames)

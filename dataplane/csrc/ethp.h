@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 13
+#define ETHP_ABI_VERSION 14
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -227,6 +227,12 @@ uint32_t ethp_port_tx_burst_to(struct ethp_port *port, struct ethp_pkt **pkts, u
 uint64_t ethp_port_blast(struct ethp_port *port, const uint8_t *frame, uint32_t len,
                          uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms,
                          uint64_t rate_pps);
+/* A bare forwarder, for measuring the port I/O alone: for duration_ms,
+ * every frame received on in is sent out of out unchanged, in bursts, with
+ * no parsing, queueing or shaping (the switch's pipeline without the
+ * pipeline).  Frames the TX ring cannot take yet are retried, never dropped
+ * here.  Returns how many frames went out.  Releases the GIL in Python. */
+uint64_t ethp_port_relay(struct ethp_port *in, struct ethp_port *out, uint32_t duration_ms);
 /* Copy the counters (ETHP_PORT_NCOUNTERS values) into out. */
 void ethp_port_counters(struct ethp_port *port, uint64_t *out);
 

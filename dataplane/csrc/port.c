@@ -427,6 +427,37 @@ void ethp_port_counters(struct ethp_port *p, uint64_t *out)
     memcpy(out, p->c, sizeof(p->c));
 }
 
+uint64_t ethp_port_relay(struct ethp_port *in, struct ethp_port *out, uint32_t duration_ms)
+{
+    struct ethp_pool *pool = ethp_pool_new(ETHP_TX_BURST_MAX, ETHP_MAX_FRAME_BYTES);
+    if (!pool)
+        return 0;
+    struct ethp_pkt *b[ETHP_TX_BURST_MAX];
+    uint32_t have = 0, sent = 0;
+    uint64_t moved = 0, end = ethp_now_ns() + (uint64_t)duration_ms * 1000000ull;
+    while (ethp_now_ns() < end) {
+        if (sent == have) {
+            ethp_pool_put(pool, b, have);
+            sent = 0;
+            have = ethp_port_rx_burst(in, pool, b, ETHP_TX_BURST_MAX);
+            if (!have) {
+                ethp_port_wait(in, 10);
+                continue;
+            }
+        }
+        uint32_t k = ethp_port_tx_burst(out, b + sent, have - sent);
+        sent += k;
+        moved += k;
+        if (sent < have) {
+            struct pollfd pfd = {.fd = out->tx_fd, .events = POLLOUT};
+            poll(&pfd, 1, 10);
+        }
+    }
+    ethp_pool_put(pool, b, have);
+    ethp_pool_free(pool);
+    return moved;
+}
+
 uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len,
                          uint64_t n_frames, uint32_t vary_off, uint32_t timeout_ms,
                          uint64_t rate_pps)
