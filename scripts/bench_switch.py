@@ -13,13 +13,14 @@ are what B's kernel counted; CPU per frame is the whole machine's busy time
 forwarded, so sender and receiver costs, the same in every variant, are
 included.  Then the idle CPU of erack-64x8.
 
-    sudo python3 scripts/bench_switch.py [--seconds 3] [--no-idle]
+    sudo python3 scripts/bench_switch.py [--seconds 3] [--no-idle] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import socket
 import subprocess
@@ -197,6 +198,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--no-idle", action="store_true")
+    ap.add_argument("--json", metavar="FILE", help="also write every measurement here")
     args = ap.parse_args()
     lab.require_root("scripts/bench_switch.py")
     teardown()
@@ -252,6 +254,7 @@ def main() -> int:
                     return measure_frame(frame_for(size, name, bridge), args.seconds, load)
 
                 results[name, size, "load"] = r = wrap(run)
+                r["offered_pps"] = load
                 show(size, name, f"{load / 1e6:.3f} Mpps", r)
     finally:
         teardown()
@@ -283,8 +286,15 @@ def main() -> int:
                 f"(a new namespace's default here) = {e['fps'] / n['fps']:.2f}x frames/s, "
                 f"{e['us_per_frame'] / n['us_per_frame']:.2f}x CPU per frame saturated"
             )
-    if not args.no_idle:
-        r = idle_cpu(10.0)
+    idle = None if args.no_idle else idle_cpu(10.0)
+    if args.json:
+        out: dict = {"seconds": args.seconds, "idle": idle, "variants": {}}
+        for (name, size, how), r in results.items():
+            out["variants"].setdefault(name, {}).setdefault(str(size), {})[how] = r
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if idle:
+        r = idle
         print(
             f"\nidle erack-64x8 (72 namespaces, 512 switch ports): fabric process "
             f"{r['fabric_cores'] * 100:.2f}% of a core; whole machine "
