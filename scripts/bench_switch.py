@@ -8,7 +8,9 @@ the ethplus switch (full pipeline on: parse, route, ECN check, trimming check,
 pacer at an unreachable 1 Tbit/s, delay line, counters).  A bare relay on
 the switch's own port I/O (the same rings and copies, no pipeline) shows the
 ceiling of that I/O and what the pipeline costs on top.  Frames/s and Gbit/s
-are what B's kernel counted; CPU per frame is the whole machine's busy time
+are what B's kernel counted ("into S": what A's sender got into S, so a
+forwarder that drops shows as the limit, a sender that cannot go faster as
+its own); CPU per frame is the whole machine's busy time
 (dataplane.cpu: exact, from the idle states' residency) over frames
 forwarded, so sender and receiver costs, the same in every variant, are
 included.  Then the idle CPU of erack-64x8.
@@ -99,8 +101,9 @@ def frame(size: int) -> bytes:
     return bytes(f)
 
 
-def _rx_packets() -> int:
-    return kernel_stats("B", "ethpbB")["rx_packets"]
+def _rx_packets() -> tuple[int, int]:
+    """(frames into S from A, frames into B from S), as the veths count them."""
+    return kernel_stats("S", "ethpbSA")["rx_packets"], kernel_stats("B", "ethpbB")["rx_packets"]
 
 
 def kernel_stats(x: str, ifname: str) -> dict:
@@ -222,7 +225,8 @@ def main() -> int:
     def show(size: int, name: str, how: str, r: dict) -> None:
         print(
             f"{size:5d} B  {name:9s} {how:11s} {r['fps'] / 1e6:6.3f} Mpps  {r['gbps']:6.2f} Gbit/s"
-            f"  {r['us_per_frame']:5.2f} us CPU/frame  {r['cores']:4.2f} cores busy",
+            f"  {r['us_per_frame']:5.2f} us CPU/frame  {r['cores']:4.2f} cores busy"
+            f"  (into S: {r['offered_fps'] / 1e6:.3f} Mpps)",
             flush=True,
         )
 
@@ -306,10 +310,10 @@ def main() -> int:
 
 def measure_frame(f: bytes, seconds: float, rate_pps: int = 0) -> dict:
     tx = core.Port("ethpbA", _path("A"))
-    r0, c0, t0 = _rx_packets(), cpu.machine_busy_s(), time.monotonic()
+    (i0, r0), c0, t0 = _rx_packets(), cpu.machine_busy_s(), time.monotonic()
     tx.blast(f, 10**9, 34, int(seconds * 1000), rate_pps)
     time.sleep(0.2)
-    r1, c1, t1 = _rx_packets(), cpu.machine_busy_s(), time.monotonic()
+    (i1, r1), c1, t1 = _rx_packets(), cpu.machine_busy_s(), time.monotonic()
     tx.close()
     frames = r1 - r0
     dt = t1 - t0 - 0.2
@@ -318,6 +322,7 @@ def measure_frame(f: bytes, seconds: float, rate_pps: int = 0) -> dict:
         "gbps": frames * len(f) * 8 / dt / 1e9,
         "us_per_frame": (c1 - c0) / frames * 1e6 if frames else float("nan"),
         "cores": (c1 - c0) / (t1 - t0),
+        "offered_fps": (i1 - i0) / dt,  # what A's sender got into S
     }
 
 
