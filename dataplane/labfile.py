@@ -67,6 +67,9 @@ def _is_num(v: Any) -> bool:
     return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
+REQUIRED: Any = object()  # a Field's default when the key must be given
+
+
 def pos_int(default: Any = None, help: str = "") -> Field:
     return Field("an integer > 0", lambda v: _is_int(v) and v > 0, default, help)
 
@@ -77,6 +80,10 @@ def nonneg_int(default: Any = None, help: str = "") -> Field:
 
 def pos_num(default: Any = None, help: str = "") -> Field:
     return Field("a number > 0", lambda v: _is_num(v) and v > 0, default, help)
+
+
+def nonneg_num(default: Any = None, help: str = "") -> Field:
+    return Field("a number >= 0", lambda v: _is_num(v) and v >= 0, default, help)
 
 
 def fraction(default: Any = None, help: str = "") -> Field:
@@ -101,6 +108,17 @@ def one_of(choices: tuple[str, ...], default: Any = None, help: str = "") -> Fie
 
 def text(default: Any = None, help: str = "") -> Field:
     return Field("a string", lambda v: isinstance(v, str), default, help)
+
+
+def text_list(min_items: int, what: str, default: Any = None, help: str = "") -> Field:
+    return Field(
+        f"a list of {min_items} or more {what}",
+        lambda v: (
+            isinstance(v, list) and len(v) >= min_items and all(isinstance(x, str) for x in v)
+        ),
+        default,
+        help,
+    )
 
 
 def lab_name(default: Any = None) -> Field:
@@ -281,21 +299,30 @@ def resolve_path(file_or_name: str, directory: Path = LABS_DIR, what: str = "lab
     raise LabFileError(file_or_name, "file", f"an existing {what} or one of: {known}")
 
 
-def _section(path: str, data: dict, name: str, fields: dict[str, Field]) -> dict[str, Any]:
-    raw = data.get(name, {})
+def read_table(path: str, raw: Any, where: str, fields: dict[str, Field]) -> dict[str, Any]:
+    """A TOML table checked against its fields: no unknown key, every value of
+    its field's kind, every REQUIRED key given; absent keys get their
+    defaults.  LabFileError names the first key that is wrong."""
     if not isinstance(raw, dict):
-        raise LabFileError(path, name, "a table", raw)
+        raise LabFileError(path, where, "a table", raw)
     out = {}
     for key, value in raw.items():
         if key not in fields:
             known = ", ".join(fields)
-            raise LabFileError(path, f"{name}.{key}", f"a known key (one of {known})")
+            raise LabFileError(path, f"{where}.{key}", f"a known key (one of {known})")
         if not fields[key].ok(value):
-            raise LabFileError(path, f"{name}.{key}", fields[key].expected, value)
+            raise LabFileError(path, f"{where}.{key}", fields[key].expected, value)
         out[key] = value
     for key, f in fields.items():
-        out.setdefault(key, f.default)
+        if key not in out:
+            if f.default is REQUIRED:
+                raise LabFileError(path, f"{where}.{key}", f.expected)
+            out[key] = f.default
     return out
+
+
+def _section(path: str, data: dict, name: str, fields: dict[str, Field]) -> dict[str, Any]:
+    return read_table(path, data.get(name, {}), name, fields)
 
 
 def _link(values: dict[str, Any]) -> LinkParams:

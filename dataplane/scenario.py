@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataplane import bench, faults, transport
+from dataplane import labfile as lf
 from dataplane.collectives import COLLECTIVES, bus_factor, canonical
 from dataplane.job import JobError
 from dataplane.labfile import LABS_DIR, LabFileError, resolve_path
@@ -104,18 +105,66 @@ def resolve(name_or_path: str) -> Path:
     return resolve_path(name_or_path, SCENARIO_DIR, "scenario file")
 
 
-def _get(path, table: dict, key: str, where: str, kind, default=..., check=None, expected=""):
-    if key not in table:
-        if default is ...:
-            raise _err(path, f"{where}.{key}", expected or f"a {kind.__name__}")
-        return default
-    v = table[key]
-    ok = isinstance(v, kind) and not (kind in (int, float) and isinstance(v, bool))
-    if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        v, ok = float(v), True
-    if not ok or (check and not check(v)):
-        raise _err(path, f"{where}.{key}", expected or f"a {kind.__name__}", v)
-    return v
+def _is_collective(v) -> bool:
+    try:
+        canonical(v)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+SIZES = lf.Field('a list of sizes such as ["1M", "64M"]', lambda v: isinstance(v, list) and len(v) > 0)
+SHORT_FIELDS = {
+    "sizes": SIZES,
+    "iters": lf.pos_int(),
+    "warmup": lf.nonneg_int(),
+    "time_scale": lf.pos_num(1.0, "fault times are multiplied by this"),
+}
+JOB_FIELDS = {
+    "name": lf.text(),
+    "collective": lf.Field(
+        "one of " + ", ".join(COLLECTIVES),
+        lambda v: isinstance(v, str) and _is_collective(v),
+        lf.REQUIRED,
+    ),
+    "nodes": lf.text_list(2, "accelerator names"),
+    "sizes": SIZES,
+    "iters": lf.pos_int(5),
+    "warmup": lf.nonneg_int(1),
+    "algo": lf.text("ring"),
+    "dtype": lf.text("float32"),
+    "op": lf.text("sum"),
+    "root": lf.nonneg_int(0),
+    "uneven": lf.boolean(False),
+}
+FAULT_SET = "up, down, loss P, corrupt P, rate R, delay D"
+FAULT_FIELDS = {
+    "at_s": lf.nonneg_num(lf.REQUIRED, "seconds (real) after the jobs' timed phase starts"),
+    "link": lf.text(),
+    "node": lf.text(),
+    "set": lf.Field(FAULT_SET, lambda v: isinstance(v, str), lf.REQUIRED),
+    "jitter_s": lf.nonneg_num(0.0, "a seeded offset in [0, jitter_s)"),
+}
+
+
+def _scenario_fields() -> dict[str, lf.Field]:
+    avail = transport.available()
+    return {
+        "description": lf.text(""),
+        "explain": lf.text(""),
+        "lab": lf.Field(
+            "a lab file or netns-labs/ name", lambda v: isinstance(v, str), lf.REQUIRED
+        ),
+        "seed": lf.nonneg_int(1),
+        "transports": lf.Field(
+            "a list of transports from " + ", ".join(avail),
+            lambda v: isinstance(v, list) and v and all(t in avail for t in v),
+            avail,
+        ),
+        "adaptive": lf.boolean(False),
+        "alone": lf.boolean(False),
+        "metric": lf.one_of(METRICS, "jct"),
+    }
 
 
 def load(name_or_path: str, short: bool = False) -> Scenario:
@@ -131,34 +180,15 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
     for key in data:
         if key not in ("scenario", "job", "fault", "short"):
             raise _err(path, key, "one of the sections [scenario], [[job]], [[fault]], [short]")
-    sc = data.get("scenario")
-    if not isinstance(sc, dict):
+    if "scenario" not in data:
         raise _err(path, "scenario", "a [scenario] table")
-    known = {"description", "explain", "lab", "seed", "transports", "adaptive", "alone", "metric"}
-    for key in sc:
-        if key not in known:
-            raise _err(path, f"scenario.{key}", "a known key (" + ", ".join(sorted(known)) + ")")
-    avail = transport.available()
-    transports = _get(
-        path,
-        sc,
-        "transports",
-        "scenario",
-        list,
-        avail,
-        lambda v: v and all(t in avail for t in v),
-        "a list of transports from " + ", ".join(avail),
-    )
-    sh = data.get("short", {})
-    if not isinstance(sh, dict):
-        raise _err(path, "short", "a [short] table")
-    for key in sh:
-        if key not in ("sizes", "iters", "warmup", "time_scale"):
-            raise _err(path, f"short.{key}", "one of sizes, iters, warmup, time_scale")
+    sc = lf.read_table(path, data["scenario"], "scenario", _scenario_fields())
+    sh = lf.read_table(path, data.get("short", {}), "short", SHORT_FIELDS)
+    overrides = {k: v for k, v in sh.items() if k != "time_scale" and v is not None}
     jobs_raw = data.get("job")
     if not isinstance(jobs_raw, list) or not jobs_raw:
         raise _err(path, "job", "one or more [[job]] tables")
-    jobs = [_job(path, i, j, sh if short else {}) for i, j in enumerate(jobs_raw)]
+    jobs = [_job(path, i, j, overrides if short else {}) for i, j in enumerate(jobs_raw)]
     seen: dict[str, str] = {}
     for j in jobs:
         for n in j.nodes or ["*"]:
@@ -167,140 +197,79 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
             seen[n] = j.name
     if len({j.name for j in jobs}) != len(jobs):
         raise _err(path, "job.name", "a different name for every job")
-    scale = (
-        _get(path, sh, "time_scale", "short", float, 1.0, lambda v: v > 0, "a number > 0")
-        if short
-        else 1.0
-    )
-    seed = _get(path, sc, "seed", "scenario", int, 1)
-    rng = random.Random(seed)
-    fl = [_fault(path, i, f, scale, rng) for i, f in enumerate(data.get("fault", []))]
+    scale = sh["time_scale"] if short else 1.0
+    rng = random.Random(sc["seed"])
+    faults_raw = data.get("fault", [])
+    if not isinstance(faults_raw, list):
+        raise _err(path, "fault", "[[fault]] tables")
+    fl = [_fault(path, i, f, scale, rng) for i, f in enumerate(faults_raw)]
     return Scenario(
         name=p.stem,
         path=path,
-        description=_get(path, sc, "description", "scenario", str, ""),
-        explain=_get(path, sc, "explain", "scenario", str, ""),
-        lab=_get(path, sc, "lab", "scenario", str, expected="a lab file or netns-labs/ name"),
-        seed=seed,
-        transports=transports,
-        adaptive=_get(path, sc, "adaptive", "scenario", bool, False),
-        alone=_get(path, sc, "alone", "scenario", bool, False),
-        metric=_get(
-            path,
-            sc,
-            "metric",
-            "scenario",
-            str,
-            "jct",
-            lambda v: v in METRICS,
-            "one of " + ", ".join(METRICS),
-        ),
+        description=sc["description"],
+        explain=sc["explain"],
+        lab=sc["lab"],
+        seed=sc["seed"],
+        transports=sc["transports"],
+        adaptive=sc["adaptive"],
+        alone=sc["alone"],
+        metric=sc["metric"],
         jobs=jobs,
         faults=sorted(fl, key=lambda f: f.at_s),
         short=short,
     )
 
 
-def _job(path: str, i: int, j, short: dict) -> JobSpec:
-    where = f"job[{i}]"
+def _job(path: str, i: int, j, overrides: dict) -> JobSpec:
     if not isinstance(j, dict):
-        raise _err(path, where, "a table")
-    known = {
-        "name",
-        "collective",
-        "nodes",
-        "sizes",
-        "iters",
-        "warmup",
-        "algo",
-        "dtype",
-        "op",
-        "root",
-        "uneven",
-    }
-    for key in j:
-        if key not in known:
-            raise _err(path, f"{where}.{key}", "a known key (" + ", ".join(sorted(known)) + ")")
-    name = _get(path, j, "name", where, str, f"job{i}")
+        raise _err(path, f"job[{i}]", "a table", j)
+    name = j.get("name", f"job{i}")
+    if not isinstance(name, str):
+        raise _err(path, f"job[{i}].name", JOB_FIELDS["name"].expected, name)
     where = f"job.{name}"
-    coll = _get(path, j, "collective", where, str, expected="one of " + ", ".join(COLLECTIVES))
+    v = lf.read_table(path, j, where, JOB_FIELDS) | overrides
+    if v["sizes"] is None:
+        raise _err(path, f"{where}.sizes", SIZES.expected)
     try:
-        coll = canonical(coll)
-    except ValueError:
-        raise _err(path, f"{where}.collective", "one of " + ", ".join(COLLECTIVES), coll) from None
-    nodes = _get(
-        path,
-        j,
-        "nodes",
-        where,
-        list,
-        None,
-        lambda v: len(v) >= 2 and all(isinstance(x, str) for x in v),
-        "a list of two or more accelerator names",
-    )
-    sizes_raw = short.get("sizes", j.get("sizes"))
-    if not isinstance(sizes_raw, list) or not sizes_raw:
-        raise _err(path, f"{where}.sizes", 'a list of sizes such as ["1M", "64M"]', sizes_raw)
-    try:
-        sizes = [bench.parse_size(str(x), f"{where}.sizes") for x in sizes_raw]
+        sizes = [bench.parse_size(str(x), f"{where}.sizes") for x in v["sizes"]]
     except bench.BenchError as exc:
         raise LabFileError(
             path, f"{where}.sizes", "sizes such as 8K, 64M", detail=str(exc)
         ) from None
-    iters = short.get(
-        "iters", _get(path, j, "iters", where, int, 5, lambda v: v >= 1, "an integer >= 1")
-    )
-    warmup = short.get(
-        "warmup", _get(path, j, "warmup", where, int, 1, lambda v: v >= 0, "an integer >= 0")
-    )
     return JobSpec(
         name=name,
-        collective=coll,
-        nodes=nodes,
+        collective=canonical(v["collective"]),
+        nodes=v["nodes"],
         sizes=sizes,
-        iters=int(iters),
-        warmup=int(warmup),
-        algo=_get(path, j, "algo", where, str, "ring"),
-        dtype=_get(path, j, "dtype", where, str, "float32"),
-        op=_get(path, j, "op", where, str, "sum"),
-        root=_get(path, j, "root", where, int, 0),
-        uneven=_get(path, j, "uneven", where, bool, False),
+        iters=v["iters"],
+        warmup=v["warmup"],
+        algo=v["algo"],
+        dtype=v["dtype"],
+        op=v["op"],
+        root=v["root"],
+        uneven=v["uneven"],
     )
 
 
 def _fault(path: str, i: int, f, scale: float, rng: random.Random) -> Fault:
     where = f"fault[{i}]"
-    if not isinstance(f, dict):
-        raise _err(path, where, "a table")
-    for key in f:
-        if key not in ("at_s", "link", "node", "set", "jitter_s"):
-            raise _err(path, f"{where}.{key}", "one of at_s, link, node, set, jitter_s")
-    at = _get(path, f, "at_s", where, float, expected="seconds >= 0", check=lambda v: v >= 0)
-    jitter = _get(path, f, "jitter_s", where, float, 0.0, lambda v: v >= 0, "seconds >= 0")
-    words = _get(
-        path, f, "set", where, str, expected="up, down, loss P, corrupt P, rate R, delay D"
-    )
-    if ("link" in f) == ("node" in f):
+    v = lf.read_table(path, f, where, FAULT_FIELDS)
+    if (v["link"] is None) == (v["node"] is None):
         raise _err(path, where, 'exactly one of link = "..." or node = "..."')
-    target = "link" if "link" in f else "node"
-    name = _get(path, f, target, where, str)
+    target = "link" if v["link"] is not None else "node"
+    words = v["set"]
     change: dict = {}
     if target == "link":
         try:
             change = faults.link_change(words.split())
         except ValueError as exc:
-            raise LabFileError(
-                path,
-                f"{where}.set",
-                "up, down, loss P, corrupt P, rate R, delay D",
-                detail=str(exc),
-            ) from None
+            raise LabFileError(path, f"{where}.set", FAULT_SET, detail=str(exc)) from None
     elif words not in ("up", "down"):
         raise _err(path, f"{where}.set", "up or down (a switch)", words)
     return Fault(
-        at_s=(at + rng.random() * jitter) * scale,
+        at_s=(v["at_s"] + rng.random() * v["jitter_s"]) * scale,
         target=target,
-        name=name,
+        name=v[target],
         words=words.split(),
         change=change,
     )

@@ -121,6 +121,16 @@ BAD = {
         "job.b.nodes",
     ),
     "unknown-key": ('[scenario]\nlab = "erack-8x4"\nspeed = 3\n', "scenario.speed"),
+    "bad-short": (
+        '[scenario]\nlab = "erack-8x4"\n[short]\niters = "x"\n'
+        '[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n',
+        "short.iters",
+    ),
+    "no-fault-time": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n'
+        '[[fault]]\nnode = "plane0"\nset = "down"\n',
+        "fault[0].at_s",
+    ),
     "not-toml": ("[scenario\n", "file"),
 }
 
