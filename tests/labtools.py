@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from conftest import ethplus
+from conftest import RUN_ID, ethplus
 
 from dataplane import core, kernel, stats
 
@@ -195,3 +195,11 @@ def lab_up_down(name: str, file: str, *extra: str):
         yield name
     finally:
         ethplus("lab", "down", name)
+
+
+@contextlib.contextmanager
+def shipped_lab(tag: str, file: str):
+    """Shipped lab `file` (e.g. "erack-8x4") for a with block, under a name
+    unique to this run and to the module's `tag`.  Gives the name."""
+    with lab_up_down(f"{RUN_ID}-{tag}-{file.split('-')[0]}", file) as name:
+        yield name

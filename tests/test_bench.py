@@ -13,7 +13,7 @@ import time
 import jsonschema
 import pytest
 from conftest import RUN_ID, ethplus, fabric_pids
-from labtools import lab_up_down
+from labtools import shipped_lab
 
 from dataplane import bench, registry, transport
 from dataplane.collectives import COLLECTIVES, bus_factor
@@ -23,20 +23,16 @@ pytestmark = pytest.mark.root
 MiB = 1 << 20
 
 
-def _module_lab(file: str):
-    name = f"{RUN_ID}-bn-{file.split('-')[0]}"
-    with lab_up_down(name, file) as n:
-        yield n
-
-
 @pytest.fixture(scope="module")
 def erack():
-    yield from _module_lab("erack-8x4")
+    with shipped_lab("bn", "erack-8x4") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def clos():
-    yield from _module_lab("clos-16")
+    with shipped_lab("bn", "clos-16") as name:
+        yield name
 
 
 def _job(lab: str, transport_name: str, collective: str, sizes: list[int], **kw) -> dict:

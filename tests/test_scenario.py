@@ -6,28 +6,24 @@ import json
 import warnings
 
 import pytest
-from conftest import RUN_ID, ethplus
-from labtools import lab_up_down
+from conftest import ethplus
+from labtools import shipped_lab
 
 from dataplane import report, scenario
 
 KiB, MiB = 1024, 1 << 20
 
 
-def _module_lab(file: str):
-    name = f"{RUN_ID}-sc-{file.split('-')[0]}"
-    with lab_up_down(name, file) as n:
-        yield n
-
-
 @pytest.fixture(scope="module")
 def erack():
-    yield from _module_lab("erack-8x4")
+    with shipped_lab("sc", "erack-8x4") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def clos():
-    yield from _module_lab("clos-16")
+    with shipped_lab("sc", "clos-16") as name:
+        yield name
 
 
 def _run(lab: str, name: str, out, *extra: str) -> dict:

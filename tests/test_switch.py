@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from conftest import RUN_ID, ethplus
-from labtools import Capture, Lab, ethp_frame, if_stats, lab_up_down, send_paced
+from conftest import ethplus
+from labtools import Capture, Lab, ethp_frame, if_stats, send_paced, shipped_lab
 
 from dataplane import core, stats
 
@@ -27,9 +27,8 @@ def _up(name: str, file: str, *extra: str) -> Lab:
 
 
 def _module_lab(file: str):
-    name = f"{RUN_ID}-sw-{file.split('-')[0]}"
-    with lab_up_down(name, file) as n:
-        yield Lab(n)
+    with shipped_lab("sw", file) as name:
+        yield Lab(name)
 
 
 @pytest.fixture(scope="module")
