@@ -113,7 +113,9 @@ def _is_collective(v) -> bool:
     return True
 
 
-SIZES = lf.Field('a list of sizes such as ["1M", "64M"]', lambda v: isinstance(v, list) and len(v) > 0)
+SIZES = lf.Field(
+    'a list of sizes such as ["1M", "64M"]', lambda v: isinstance(v, list) and len(v) > 0
+)
 SHORT_FIELDS = {
     "sizes": SIZES,
     "iters": lf.pos_int(),
