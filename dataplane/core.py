@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 15
+ABI_VERSION = 14
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -349,15 +349,6 @@ def if_offloads_off(sock_fd: int, ifname: str) -> None:
     _check(
         lib.ethp_if_offloads_off(sock_fd, ifname.encode()),
         f"cannot switch offloads off on {ifname}",
-    )
-
-
-def hostsink_load() -> int:
-    """The hosts' tc ingress program dropping the NIC's UDP frames (ETH+ and
-    emulated RoCEv2) after the NIC's ring has them (fd; caller closes)."""
-    return _check(
-        lib.ethp_hostsink_load(UDP_PORT, lib.ETHP_ROCE_UDP_PORT),
-        "cannot load the hosts' tc ingress program (eBPF)",
     )
 
 

@@ -99,15 +99,9 @@ def create_veths(veths: Iterable[VethSpec]) -> None:
 
 
 def configure_namespace(
-    path: str,
-    lab: str,
-    ifnames: list[str],
-    host_ports: list[HostPortSpec],
-    hostsink: bool = True,
+    path: str, lab: str, ifnames: list[str], host_ports: list[HostPortSpec]
 ) -> None:
-    """Offloads off and links up on every lab interface; on hosts, addresses,
-    gateways, routes and (unless hostsink is false) the tc ingress program
-    that drops the NIC's UDP frames once its ring has them."""
+    """Offloads off and links up on every lab interface; addressing on hosts."""
     sock = core.netns_socket(path, socket.AF_INET, socket.SOCK_DGRAM, 0)
     try:
         for ifname in ifnames:
@@ -122,35 +116,11 @@ def configure_namespace(
             index[ifname] = links[ifname]["index"]
             if not links[ifname]["flags"] & IFF_UP:
                 ipr.link("set", index=index[ifname], state="up")
-        if hostsink and host_ports:
-            _attach_hostsink(ipr, [index[hp.ifname] for hp in host_ports])
         for hp in host_ports:
             i = index[hp.ifname]
             ipr.addr("add", index=i, address=hp.ip, prefixlen=32)
             ipr.neigh("add", dst=hp.gateway, lladdr=hp.gateway_mac, ifindex=i, state="permanent")
             ipr.route("add", dst=hp.subnet, gateway=hp.gateway, oif=i, prefsrc=hp.ip, flags=4)
-
-
-def _attach_hostsink(ipr, indexes: list[int]) -> None:
-    """The NIC's UDP frames stop after its ring has them (hostsink.c).  Best
-    effort: on a kernel without eBPF or cls_bpf the host's stack stays in
-    their path, which costs CPU but changes nothing else (the NIC's quiet
-    socket keeps the host from answering them)."""
-    try:
-        fd = core.hostsink_load()
-    except OSError:
-        return
-    try:
-        for i in indexes:
-            ipr.tc("add", "clsact", i)
-            ipr.tc(
-                "add-filter", "bpf", i, ":1", fd=fd, name="ethp_hostsink",
-                parent="ffff:fff2", classid=1, direct_action=True,
-            )  # fmt: skip
-    except NetlinkError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_marker(path: str) -> str | None:

@@ -69,8 +69,7 @@ def build() -> None:
         for x in "AB"
     }
     for x, ifs in (("A", ["ethpbA"]), ("S", ["ethpbSA", "ethpbSB"]), ("B", ["ethpbB"])):
-        # B keeps a real receiver's work: no lab host sink (kernel.py)
-        kernel.configure_namespace(_path(x), "bench-switch", ifs, hosts.get(x, []), hostsink=False)
+        kernel.configure_namespace(_path(x), "bench-switch", ifs, hosts.get(x, []))
     for port in (SINK_PORT, core.UDP_PORT):
         s = socket.socket(fileno=core.netns_socket(_path("B"), socket.AF_INET, socket.SOCK_DGRAM))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)

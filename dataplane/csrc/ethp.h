@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 15
+#define ETHP_ABI_VERSION 14
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -505,11 +505,5 @@ int ethp_netns_join(const char *path);
 /* Switch off TSO, GSO, GRO, scatter-gather and checksum offloads of ifname,
  * through sock (a socket in the interface's namespace).  0 or negative errno. */
 int ethp_if_offloads_off(int sock, const char *ifname);
-
-/* A tc ingress program (eBPF, direct action) that drops IPv4/UDP frames to
- * port_a or port_b after the AF_PACKET taps have seen them: a lab host's
- * kernel then spends nothing on the NIC's frames.  Returns the program's fd
- * (the caller attaches it and closes it) or a negative errno. */
-int ethp_hostsink_load(uint16_t port_a, uint16_t port_b);
 
 #endif
