@@ -456,9 +456,10 @@ static int rx(struct ethp_switch *sw, uint64_t now)
             port->c[ETHP_SC_rx_frames]++;
             port->c[ETHP_SC_rx_bytes] += p->len;
             p->port = (uint16_t)(idx1 - 1);
-            /* one nanosecond apart, in ring (arrival) order: the ingress delay
-             * lines then release a burst as it arrived, not port by port */
-            admit(sw, port, p, now + i);
+            /* one nanosecond apart, in ring (arrival) order across the whole
+             * turn: the ingress delay lines then release it as it arrived,
+             * not port by port */
+            admit(sw, port, p, now + turn + i);
         }
         if (n < SW_BURST)
             return 0;
