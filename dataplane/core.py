@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -311,7 +311,7 @@ class Port:
     def relay(self, out: Port, duration_ms: int) -> int:
         """Forward every frame received here out of `out`, unchanged, for
         duration_ms (a bare forwarder: the switch's I/O without its
-        pipeline); the GIL is released.  Returns the frames sent."""
+        pipeline); the GIL is released.  Returns the frames handed on."""
         return lib.ethp_port_relay(self._p, out._p, duration_ms)
 
     def counters(self) -> dict[str, int]:

@@ -70,7 +70,10 @@ def test_messages_arrive_byte_exact_under_loss(erack, loss):
     placed = 1 * KiB + 1 * MiB + 64 * MiB
     assert delta_b["rx_data_bytes"] == placed  # every byte placed exactly once
     if loss == "0":
-        assert delta_a["retx_bytes"] == 0 and delta_b["rx_dup_pkts"] == 0
+        assert delta_a["retx_bytes"] == 0 and delta_b["rx_dup_pkts"] == 0, (
+            {k: v for k, v in delta_a.items() if v},
+            {k: v for k, v in delta_b.items() if v},
+        )
     else:
         assert delta_a["retx_bytes"] > 0
         assert delta_a["tx_data_bytes"] == placed + delta_a["retx_bytes"]

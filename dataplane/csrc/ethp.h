@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 14
+#define ETHP_ABI_VERSION 15
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -199,12 +199,13 @@ struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
                                  const struct ethp_port_cfg *cfg, int *err);
 void ethp_port_close(struct ethp_port *port);
 int ethp_port_fd(const struct ethp_port *port);
-/* The socket frames are sent on (poll it for POLLOUT). */
-int ethp_port_tx_fd(const struct ethp_port *port);
 int ethp_port_ifindex(const struct ethp_port *port);
 /* Wait until a ring block is ready or timeout_ms passes (-1: forever).
  * Returns 1 if frames are ready, 0 on timeout, negative errno on error. */
 int ethp_port_wait(struct ethp_port *port, int timeout_ms);
+/* Wait until the TX side can take frames again (after a burst came back
+ * short) or timeout_ms passes. */
+void ethp_port_wait_tx(struct ethp_port *port, int timeout_ms);
 /* Copy up to n received frames into packets taken from pool. */
 uint32_t ethp_port_rx_burst(struct ethp_port *port, struct ethp_pool *pool,
                             struct ethp_pkt **pkts, uint32_t n);
@@ -231,7 +232,8 @@ uint64_t ethp_port_blast(struct ethp_port *port, const uint8_t *frame, uint32_t 
  * every frame received on in is sent out of out unchanged, in bursts, with
  * no parsing, queueing or shaping (the switch's pipeline without the
  * pipeline).  Frames the TX ring cannot take yet are retried, never dropped
- * here.  Returns how many frames went out.  Releases the GIL in Python. */
+ * here.  Returns how many frames it handed on (sent, or refused and counted
+ * in out's tx_errors).  Releases the GIL in Python. */
 uint64_t ethp_port_relay(struct ethp_port *in, struct ethp_port *out, uint32_t duration_ms);
 /* Copy the counters (ETHP_PORT_NCOUNTERS values) into out. */
 void ethp_port_counters(struct ethp_port *port, uint64_t *out);

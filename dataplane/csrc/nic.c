@@ -33,7 +33,6 @@
 #include <errno.h>
 #include <linux/filter.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,8 +242,7 @@ static void flush_port(struct ethp_nic *n, struct nic_port *pt)
         uint32_t k = ethp_port_tx_burst_to(n->io, pt->txq + done, pt->ntx - done, pt->ifindex);
         if (!k) {
             n->c[ETHP_NC_tx_again]++;
-            struct pollfd pfd = {.fd = ethp_port_tx_fd(n->io), .events = POLLOUT};
-            poll(&pfd, 1, 1);
+            ethp_port_wait_tx(n->io, 1);
             continue;
         }
         done += k;

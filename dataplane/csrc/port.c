@@ -221,7 +221,6 @@ void ethp_port_close(struct ethp_port *p)
 }
 
 int ethp_port_fd(const struct ethp_port *p) { return p->fd; }
-int ethp_port_tx_fd(const struct ethp_port *p) { return p->tx_fd; }
 int ethp_port_ifindex(const struct ethp_port *p) { return p->ifindex; }
 
 static struct tpacket_block_desc *block_at(struct ethp_port *p, uint32_t i)
@@ -244,6 +243,12 @@ int ethp_port_wait(struct ethp_port *p, int timeout_ms)
     if (n < 0)
         return errno == EINTR ? 0 : -errno;
     return block_ready(p);
+}
+
+void ethp_port_wait_tx(struct ethp_port *p, int timeout_ms)
+{
+    struct pollfd pfd = {.fd = p->tx_fd, .events = POLLOUT};
+    poll(&pfd, 1, timeout_ms);
 }
 
 static void release_block(struct ethp_port *p)
@@ -448,10 +453,8 @@ uint64_t ethp_port_relay(struct ethp_port *in, struct ethp_port *out, uint32_t d
         uint32_t k = ethp_port_tx_burst(out, b + sent, have - sent);
         sent += k;
         moved += k;
-        if (sent < have) {
-            struct pollfd pfd = {.fd = out->tx_fd, .events = POLLOUT};
-            poll(&pfd, 1, 10);
-        }
+        if (sent < have)
+            ethp_port_wait_tx(out, 10);
     }
     ethp_pool_put(pool, b, have);
     ethp_pool_free(pool);
@@ -508,10 +511,8 @@ uint64_t ethp_port_blast(struct ethp_port *p, const uint8_t *frame, uint32_t len
         sent += k;
         if (vary_off)
             v = (uint16_t)(v - (m - k)); /* resend the unsent values */
-        if (k < m) {
-            struct pollfd pfd = {.fd = p->tx_fd, .events = POLLOUT};
-            poll(&pfd, 1, 10);
-        }
+        if (k < m)
+            ethp_port_wait_tx(p, 10);
     }
     if (rate_pps && slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
