@@ -230,22 +230,21 @@ def main() -> int:
             flush=True,
         )
 
+    def measure(size: int, name: str, wrap, rate_pps: int = 0) -> dict:
+        def run(bridge: bool) -> dict:
+            return measure_frame(frame_for(size, name, bridge), args.seconds, rate_pps)
+
+        return wrap(run)
+
     try:
         for size in (64, MTU + 14):
             # 1. Saturation: the sender blasts as fast as it can.
             for name, wrap in variants:
-
-                def run(bridge: bool, size=size, name=name):
-                    return measure_frame(frame_for(size, name, bridge), args.seconds)
-
-                results[name, size, "max"] = r = wrap(run)
+                results[name, size, "max"] = r = measure(size, name, wrap)
                 show(size, name, "saturated", r)
             if br_netfilter_loaded():  # a reference: the bridge as a namespace has it
-
-                def run(bridge: bool, size=size):
-                    return measure_frame(frame_for(size, "bridge", bridge), args.seconds)
-
-                results["bridge-nf", size, "max"] = r = with_bridge(run, nf_hooks=True)
+                hooked = functools.partial(with_bridge, nf_hooks=True)
+                results["bridge-nf", size, "max"] = r = measure(size, "bridge", hooked)
                 show(size, "bridge-nf", "saturated", r)
             # 2. Equal offered load, 80% of what the bridge carried: CPU per
             # frame without the sender's wasted work on frames a saturated
@@ -253,42 +252,38 @@ def main() -> int:
             # so it never drops; a separate forwarder does).
             load = int(0.8 * results["bridge", size, "max"]["fps"])
             for name, wrap in variants:
-
-                def run(bridge: bool, size=size, name=name, load=load):
-                    return measure_frame(frame_for(size, name, bridge), args.seconds, load)
-
-                results[name, size, "load"] = r = wrap(run)
+                results[name, size, "load"] = r = measure(size, name, wrap, load)
                 r["offered_pps"] = load
                 show(size, name, f"{load / 1e6:.3f} Mpps", r)
     finally:
         teardown()
     print()
     for size in (64, MTU + 14):
-        e, b, i = (results[n, size, "max"] for n in ("ethplus", "bridge", "ipfwd"))
-        el, bl = results["ethplus", size, "load"], results["bridge", size, "load"]
+        m = {n: results[n, size, "max"] for n in ("ethplus", "bridge", "ipfwd", "relay")}
+        eq = {n: results[n, size, "load"] for n in ("ethplus", "bridge", "relay")}
+
+        def ratio(a: str, b: str, key: str = "fps", at: dict = m) -> float:
+            return at[a][key] / at[b][key]
+
         print(
-            f"{size:5d} B: ethplus / bridge = {e['fps'] / b['fps']:.2f}x frames/s "
+            f"{size:5d} B: ethplus / bridge = {ratio('ethplus', 'bridge'):.2f}x frames/s "
             f"(target {'1.5' if size == 64 else '1.2'}x), / ip forwarding = "
-            f"{e['fps'] / i['fps']:.2f}x; CPU per frame ethplus / bridge = "
-            f"{el['us_per_frame'] / bl['us_per_frame']:.2f} at an equal offered load"
-            f" (target <= 1), {e['us_per_frame'] / b['us_per_frame']:.2f} saturated"
-        )
-    for size in (64, MTU + 14):
-        e, r, b = (results[n, size, "max"] for n in ("ethplus", "relay", "bridge"))
-        el, rl = results["ethplus", size, "load"], results["relay", size, "load"]
-        print(
+            f"{ratio('ethplus', 'ipfwd'):.2f}x; CPU per frame ethplus / bridge = "
+            f"{ratio('ethplus', 'bridge', 'us_per_frame', eq):.2f} at an equal offered load"
+            f" (target <= 1), {ratio('ethplus', 'bridge', 'us_per_frame'):.2f} saturated\n"
             f"{size:5d} B: the bare relay (same port I/O, no pipeline) = "
-            f"{r['fps'] / b['fps']:.2f}x the bridge's frames/s; ethplus carries "
-            f"{e['fps'] / r['fps']:.2f} of the relay's frames/s at "
-            f"{el['us_per_frame'] / rl['us_per_frame']:.2f}x its CPU per frame (equal load)"
+            f"{ratio('relay', 'bridge'):.2f}x the bridge's frames/s; ethplus carries "
+            f"{ratio('ethplus', 'relay'):.2f} of the relay's frames/s at "
+            f"{ratio('ethplus', 'relay', 'us_per_frame', eq):.2f}x its CPU per frame"
+            " (equal load)"
         )
-    for size in (64, MTU + 14):
         if ("bridge-nf", size, "max") in results:
-            e, n = results["ethplus", size, "max"], results["bridge-nf", size, "max"]
+            m["bridge-nf"] = results["bridge-nf", size, "max"]
             print(
                 f"{size:5d} B, for reference: ethplus / bridge with br_netfilter's hooks on "
-                f"(a new namespace's default here) = {e['fps'] / n['fps']:.2f}x frames/s, "
-                f"{e['us_per_frame'] / n['us_per_frame']:.2f}x CPU per frame saturated"
+                f"(a new namespace's default here) = {ratio('ethplus', 'bridge-nf'):.2f}x "
+                f"frames/s, {ratio('ethplus', 'bridge-nf', 'us_per_frame'):.2f}x CPU per "
+                "frame saturated"
             )
     idle = None if args.no_idle else idle_cpu(10.0)
     if args.json:
@@ -298,12 +293,11 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if idle:
-        r = idle
         print(
             f"\nidle erack-64x8 (72 namespaces, 512 switch ports): fabric process "
-            f"{r['fabric_cores'] * 100:.2f}% of a core; whole machine "
-            f"{r['with_lab_cores'] * 100:.2f}% busy against "
-            f"{r['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
+            f"{idle['fabric_cores'] * 100:.2f}% of a core; whole machine "
+            f"{idle['with_lab_cores'] * 100:.2f}% busy against "
+            f"{idle['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
         )
     return 0
 
