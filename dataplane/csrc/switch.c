@@ -29,6 +29,7 @@
 #include "ethp_int.h"
 
 #define SW_BURST 64
+#define SW_RX_TURN 256 /* frames read from the ring per turn of the loop */
 #define SW_LATE_NS 100000ull
 #define SW_EVFD_TAG 0xffffffffu
 #define SW_LAB_NET 0xC612u /* 198.18.0.0/16, the accelerator ports */
@@ -435,10 +436,12 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
     forward(sw, p, now);
 }
 
-static void rx(struct ethp_switch *sw, uint64_t now)
+/* Take up to SW_RX_TURN frames off the ring.  Returns 1 if that used the
+ * whole turn (more may be waiting), 0 if the ring ran dry. */
+static int rx(struct ethp_switch *sw, uint64_t now)
 {
     struct ethp_pkt *pk[SW_BURST];
-    for (;;) {
+    for (uint32_t turn = 0; turn < SW_RX_TURN; turn += SW_BURST) {
         uint32_t n = ethp_port_rx_burst(sw->io, sw->pool, pk, SW_BURST);
         for (uint32_t i = 0; i < n; i++) {
             struct ethp_pkt *p = pk[i];
@@ -453,13 +456,15 @@ static void rx(struct ethp_switch *sw, uint64_t now)
             port->c[ETHP_SC_rx_frames]++;
             port->c[ETHP_SC_rx_bytes] += p->len;
             p->port = (uint16_t)(idx1 - 1);
-            /* one nanosecond apart, in ring (arrival) order: the ingress delay
-             * lines then release a burst as it arrived, not port by port */
-            admit(sw, port, p, now + i);
+            /* one nanosecond apart, in ring (arrival) order across the whole
+             * turn: the ingress delay lines then release it as it arrived,
+             * not port by port */
+            admit(sw, port, p, now + turn + i);
         }
         if (n < SW_BURST)
-            return;
+            return 0;
     }
+    return 1;
 }
 
 static void release_ingress(struct ethp_switch *sw, struct sw_port *port, uint64_t now)
@@ -634,19 +639,27 @@ static void *sw_main(void *arg)
     struct ethp_switch *sw = arg;
     struct epoll_event evs[64];
     prctl(PR_SET_TIMERSLACK, 1UL); /* wake when asked, not 50 us later */
+    int more = 0; /* the ring held more than a turn's frames: do not sleep */
     while (!__atomic_load_n(&sw->stop, __ATOMIC_ACQUIRE)) {
         apply_pending(sw);
-        int n = ethp_epoll_until(sw->epfd, evs, 64, next_due(sw, ethp_now_ns()));
-        sw->wakeups++;
-        uint64_t now = ethp_now_ns();
-        for (int i = 0; i < n; i++) {
-            if (evs[i].data.u32 == SW_EVFD_TAG) {
-                uint64_t v;
-                if (read(sw->evfd, &v, sizeof(v)) < 0) { /* nothing to do */ }
-                continue;
+        int ring = more;
+        if (!more) {
+            int n = ethp_epoll_until(sw->epfd, evs, 64, next_due(sw, ethp_now_ns()));
+            sw->wakeups++;
+            for (int i = 0; i < n; i++) {
+                if (evs[i].data.u32 != SW_EVFD_TAG) {
+                    ring = 1;
+                } else {
+                    uint64_t v;
+                    if (read(sw->evfd, &v, sizeof(v)) < 0) { /* nothing to do */ }
+                }
             }
-            rx(sw, now);
         }
+        /* A turn at a time: what came in is forwarded and sent before more
+         * is read, so few frames (and the buffers they touch) are in flight
+         * and none waits behind a whole ring's worth. */
+        more = ring ? rx(sw, ethp_now_ns()) : 0;
+        uint64_t now = ethp_now_ns();
         release_ingress_all(sw, now);
         uint32_t kept = 0;
         for (uint32_t k = 0; k < sw->n_active; k++) {
