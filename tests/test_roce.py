@@ -155,16 +155,26 @@ def test_go_back_n_resends_everything_after_one_loss(erack):
         e_b.close()
 
 
-def test_one_qp_sprayed_over_paths_collapses(erack):
-    """Why RoCE keeps one path per QP: spray one QP's packets over the planes
-    and go-back-N treats every reordering as a loss."""
-    a, b = erack.ep("h4", qps=1), erack.ep("h6", qps=1)
-    t_one_path = transfer(a, b, 2 * MiB, tag=1)
-    sa, sb = erack.ep("h4", qps=1, roce_spray=True), erack.ep("h6", qps=1, roce_spray=True)
-    c0 = sb.counters(sa.rank)
-    t_sprayed = transfer(sa, sb, 2 * MiB, tag=2)
-    d = _delta(sb.counters(sa.rank), c0)
-    assert d["rx_oos_drops"] > 50 and sa.counters(sb.rank)["retx_gbn"] > 50
+def test_one_qp_sprayed_over_paths_collapses(erack, record_property):
+    """Why RoCE keeps one path per QP: spray one QP's packets over planes whose
+    delays differ (as real paths' do) and go-back-N treats every reordering
+    as a loss.  The unsprayed QP takes plane 0, made the slowest of the four."""
+    delays = {"h6-plane0": "2us", "h6-plane1": "500ns", "h6-plane2": "1us", "h6-plane3": "1500ns"}
+    try:
+        for link, delay in delays.items():
+            erack.lab.link_set(link, "delay", delay)
+        a, b = erack.ep("h4", qps=1), erack.ep("h6", qps=1)
+        t_one_path = transfer(a, b, 2 * MiB, tag=1)
+        sa, sb = erack.ep("h4", qps=1, roce_spray=True), erack.ep("h6", qps=1, roce_spray=True)
+        c0 = sb.counters(sa.rank)
+        t_sprayed = transfer(sa, sb, 2 * MiB, tag=2)
+        d = _delta(sb.counters(sa.rank), c0)
+    finally:
+        for link in delays:
+            erack.lab.link_set(link, "delay", "500ns")
+    record_property("oos_drops", d["rx_oos_drops"])
+    record_property("time_ratio", round(t_sprayed / t_one_path, 2))
+    assert d["rx_oos_drops"] > 50 and sa.counters(sb.rank)["retx_gbn"] > 50, d
     # One path is one plane; sprayed, it has all four, and is still slower.
     assert t_sprayed > 1.5 * t_one_path, (t_sprayed, t_one_path)
 

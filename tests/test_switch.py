@@ -108,6 +108,29 @@ def test_ping_every_pair_clos(clos):
     assert_conserved(clos)
 
 
+def _kernel_ip_counters(lab: Lab, node: str) -> dict[str, int]:
+    """The IPv4 counters of a node's own kernel (its namespace's /proc/net/snmp)."""
+    lines = [x.split() for x in lab.sh(node, "cat", "/proc/net/snmp").stdout.splitlines()]
+    names, values = (x for x in lines if x[0] == "Ip:")
+    return dict(zip(names[1:], map(int, values[1:]), strict=True))
+
+
+def test_switch_namespace_kernels_leave_lab_frames_alone(erack):
+    # The switch's ring takes its copy; the switch namespace's own kernel
+    # must discard the frame as for another host, not try to route it
+    # (each would count an address error there) or answer it.
+    switches = [n for n, x in erack.nodes.items() if x["role"] == "switch"]
+    before = {sw: _kernel_ip_counters(erack, sw) for sw in switches}
+    rx0 = erack.totals()["rx_frames"]
+    dst = erack.nodes["h6"]["ports"][1]["ip"]
+    erack.sh("h1", "ping", "-n", "-q", "-c", "200", "-i", "0.005", dst, timeout=60)
+    assert erack.totals()["rx_frames"] - rx0 >= 400  # requests and replies crossed a switch
+    for sw in switches:
+        after = _kernel_ip_counters(erack, sw)
+        moved = {k: after[k] - before[sw][k] for k in after if after[k] != before[sw][k]}
+        assert moved == {}, (sw, moved)
+
+
 def test_kernel_tcp_byte_exact_through_switches(erack, clos):
     _tcp_transfer(erack, "h0", "h7", erack.nodes["h7"]["ports"][3]["ip"])  # plane 3
     _tcp_transfer(clos, "h0", "h15", clos.nodes["h15"]["ports"][0]["ip"])  # leaf0 -> spine -> leaf3
