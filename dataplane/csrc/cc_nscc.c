@@ -2,7 +2,10 @@
  *
  * On each ack with queueing delay d and ECN mark e, against the target delay
  * T (1.0 x base RTT: the sender does not know whether the fabric trims):
- *   no ECN, d < T:  proportional increase, acked x (T - d) / T;
+ *   no ECN, d < T:  proportional increase, (T - d) / T x max_cwnd / 4 per
+ *                   window acked: proportional to the headroom and the same
+ *                   for every flow (an increase proportional to the flow's
+ *                   own window kept whatever split two flows started with);
  *   no ECN, d >= T: fair additive increase, one MSS per window acked;
  *   ECN, d < T:     no change (the engine moves traffic off that path);
  *   ECN, d >= T:    cwnd *= max(1 - 0.8 (d - T) / d, 0.5), once per RTT.
@@ -37,7 +40,12 @@ static void nscc_on_ack(struct ethp_cc_state *s, const struct ethp_cc_params *pp
         s->rtt_epoch_ns = now;
     }
     if (!ecn && d < T) {
-        s->cwnd_bytes += acked * (T - d) / T;
+        /* the same amount per RTT for every flow, (T - d) / T of a quarter
+         * of the max window: proportional to the headroom, not to the
+         * flow's own window, so flows that start unequal converge */
+        double w = s->cwnd_bytes ? (double)s->cwnd_bytes : 1.0;
+        s->cwnd_bytes += (uint64_t)((double)acked * (double)(T - d) / (double)T *
+                                    (double)pp->max_cwnd_bytes / 4.0 / w);
     } else if (!ecn) {
         s->cwnd_bytes += pp->mss_bytes * acked / (s->cwnd_bytes ? s->cwnd_bytes : 1);
     } else if (d >= T && now - s->last_decrease_ns > rtt_ns) {
