@@ -15,7 +15,7 @@ its own); CPU per frame is the whole machine's busy time
 forwarded, so sender and receiver costs, the same in every variant, are
 included.  Then the idle CPU of erack-64x8.
 
-    sudo python3 scripts/bench_switch.py [--seconds 3] [--no-idle] [--json FILE]
+    sudo python3 scripts/bench_switch.py [--seconds 3] [--runs N] [--no-idle] [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -200,17 +201,62 @@ def idle_cpu(seconds: float) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument(
+        "--runs", type=int, default=1, help="repeat every measurement; the summary gives the spread"
+    )
     ap.add_argument("--no-idle", action="store_true")
     ap.add_argument("--json", metavar="FILE", help="also write every measurement here")
     args = ap.parse_args()
+    if args.runs < 1 or args.seconds <= 0:
+        ap.error("--runs must be at least 1 and --seconds above 0")
     lab.require_root("scripts/bench_switch.py")
+    runs = []
+    for i in range(args.runs):
+        if args.runs > 1:
+            print(f"run {i + 1} of {args.runs}", flush=True)
+        runs.append(one_run(args.seconds))
+        print()
+        for size in SIZES:
+            print(summary(runs[-1], size))
+    ratios = [run_ratios(r) for r in runs]
+    if args.runs > 1:
+        print(f"\nover {args.runs} runs, median (lowest-highest):")
+        for key in ratios[0]:
+            xs = sorted(x[key] for x in ratios)
+            print(f"  {key}: {statistics.median(xs):.2f} ({xs[0]:.2f}-{xs[-1]:.2f})")
+    idle = None if args.no_idle else idle_cpu(10.0)
+    if args.json:
+        out: dict = {"seconds": args.seconds, "idle": idle, "runs": []}
+        for results, r in zip(runs, ratios, strict=True):
+            run: dict = {"variants": {}, "ratios": r}
+            for (name, size, how), m in results.items():
+                run["variants"].setdefault(name, {}).setdefault(str(size), {})[how] = m
+            out["runs"].append(run)
+        out["variants"] = out["runs"][-1]["variants"]  # the last run, as before --runs
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if idle:
+        print(
+            f"\nidle erack-64x8 (72 namespaces, 512 switch ports): fabric process "
+            f"{idle['fabric_cores'] * 100:.2f}% of a core; whole machine "
+            f"{idle['with_lab_cores'] * 100:.2f}% busy against "
+            f"{idle['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
+        )
+    return 0
+
+
+SIZES = (64, MTU + 14)
+
+
+def one_run(seconds: float) -> dict:
+    """Every variant at each size, saturated and at an equal offered load."""
     teardown()
     build()
-    results = {}
+    results: dict = {}
     variants = (
         ("bridge", with_bridge),
         ("ipfwd", with_ipfwd),
-        ("relay", functools.partial(with_relay, seconds=args.seconds)),
+        ("relay", functools.partial(with_relay, seconds=seconds)),
         ("ethplus", with_ethplus),
     )
 
@@ -232,12 +278,12 @@ def main() -> int:
 
     def measure(size: int, name: str, wrap, rate_pps: int = 0) -> dict:
         def run(bridge: bool) -> dict:
-            return measure_frame(frame_for(size, name, bridge), args.seconds, rate_pps)
+            return measure_frame(frame_for(size, name, bridge), seconds, rate_pps)
 
         return wrap(run)
 
     try:
-        for size in (64, MTU + 14):
+        for size in SIZES:
             # 1. Saturation: the sender blasts as fast as it can.
             for name, wrap in variants:
                 results[name, size, "max"] = r = measure(size, name, wrap)
@@ -257,49 +303,49 @@ def main() -> int:
                 show(size, name, f"{load / 1e6:.3f} Mpps", r)
     finally:
         teardown()
-    print()
-    for size in (64, MTU + 14):
-        m = {n: results[n, size, "max"] for n in ("ethplus", "bridge", "ipfwd", "relay")}
-        eq = {n: results[n, size, "load"] for n in ("ethplus", "bridge", "relay")}
+    return results
 
-        def ratio(a: str, b: str, key: str = "fps", at: dict = m) -> float:
-            return at[a][key] / at[b][key]
 
-        print(
-            f"{size:5d} B: ethplus / bridge = {ratio('ethplus', 'bridge'):.2f}x frames/s "
-            f"(target {'1.5' if size == 64 else '1.2'}x), / ip forwarding = "
-            f"{ratio('ethplus', 'ipfwd'):.2f}x; CPU per frame ethplus / bridge = "
-            f"{ratio('ethplus', 'bridge', 'us_per_frame', eq):.2f} at an equal offered load"
-            f" (target <= 1), {ratio('ethplus', 'bridge', 'us_per_frame'):.2f} saturated\n"
-            f"{size:5d} B: the bare relay (same port I/O, no pipeline) = "
-            f"{ratio('relay', 'bridge'):.2f}x the bridge's frames/s; ethplus carries "
-            f"{ratio('ethplus', 'relay'):.2f} of the relay's frames/s at "
-            f"{ratio('ethplus', 'relay', 'us_per_frame', eq):.2f}x its CPU per frame"
-            " (equal load)"
+def _ratio(results: dict, size: int, a: str, b: str, key: str = "fps", how: str = "max") -> float:
+    return results[a, size, how][key] / results[b, size, how][key]
+
+
+def run_ratios(results: dict) -> dict[str, float]:
+    """The figures the issue's targets are stated in, for one run."""
+    out = {}
+    for size in SIZES:
+        out[f"{size} B ethplus / bridge frames/s"] = _ratio(results, size, "ethplus", "bridge")
+        out[f"{size} B ethplus / bridge CPU per frame, equal load"] = _ratio(
+            results, size, "ethplus", "bridge", "us_per_frame", "load"
         )
-        if ("bridge-nf", size, "max") in results:
-            m["bridge-nf"] = results["bridge-nf", size, "max"]
-            print(
-                f"{size:5d} B, for reference: ethplus / bridge with br_netfilter's hooks on "
-                f"(a new namespace's default here) = {ratio('ethplus', 'bridge-nf'):.2f}x "
-                f"frames/s, {ratio('ethplus', 'bridge-nf', 'us_per_frame'):.2f}x CPU per "
-                "frame saturated"
-            )
-    idle = None if args.no_idle else idle_cpu(10.0)
-    if args.json:
-        out: dict = {"seconds": args.seconds, "idle": idle, "variants": {}}
-        for (name, size, how), r in results.items():
-            out["variants"].setdefault(name, {}).setdefault(str(size), {})[how] = r
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    if idle:
-        print(
-            f"\nidle erack-64x8 (72 namespaces, 512 switch ports): fabric process "
-            f"{idle['fabric_cores'] * 100:.2f}% of a core; whole machine "
-            f"{idle['with_lab_cores'] * 100:.2f}% busy against "
-            f"{idle['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
+        out[f"{size} B relay / bridge frames/s"] = _ratio(results, size, "relay", "bridge")
+    return out
+
+
+def summary(results: dict, size: int) -> str:
+    def ratio(a: str, b: str, key: str = "fps", how: str = "max") -> float:
+        return _ratio(results, size, a, b, key, how)
+
+    text = (
+        f"{size:5d} B: ethplus / bridge = {ratio('ethplus', 'bridge'):.2f}x frames/s "
+        f"(target {'1.5' if size == 64 else '1.2'}x), / ip forwarding = "
+        f"{ratio('ethplus', 'ipfwd'):.2f}x; CPU per frame ethplus / bridge = "
+        f"{ratio('ethplus', 'bridge', 'us_per_frame', 'load'):.2f} at an equal offered load"
+        f" (target <= 1), {ratio('ethplus', 'bridge', 'us_per_frame'):.2f} saturated\n"
+        f"{size:5d} B: the bare relay (same port I/O, no pipeline) = "
+        f"{ratio('relay', 'bridge'):.2f}x the bridge's frames/s; ethplus carries "
+        f"{ratio('ethplus', 'relay'):.2f} of the relay's frames/s at "
+        f"{ratio('ethplus', 'relay', 'us_per_frame', 'load'):.2f}x its CPU per frame"
+        " (equal load)"
+    )
+    if ("bridge-nf", size, "max") in results:
+        text += (
+            f"\n{size:5d} B, for reference: ethplus / bridge with br_netfilter's hooks on "
+            f"(a new namespace's default here) = {ratio('ethplus', 'bridge-nf'):.2f}x "
+            f"frames/s, {ratio('ethplus', 'bridge-nf', 'us_per_frame'):.2f}x CPU per "
+            "frame saturated"
         )
-    return 0
+    return text
 
 
 def measure_frame(f: bytes, seconds: float, rate_pps: int = 0) -> dict:
