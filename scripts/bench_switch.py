@@ -41,6 +41,7 @@ MAC = {
 }  # fmt: skip
 IP = {"A": "198.18.0.1", "SA": "198.18.0.254", "SB": "198.18.1.254", "B": "198.18.1.1"}
 MTU = 1500
+SIZES = (64, MTU + 14)  # frame bytes: minimum and MTU
 SINK_PORT = 9
 SINKS: list[socket.socket] = []
 
@@ -243,9 +244,6 @@ def main() -> int:
             f"{idle['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
         )
     return 0
-
-
-SIZES = (64, MTU + 14)
 
 
 def one_run(seconds: float) -> dict:

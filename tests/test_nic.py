@@ -216,7 +216,7 @@ def test_two_senders_share_one_receiver_fairly(erack, record_property):
             e.close()
     share = got[0] / sum(got)
     record_property("share_first_sender", round(share, 3))
-    assert 0.44 <= share <= 0.56, got  # 0.46-0.54 measured in 20 runs
+    assert 0.42 <= share <= 0.58, got  # 0.45-0.54 in 28 runs; was 0.39-0.68 (docs)
     sw = lab.stats()["switches"]
     hwm = max(p["classes"]["data"]["q_hwm_bytes"] for s in sw.values() for p in s["ports"].values())
     trim = lab.rec["switch"]["trim_threshold_bytes"]

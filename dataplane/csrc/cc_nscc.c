@@ -40,12 +40,9 @@ static void nscc_on_ack(struct ethp_cc_state *s, const struct ethp_cc_params *pp
         s->rtt_epoch_ns = now;
     }
     if (!ecn && d < T) {
-        /* the same amount per RTT for every flow, (T - d) / T of a quarter
-         * of the max window: proportional to the headroom, not to the
-         * flow's own window, so flows that start unequal converge */
-        double w = s->cwnd_bytes ? (double)s->cwnd_bytes : 1.0;
-        s->cwnd_bytes += (uint64_t)((double)acked * (double)(T - d) / (double)T *
-                                    (double)pp->max_cwnd_bytes / 4.0 / w);
+        /* per window acked, the same for every flow (see above) */
+        uint64_t w = s->cwnd_bytes ? s->cwnd_bytes : 1;
+        s->cwnd_bytes += acked * (T - d) / T * (pp->max_cwnd_bytes / 4) / w;
     } else if (!ecn) {
         s->cwnd_bytes += pp->mss_bytes * acked / (s->cwnd_bytes ? s->cwnd_bytes : 1);
     } else if (d >= T && now - s->last_decrease_ns > rtt_ns) {
