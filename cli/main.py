@@ -168,12 +168,13 @@ def cmd_lab_show(args) -> int:
                 f"{prm['delay_ns']} ns",
                 _fmt_bytes(prm["buffer_bytes"]),
                 prm["mtu_bytes"],
+                "on" if prm.get("llr") else "off",
             ]
         )
     print(
         _table(
             rows,
-            ["LINK", "A", "B", "RATE", "REAL RATE", "DELAY", "BUFFER", "MTU"],
+            ["LINK", "A", "B", "RATE", "REAL RATE", "DELAY", "BUFFER", "MTU", "LLR"],
         )
     )
     return 0
@@ -190,7 +191,8 @@ def cmd_link_set(args) -> int:
     st = resp["link"]
     print(
         f"{args.link}: {'up' if st['up'] else 'DOWN'}, rate {_fmt_rate(st['rate_bps'])}, "
-        f"delay {st['delay_ns']} ns, loss {st['loss']:g}, corrupt {st['corrupt']:g} (nominal)"
+        f"delay {st['delay_ns']} ns, loss {st['loss']:g}, corrupt {st['corrupt']:g}, "
+        f"llr {'on' if st.get('llr') else 'off'} (nominal)"
     )
     return 0
 
@@ -501,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     link_sub = link.add_subparsers(dest="link_command", required=True, metavar="LINK_COMMAND")
     ls_ = link_sub.add_parser(
         "set",
-        help="ethplus link set LAB LINK down|up|loss P|corrupt P|rate R|delay D",
+        help="ethplus link set LAB LINK down|up|loss P|corrupt P|rate R|delay D|llr on|off",
     )
     ls_.add_argument("lab", metavar="LAB")
     ls_.add_argument("link", metavar="LINK", help="as named by `ethplus lab show`, e.g. h0-plane1")

@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -395,15 +395,17 @@ class LinkState:
     corrupt: float = 0.0
     up: bool = True
     peer_is_host: bool = False
+    llr: bool = False  # link-level retry
 
     def to_c(self):
         c = ffi.new("struct ethp_link_state *")
         c.rate_bps, c.delay_ns, c.buffer_bytes = self.rate_bps, self.delay_ns, self.buffer_bytes
-        c.loss, c.corrupt, c.up, c.peer_is_host = (
+        c.loss, c.corrupt, c.up, c.peer_is_host, c.llr = (
             self.loss,
             self.corrupt,
             self.up,
             self.peer_is_host,
+            self.llr,
         )
         ffi.memmove(c.mac, bytes.fromhex(self.mac.replace(":", "")), 6)
         ffi.memmove(c.peer_mac, bytes.fromhex(self.peer_mac.replace(":", "")), 6)

@@ -43,6 +43,7 @@ class NominalLink:
     loss: float = 0.0
     corrupt: float = 0.0
     up: bool = True
+    llr: bool = False
 
 
 def socket_path(lab: str) -> str:
@@ -98,7 +99,8 @@ class Fabric:
                 **{
                     f: lk["params"][f]
                     for f in ("rate_bps", "delay_ns", "buffer_bytes", "mtu_bytes")
-                }
+                },
+                llr=lk["params"].get("llr", False),
             )
             for name, lk in self.links.items()
         }
@@ -122,6 +124,7 @@ class Fabric:
             corrupt=nl.corrupt,
             up=nl.up,
             peer_is_host=peer_node["role"] == "host",
+            llr=nl.llr,
         )
 
     def build(self) -> None:
@@ -219,7 +222,7 @@ class Fabric:
     def set_link(self, name: str, changes: dict) -> dict:
         if name not in self.links:
             raise KeyError(f"no link {name!r} in lab {self.name} (see `ethplus lab show`)")
-        allowed = {"up", "loss", "corrupt", "rate_bps", "delay_ns", "buffer_bytes"}
+        allowed = {"up", "loss", "corrupt", "rate_bps", "delay_ns", "buffer_bytes", "llr"}
         bad = set(changes) - allowed
         if bad:
             raise KeyError(f"cannot set {', '.join(sorted(bad))}")

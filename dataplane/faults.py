@@ -43,21 +43,23 @@ def parse_value(what: str, text: str) -> float:
     raise ValueError(f"{what} {text!r}: expected {expected}")
 
 
+CHANGES = "down, up, loss P, corrupt P, rate R, delay D, llr on|off"
+
+
 def link_change(words: list[str]) -> dict:
     """['down'] / ['loss', '1%'] / ['rate', '100G'] ... -> the fabric's change dict."""
     a = [str(w) for w in words]
     if len(a) == 1 and a[0] in ("up", "down"):
         return {"up": a[0] == "up"}
+    if len(a) == 2 and a[0] == "llr" and a[1] in ("on", "off"):
+        return {"llr": a[1] == "on"}
     if len(a) == 2 and a[0] in ("loss", "corrupt"):
         return {a[0]: parse_value("probability", a[1])}
     if len(a) == 2 and a[0] == "rate":
         return {"rate_bps": int(parse_value("rate", a[1]))}
     if len(a) == 2 and a[0] == "delay":
         return {"delay_ns": int(parse_value("delay", a[1]))}
-    raise ValueError(
-        f"cannot understand {' '.join(a)!r}: expected one of: down, up, loss P, corrupt P, "
-        "rate R, delay D"
-    )
+    raise ValueError(f"cannot understand {' '.join(a)!r}: expected one of: {CHANGES}")
 
 
 def set_link(lab_name: str, link: str, change: dict) -> dict:
@@ -77,6 +79,7 @@ def restore(rec: dict, links: set[str], switches: set[str]) -> None:
         set_link(rec["name"], lk["name"], {
             "up": True, "loss": 0.0, "corrupt": 0.0,
             "rate_bps": prm["rate_bps"], "delay_ns": prm["delay_ns"],
+            "llr": prm.get("llr", False),
         })  # fmt: skip
     for sw in switches:
         set_node(rec["name"], sw, True)

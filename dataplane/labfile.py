@@ -151,6 +151,7 @@ def _link_schema(rate_gbps: float, delay_ns: int, buffer_bytes: int) -> dict[str
         "mtu_bytes": int_range(
             MTU_MIN, MTU_MAX, 4200, "interface MTU; ETH+ carries 4096 B payload"
         ),
+        "llr": boolean(False, "link-level retry: the hop replays corrupted or lost frames"),
     }
 
 
@@ -331,6 +332,7 @@ def _link(values: dict[str, Any]) -> LinkParams:
         delay_ns=values["delay_ns"],
         buffer_bytes=values["buffer_bytes"],
         mtu_bytes=values["mtu_bytes"],
+        llr=values["llr"],
     )
 
 

@@ -25,7 +25,7 @@ A scenario file (TOML, in netns-labs/scenarios/):
     [[fault]]                            # at_s: seconds (real) after the jobs'
     at_s = 5.0                           # timed phase starts
     node = "plane2"                      # a switch; or link = "h0-plane1"
-    set = "down"                         # up, down, loss P, corrupt P, rate R, delay D
+    set = "down"                         # up, down, loss P, corrupt P, rate R, delay D, llr on|off
     jitter_s = 0.0                       # a seeded offset in [0, jitter_s)
 
     [short]                              # the CI form: overrides
@@ -139,7 +139,7 @@ JOB_FIELDS = {
     "root": lf.nonneg_int(0),
     "uneven": lf.boolean(False),
 }
-FAULT_SET = "up, down, loss P, corrupt P, rate R, delay D"
+FAULT_SET = faults.CHANGES
 FAULT_FIELDS = {
     "at_s": lf.nonneg_num(lf.REQUIRED, "seconds (real) after the jobs' timed phase starts"),
     "link": lf.text(),

@@ -52,6 +52,7 @@ class LinkParams:
     delay_ns: int
     buffer_bytes: int  # egress buffer of the switch port(s) on this link
     mtu_bytes: int  # interface (IP) MTU
+    llr: bool = False  # link-level retry on this link
 
     def bdp_bytes(self, rtt_ns: int) -> int:
         return self.rate_bps * rtt_ns // 8 // 1_000_000_000

@@ -37,6 +37,7 @@ class Lab:
         self.name = name
         self.rec = json.loads(ethplus("lab", "show", name, "--json", check=True).stdout)
         self.nodes = {n["name"]: n for n in self.rec["topology"]["nodes"]}
+        self.links = {lk["name"]: lk for lk in self.rec["topology"]["links"]}
         self.k = self.rec["time_scale"]
 
     def port(self, host: str, peer: str | None = None, plane: int = 0) -> HostPort:

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 15
+#define ETHP_ABI_VERSION 16
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -285,6 +285,7 @@ struct ethp_link_state {
     double corrupt;            /* probability, each direction; dropped as on a bad FCS */
     uint32_t up;
     uint32_t peer_is_host;     /* this port also plays the host->switch direction */
+    uint32_t llr;              /* link-level retry: corrupted or lost frames are replayed */
     uint8_t mac[6];
     uint8_t peer_mac[6];
 };
@@ -298,6 +299,8 @@ struct ethp_link_state {
     X(drop_queue_full, "tail drops: egress buffer full")                        \
     X(drop_loss, "injected loss")                                               \
     X(drop_corrupt, "injected corruption, dropped as a bad FCS would be")       \
+    X(llr_replays, "frames replayed by link-level retry (bad FCS or lost)")     \
+    X(llr_replay_ns, "link time spent on replays (NACK round trips, resends)") \
     X(drop_link_down, "link down")                                              \
     X(drop_node_down, "switch down")                                            \
     X(drop_malformed, "frames the parser rejected")                             \

@@ -33,6 +33,7 @@
 #define SW_LATE_NS 100000ull
 #define SW_EVFD_TAG 0xffffffffu
 #define SW_LAB_NET 0xC612u /* 198.18.0.0/16, the accelerator ports */
+#define SW_LLR_MAX_REPLAYS 8 /* then the frame is dropped, as a link giving up */
 
 struct pktq {
     struct ethp_pkt *head, *tail;
@@ -413,6 +414,27 @@ static int fault(struct ethp_switch *sw, const struct ethp_link_state *l)
     return -1;
 }
 
+/* Link-level retry, as the two ends of a link run it: the far end finds a
+ * bad FCS (or a gap in the per-hop sequence) and NACKs, and the frame goes
+ * again once the NACK is back, a link round trip after it went out.  It is
+ * go-back-N: what the link carried in between is discarded and replayed
+ * behind it, so the link did no useful work for that time and order holds.
+ * *why is the fault drawn for the first try; on return, the one that stands
+ * after the replays (-1: none).  Returns the link time the replays took. */
+static uint64_t llr_replay(struct ethp_switch *sw, struct sw_port *port, uint32_t len, int *why)
+{
+    uint64_t spent = 0;
+    for (int i = 0; i < SW_LLR_MAX_REPLAYS && port->link.llr &&
+                    (*why == ETHP_SC_drop_corrupt || *why == ETHP_SC_drop_loss);
+         i++) {
+        spent += 2 * port->link.delay_ns + ser_ns(&port->link, len);
+        port->c[ETHP_SC_llr_replays]++;
+        *why = fault(sw, &port->link);
+    }
+    port->c[ETHP_SC_llr_replay_ns] += spent;
+    return spent;
+}
+
 static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt *p, uint64_t now)
 {
     if (!__atomic_load_n(&sw->up, __ATOMIC_RELAXED)) {
@@ -421,12 +443,15 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
     }
     if (port->link.peer_is_host) {
         int why = fault(sw, &port->link);
+        uint64_t replay_ns = llr_replay(sw, port, p->len, &why);
         if (why >= 0) {
             drop(sw, port, p, why);
             return;
         }
-        if (port->link.delay_ns) {
-            p->ts_ns = now + port->link.delay_ns;
+        /* The frames behind a replayed one wait for it (the line releases in
+         * order), as the host's go-back-N resends them after it. */
+        if (port->link.delay_ns || replay_ns || port->in_wire.head) {
+            p->ts_ns = now + port->link.delay_ns + replay_ns;
             q_push(&port->in_wire, p);
             activate(sw, port);
             port->c[ETHP_SC_wire_frames]++;
@@ -543,6 +568,7 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
         }
         e->next_tx_ns = start + ser_ns(&e->link, p->len);
         int why = fault(sw, &e->link);
+        e->next_tx_ns += llr_replay(sw, e, p->len, &why);
         if (why >= 0) {
             drop(sw, e, p, why);
             continue;
