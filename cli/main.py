@@ -595,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`ethplus lab show L | head`): stop quietly,
+        # and keep the interpreter's final flush from failing again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports death by SIGPIPE
 
 
 if __name__ == "__main__":

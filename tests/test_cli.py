@@ -1,6 +1,8 @@
 """The command line itself: help, and the message a non-root user gets."""
 
 import os
+import subprocess
+import sys
 
 from conftest import ethplus
 
@@ -31,3 +33,18 @@ def test_not_root_gets_a_clear_message(monkeypatch, capsys):
 def test_unknown_command_is_a_usage_error():
     r = ethplus("lab", "explode")
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_a_reader_that_goes_away_is_no_error():
+    """`ethplus scenario list | head -1`: the pipe closes under the command,
+    which stops quietly (status 141, as for SIGPIPE) instead of a traceback."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "cli.main", "scenario", "list"],
+            stdout=w, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr == "", p.stderr
