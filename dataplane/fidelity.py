@@ -117,8 +117,8 @@ def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
             reasons[k] = s1["ring"].get(k, 0) - s0["ring"].get(k, 0)
         for ifname, c1 in s1["ports"].items():
             c0 = s0["ports"][ifname]
-            for k in (*stats.DROP_REASONS, "ecn_marked", "trimmed", "pause_tx"):
-                reasons[k] = reasons.get(k, 0) + c1[k] - c0[k]
+            for k in (*stats.DROP_REASONS, "ecn_marked", "trimmed", "pause_tx", "llr_replays"):
+                reasons[k] = reasons.get(k, 0) + c1.get(k, 0) - c0.get(k, 0)
         nonzero = {k: v for k, v in reasons.items() if v}
         if nonzero:
             out[sw] = nonzero

@@ -88,6 +88,34 @@ def test_messages_arrive_byte_exact_under_loss(erack, loss):
         assert delta_a["tx_data_bytes"] == placed + delta_a["retx_bytes"]
 
 
+def test_link_level_retry_hides_corruption_from_the_transport(erack):
+    """A link corrupting 2% of frames each way, with link-level retry: the hop
+    replays them, so the transport loses nothing to corruption and never
+    times out.  What it may resend: a packet a replay held back longer than
+    the loss detector's reordering window (a duplicate at the receiver), and
+    the payload of one trimmed in the queue that builds behind a replay."""
+    lab, _ = erack
+    a, b = endpoint(erack, "h4"), endpoint(erack, "h5")
+    c0a, c0b, t0 = a.counters(), b.counters(), lab.totals()
+    try:
+        lab.link_set("h5-plane1", "llr", "on")
+        lab.link_set("h5-plane1", "corrupt", "2%")
+        for i, size in enumerate((1 * MiB, 16 * MiB)):
+            transfer(a, b, size, tag=150 + i)
+    finally:
+        lab.link_set("h5-plane1", "corrupt", "0")
+        lab.link_set("h5-plane1", "llr", "off")
+    t = {k: v - t0.get(k, 0) for k, v in lab.totals().items()}
+    delta_a = {k: v - c0a[k] for k, v in a.counters().items()}
+    delta_b = {k: v - c0b[k] for k, v in b.counters().items()}
+    moved = f"sender {_moved(delta_a)}, receiver {_moved(delta_b)}, switches {_moved(t)}"
+    # a quarter of the packets and their acks cross that plane: about 27 replays
+    assert t["llr_replays"] > 10 and t["drop_corrupt"] == 0, moved
+    assert delta_b["rx_data_bytes"] == 17 * MiB, moved
+    assert delta_a["retx_pkts"] == delta_b["rx_dup_pkts"] + delta_b["rx_trimmed_pkts"], moved
+    assert delta_a["retx_timeout"] == 0, moved
+
+
 def test_unequal_plane_delays_reorder_but_do_not_corrupt(erack):
     lab, _ = erack
     a, b = endpoint(erack, "h2"), endpoint(erack, "h3")
