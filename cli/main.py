@@ -138,9 +138,15 @@ def cmd_lab_show(args) -> int:
     )
     print(f"  nodes       {len(topo['nodes'])}   links {len(topo['links'])}   tag {rec['tag']}")
     sw = rec["switch"]
+    shared = sw.get("shared_buffer_bytes", 0)
+    buffers = (
+        f"shared buffer {_fmt_bytes(shared)} (alpha {sw.get('dt_alpha', 1.0):g})"
+        if shared
+        else "per-port buffers"
+    )
     print(
         f"  switch      forwarding {sw['forwarding']}, ecn {sw['ecn']}, trimming {sw['trimming']}, "
-        f"lossless {sw['lossless']}; nic encapsulation {rec['nic']['encapsulation']}"
+        f"lossless {sw['lossless']}, {buffers}; nic encapsulation {rec['nic']['encapsulation']}"
     )
     print()
     rows = []

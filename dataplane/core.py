@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -429,6 +429,8 @@ class SwitchConfig:
     seed: int = 1
     pool_pkts: int = 8192
     buf_bytes: int = 9300
+    shared_buffer_bytes: int = 0  # 0: each port has its link's buffer alone
+    dt_alpha: float = 1.0
 
 
 class Switch:
@@ -441,6 +443,7 @@ class Switch:
             "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
             "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
+            "shared_buffer_bytes", "dt_alpha",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))
         sw = lib.ethp_switch_new(c, max_ports)
@@ -485,6 +488,12 @@ class Switch:
     @property
     def wakeups(self) -> int:
         return lib.ethp_switch_wakeups(self._sw)
+
+    def buffer(self) -> dict[str, int]:
+        """Bytes in all the switch's egress queues now, and the most ever."""
+        used, hwm = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        lib.ethp_switch_buffer(self._sw, used, hwm)
+        return {"used_bytes": used[0], "hwm_bytes": hwm[0]}
 
     def counters(self, port: int) -> dict:
         out = ffi.new("uint64_t[]", len(SW_COUNTERS))

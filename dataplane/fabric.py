@@ -147,6 +147,8 @@ class Fabric:
                 lossless=sw_cfg["lossless"],
                 pfc_xoff_bytes=sw_cfg["pfc_xoff_bytes"],
                 pfc_xon_bytes=sw_cfg["pfc_xon_bytes"],
+                shared_buffer_bytes=sw_cfg.get("shared_buffer_bytes", 0),
+                dt_alpha=sw_cfg.get("dt_alpha", 1.0),
                 seed=seed * 1_000_003 + i,
                 pool_pkts=min(65536, max(4096, n_ports * 512)),
                 buf_bytes=mtu + 14 + 64,
@@ -207,6 +209,7 @@ class Fabric:
             out[name] = {
                 "up": self.node_up[name],
                 "wakeups": sw.wakeups,
+                "buffer": sw.buffer(),
                 "ring": sw.ring_counters(),
                 "ports": ports,
             }

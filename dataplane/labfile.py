@@ -213,6 +213,10 @@ def _switch_schema(family: str) -> dict[str, Field]:
         "lossless": boolean(False, "PFC on every switch port"),
         "pfc_xoff_bytes": pos_int(bdp * 2),
         "pfc_xon_bytes": pos_int(bdp),
+        "shared_buffer_bytes": nonneg_int(
+            0, "one buffer for all of a switch's egress queues; 0: per-port buffers"
+        ),
+        "dt_alpha": pos_num(1.0, "dynamic threshold: a queue may take alpha x the free buffer"),
     }
 
 
@@ -374,6 +378,14 @@ def _cross_checks(path: str, sw: dict[str, Any], host: LinkParams) -> None:
             "switch.ecn_kmax_bytes",
             f"at most link.buffer_bytes ({host.buffer_bytes})",
             sw["ecn_kmax_bytes"],
+        )
+    frame_bytes = host.mtu_bytes + 14
+    if 0 < sw["shared_buffer_bytes"] < frame_bytes:
+        raise LabFileError(
+            path,
+            "switch.shared_buffer_bytes",
+            f"0 (per-port buffers) or at least one frame ({frame_bytes} bytes)",
+            sw["shared_buffer_bytes"],
         )
     if sw["pfc_xon_bytes"] >= sw["pfc_xoff_bytes"]:
         raise LabFileError(

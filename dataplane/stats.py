@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 DROP_REASONS = (
-    "drop_queue_full", "drop_loss", "drop_corrupt", "drop_link_down", "drop_node_down",
-    "drop_malformed", "drop_no_route", "drop_tx_error",
+    "drop_queue_full", "drop_shared_full", "drop_loss", "drop_corrupt", "drop_link_down",
+    "drop_node_down", "drop_malformed", "drop_no_route", "drop_tx_error",
 )  # fmt: skip
 # Lost before any port read them: counted per switch, on its one RX ring.
 LOST_BEFORE_READ = ("drop_ring", "drop_no_buf", "drop_foreign")
@@ -89,8 +89,10 @@ def render(st: dict, show_all: bool = False) -> str:
         ]
         state = "" if sw["up"] else "  (DOWN)"
         lost = " ".join(f"{k.removeprefix('drop_')}={v}" for k, v in sw["ring"].items() if v)
+        buf = sw.get("buffer")
         lines.append(
             f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown"
+            + (f"; queued {buf['used_bytes']} B, high-water {buf['hwm_bytes']} B" if buf else "")
             + (f"; lost before a port read them: {lost}" if lost else "")
         )
         if rows:

@@ -588,6 +588,34 @@ def test_fabric_crash_is_reported(lab_name):
     assert r.returncode == 1 and "not running" in r.stderr
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.25])
+def test_shared_buffer_dynamic_threshold(tmp_path, lab_name, alpha):
+    """One buffer for all of a switch's queues: a congested queue takes
+    alpha / (1 + alpha) of it (the dynamic threshold), far less than its
+    port's own 4 MB, and what does not fit is counted as a shared-buffer drop."""
+    total = 600_000
+    f = tmp_path / "shared.toml"
+    f.write_text(
+        '[lab]\nfamily = "erack"\n[topology]\naccelerators = 3\nplanes = 1\n'
+        "[link]\nbuffer_bytes = 4000000\n[switch]\ntrimming = false\necn = false\n"
+        f"shared_buffer_bytes = {total}\ndt_alpha = {alpha}\n"
+    )
+    lab = _up(lab_name, str(f))
+    shown = ethplus("lab", "show", lab_name, check=True).stdout
+    assert f"shared buffer 600 KB (alpha {alpha:g})" in shown, shown
+    src, dst = lab.port("h1"), lab.port("h0")
+    lab.link_set("h0-plane0", "rate", "100G")  # the way out to h0 is slower than h1 sends
+    frames = [ethp_frame(src, dst, size=4000, psn=i, entropy=i, compact=True) for i in range(400)]
+    send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 3 * 100e9 / lab.k)
+    st = assert_conserved(lab)
+    sw = st["switches"]["plane0"]
+    port = next(c for c in sw["ports"].values() if c["peer"] == "h0")
+    expect = alpha / (1 + alpha) * total
+    assert 0.9 * expect <= port["q_hwm_bytes"] <= expect + 4100, (port["q_hwm_bytes"], expect)
+    assert port["drop_shared_full"] > 0 and port["drop_queue_full"] == 0
+    assert sw["buffer"]["hwm_bytes"] <= total
+
+
 def test_lossless_fabric_pauses_instead_of_dropping(tmp_path, lab_name):
     f = tmp_path / "lossless.toml"
     f.write_text(

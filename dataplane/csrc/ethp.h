@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 16
+#define ETHP_ABI_VERSION 17
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -274,6 +274,12 @@ struct ethp_switch_cfg {
     uint64_t seed;             /* hashing and fault randomness */
     uint32_t pool_pkts;
     uint32_t buf_bytes;
+    /* One buffer shared by every egress queue of the switch (0: none, each
+     * port has its link's buffer_bytes alone).  A queue may then hold at
+     * most dt_alpha x the buffer still free (dynamic threshold), and never
+     * more than its port's buffer_bytes. */
+    uint64_t shared_buffer_bytes;
+    double dt_alpha;
 };
 
 /* One port's link, in real (time-scaled) units; both directions of the link. */
@@ -297,6 +303,7 @@ struct ethp_link_state {
     X(tx_frames, "frames sent on this port")                                    \
     X(tx_bytes, "bytes sent on this port")                                      \
     X(drop_queue_full, "tail drops: egress buffer full")                        \
+    X(drop_shared_full, "tail drops: over the shared buffer's dynamic threshold") \
     X(drop_loss, "injected loss")                                               \
     X(drop_corrupt, "injected corruption, dropped as a bad FCS would be")       \
     X(llr_replays, "frames replayed by link-level retry (bad FCS or lost)")     \
@@ -368,6 +375,8 @@ void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out,
                           uint64_t *cls_out);
 /* Loop iterations and wake-ups of the thread (for idle-CPU checks). */
 uint64_t ethp_switch_wakeups(const struct ethp_switch *sw);
+/* Bytes in all the switch's egress queues now, and their high-water mark. */
+void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint64_t *hwm_bytes);
 
 /* Build an 802.1Qbb PFC frame pausing the classes in mask for quanta. */
 int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,

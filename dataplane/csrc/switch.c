@@ -129,6 +129,8 @@ struct ethp_switch {
     pthread_mutex_t lock;
     uint64_t rng;
     uint64_t wakeups;
+    uint64_t buffer_used_bytes; /* in every egress queue; atomic for readers */
+    uint64_t buffer_hwm_bytes;
 };
 
 /* ---------------------------------------------------------------- names */
@@ -309,11 +311,29 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
             mark_ce(e, p, ps, kind);
         }
     }
+    int full = -1;
     if (qb + p->len > e->link.buffer_bytes) {
+        full = ETHP_SC_drop_queue_full;
+    } else if (sw->cfg.shared_buffer_bytes) {
+        /* Dynamic threshold (Choudhury and Hahne): the more of the buffer
+         * is taken, the less any one queue may take.  One congested queue
+         * settles at alpha / (1 + alpha) of the buffer, n of them at
+         * alpha / (1 + n alpha) each, and some is always left for the next
+         * queue that starts. */
+        uint64_t free_bytes = sw->cfg.shared_buffer_bytes - sw->buffer_used_bytes;
+        if (p->len > free_bytes ||
+            (double)(e->q[cls].bytes + p->len) > sw->cfg.dt_alpha * (double)free_bytes)
+            full = ETHP_SC_drop_shared_full;
+    }
+    if (full >= 0) {
         e->cc[cls][ETHP_CC_drop_queue_full]++;
-        drop(sw, e, p, ETHP_SC_drop_queue_full);
+        drop(sw, e, p, full);
         return;
     }
+    uint64_t used = sw->buffer_used_bytes + p->len;
+    __atomic_store_n(&sw->buffer_used_bytes, used, __ATOMIC_RELAXED);
+    if (used > sw->buffer_hwm_bytes)
+        __atomic_store_n(&sw->buffer_hwm_bytes, used, __ATOMIC_RELAXED);
     p->cls = (uint8_t)cls;
     p->ts_ns = now; /* when it joined the queue: it cannot start on the link before */
     q_push(&e->q[cls], p);
@@ -545,6 +565,7 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
     int c;
     while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= now + sw->cfg.lookahead_ns) {
         struct ethp_pkt *p = q_pop(&e->q[c]);
+        __atomic_store_n(&sw->buffer_used_bytes, sw->buffer_used_bytes - p->len, __ATOMIC_RELAXED);
         e->cc[c][ETHP_CC_tx_frames]++;
         e->cc[c][ETHP_CC_q_bytes] = e->q[c].bytes;
         e->c[ETHP_SC_q_frames]--;
@@ -901,6 +922,11 @@ void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out)
     out[0] = io[ETHP_PC_rx_ring_drops];
     out[1] = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated];
     out[2] = __atomic_load_n(&sw->foreign, __ATOMIC_RELAXED);
+}
+void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint64_t *hwm_bytes)
+{
+    *used_bytes = __atomic_load_n(&sw->buffer_used_bytes, __ATOMIC_RELAXED);
+    *hwm_bytes = __atomic_load_n(&sw->buffer_hwm_bytes, __ATOMIC_RELAXED);
 }
 uint64_t ethp_switch_wakeups(const struct ethp_switch *sw)
 {
