@@ -222,6 +222,49 @@ def cmd_lab_stats(args) -> int:
     return 0
 
 
+def cmd_capture(args) -> int:
+    from dataplane import capture, lab
+
+    if args.count < 0 or args.seconds < 0:
+        raise LabError("capture: -c/--count and --seconds take a number >= 0")
+    lab.require_root("ethplus capture")
+    cap = capture.LinkCapture(args.lab, args.link)
+    (a, _, _), (b, _, _) = cap.ends
+    print(f"capturing {args.link} ({a} <-> {b}); Ctrl-C stops", file=sys.stderr, flush=True)
+    writer = capture.PcapWriter(args.write) if args.write else None
+    t0: list[int] = []
+
+    def show(fr: capture.Frame) -> None:
+        if writer:
+            writer.write(fr)
+            return
+        t0 or t0.append(fr.t_ns)
+        print(
+            f"{(fr.t_ns - t0[0]) / 1e9:10.6f}  {fr.src} > {fr.dst}  {len(fr.data):5d} B  "
+            f"{capture.describe(fr.data)}",
+            flush=True,
+        )
+
+    try:
+        seen = cap.run(show, count=args.count, seconds=args.seconds)
+    except KeyboardInterrupt:
+        seen = None
+    finally:
+        if writer:
+            writer.close()
+        drops = cap.drops()
+        cap.close()
+    if seen is not None:
+        parts = ", ".join(f"{d}: {n}" for d, n in seen.items())
+        where = f" into {args.write}" if args.write else ""
+        print(
+            f"{sum(seen.values())} frames{where} ({parts})"
+            + (f"; the capture's ring lost {drops}" if drops else ""),
+            file=sys.stderr,
+        )
+    return 0
+
+
 def cmd_exec(args) -> int:
     from dataplane import core, lab
 
@@ -523,6 +566,14 @@ def build_parser() -> argparse.ArgumentParser:
     ns_.add_argument("node", metavar="SWITCH")
     ns_.add_argument("state", choices=["down", "up"])
     ns_.set_defaults(func=cmd_node_set)
+
+    cp = sub.add_parser("capture", help="frames crossing a link, both ways: lines or a pcap file")
+    cp.add_argument("lab", metavar="NAME")
+    cp.add_argument("link", metavar="LINK", help="as named by `ethplus lab show`, e.g. h0-plane1")
+    cp.add_argument("-w", "--write", metavar="FILE", help="write a pcap file (ns timestamps)")
+    cp.add_argument("-c", "--count", type=int, default=0, help="stop after N frames")
+    cp.add_argument("--seconds", type=float, default=0.0, help="stop after S seconds")
+    cp.set_defaults(func=cmd_capture)
 
     ex = sub.add_parser("exec", help="run a command inside a node's namespace")
     ex.add_argument("lab", metavar="NAME")

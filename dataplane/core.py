@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -53,6 +53,7 @@ KINDS = {
     lib.ETHP_KIND_ETHP_UDP: "ethp-udp",
     lib.ETHP_KIND_ETHP_COMPACT: "ethp-compact",
     lib.ETHP_KIND_MACCTL: "macctl",
+    lib.ETHP_KIND_ROCE_UDP: "roce-udp",
 }
 PARSE_ERRORS = {
     lib.ETHP_ERR_TRUNCATED: "truncated",
@@ -181,7 +182,7 @@ def parse_frame(frame: bytes) -> Parsed:
         **{name: getattr(a, name) for name in _ADDR_FIELDS},
     )
     header = None
-    if rc in (lib.ETHP_KIND_ETHP_UDP, lib.ETHP_KIND_ETHP_COMPACT):
+    if rc in (lib.ETHP_KIND_ETHP_UDP, lib.ETHP_KIND_ETHP_COMPACT, lib.ETHP_KIND_ROCE_UDP):
         header = Header(**{name: getattr(p.hdr, name) for name in _HDR_FIELDS})
     off = p.payload_off
     return Parsed(
@@ -268,6 +269,10 @@ class Port:
             ffi.release(self._p)  # runs ethp_port_close now, not at garbage collection
             self._p = None
 
+    def fileno(self) -> int:
+        """The receive socket, for select/poll over several ports."""
+        return lib.ethp_port_fd(self._p)
+
     def wait(self, timeout_ms: int) -> bool:
         return _check(lib.ethp_port_wait(self._p, timeout_ms), f"poll on {self.ifname}") > 0
 
@@ -288,9 +293,15 @@ class Port:
 
     def recv(self, pool: Pool, n: int = 64) -> list[bytes]:
         """Receive up to n frames that are ready now."""
+        return [f for _, f in self.recv_stamped(pool, n)]
+
+    def recv_stamped(self, pool: Pool, n: int = 64) -> list[tuple[int, bytes]]:
+        """Receive up to n frames that are ready now, each with the time the
+        kernel stamped on its arrival (ns since the epoch)."""
         pkts = ffi.new("struct ethp_pkt *[]", n)
-        got = lib.ethp_port_rx_burst(self._p, pool._p, pkts, n)
-        frames = [bytes(ffi.buffer(pkts[i].data, pkts[i].len)) for i in range(got)]
+        wall = ffi.new("uint64_t[]", n)
+        got = lib.ethp_port_rx_burst_stamped(self._p, pool._p, pkts, wall, n)
+        frames = [(wall[i], bytes(ffi.buffer(pkts[i].data, pkts[i].len))) for i in range(got)]
         pool.put(pkts, got)
         return frames
 

@@ -2,6 +2,7 @@
 shaping, delay, ECN, trimming, overflow accounting, spraying, faults,
 robustness.  Ground truth is the kernel's counters and captured frames."""
 
+import ipaddress
 import json
 import os
 import random
@@ -16,7 +17,7 @@ import pytest
 from conftest import ethplus
 from labtools import Capture, Lab, ethp_frame, if_stats, send_paced, shipped_lab
 
-from dataplane import core, stats
+from dataplane import capture, core, stats
 
 pytestmark = pytest.mark.root
 
@@ -497,6 +498,53 @@ def test_plane_down_and_up(erack):
     finally:
         ethplus("node", "set", erack.name, "plane3", "up", check=True)
     assert erack.sh("h0", "ping", "-n", "-c", "2", "-W", "3", dst, check=False).returncode == 0
+
+
+def _capture(lab: Lab, link: str, *extra: str) -> subprocess.Popen:
+    """`ethplus capture` running, its rings open (it said so on stderr)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "capture", lab.name, link, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert p.stderr.readline().startswith(f"capturing {link}"), p.communicate()
+    return p
+
+
+def test_capture_writes_both_directions_of_a_link_to_pcap(erack, tmp_path):
+    out = tmp_path / "h0.pcap"
+    h0 = next(p["ip"] for p in erack.nodes["h0"]["ports"] if p["plane"] == 0)
+    h1 = next(p["ip"] for p in erack.nodes["h1"]["ports"] if p["plane"] == 0)
+    p = _capture(erack, "h0-plane0", "-w", str(out), "-c", "4", "--seconds", "30")
+    erack.sh("h0", "ping", "-n", "-c", "2", "-i", "0.3", h1)
+    _, err = p.communicate(timeout=40)
+    assert p.returncode == 0 and "4 frames into" in err, err
+    recs = capture.read_pcap(str(out))
+    icmp = [(t, core.parse_frame(f).addr) for t, f in recs]
+    ips = [
+        (str(ipaddress.IPv4Address(a.src_ip)), str(ipaddress.IPv4Address(a.dst_ip)))
+        for _, a in icmp
+    ]
+    assert ips == [(h0, h1), (h1, h0)] * 2, ips
+    # a request is seen entering the link at the switch, its reply leaving it
+    # at h0: four link delays apart (h0's link both ways, h1's both ways)
+    four_delays_ns = 4 * erack.links["h0-plane0"]["params"]["delay_ns"] * erack.k
+    for (t_req, _), (t_rep, _) in (icmp[0:2], icmp[2:4]):
+        assert t_rep - t_req >= 0.9 * four_delays_ns, (t_rep - t_req, four_delays_ns)
+
+
+def test_capture_prints_a_line_per_frame(erack):
+    h2 = next(p["ip"] for p in erack.nodes["h2"]["ports"] if p["plane"] == 1)
+    p = _capture(erack, "h2-plane1", "-c", "2", "--seconds", "30")
+    erack.sh("h3", "ping", "-n", "-c", "1", h2)
+    out, err = p.communicate(timeout=40)
+    lines = out.splitlines()
+    assert p.returncode == 0 and len(lines) == 2, (out, err)
+    assert "plane1 > h2" in lines[0] and "ICMP" in lines[0] and f"> {h2}" in lines[0]
+    assert "h2 > plane1" in lines[1] and "ICMP" in lines[1]
+    r = ethplus("capture", erack.name, "no-such-link", "-c", "1")
+    assert (
+        r.returncode == 1 and "no link 'no-such-link'" in r.stderr and "Traceback" not in r.stderr
+    )
 
 
 def test_fault_commands_reject_bad_input(erack):

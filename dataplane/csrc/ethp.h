@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 17
+#define ETHP_ABI_VERSION 18
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -209,6 +209,10 @@ void ethp_port_wait_tx(struct ethp_port *port, int timeout_ms);
 /* Copy up to n received frames into packets taken from pool. */
 uint32_t ethp_port_rx_burst(struct ethp_port *port, struct ethp_pool *pool,
                             struct ethp_pkt **pkts, uint32_t n);
+/* The same, and each frame's arrival time as the kernel stamped it
+ * (CLOCK_REALTIME, ns) into wall_ns[i]. */
+uint32_t ethp_port_rx_burst_stamped(struct ethp_port *port, struct ethp_pool *pool,
+                                    struct ethp_pkt **pkts, uint64_t *wall_ns, uint32_t n);
 /* Send up to n frames through the TX ring, one kick per call.  Returns how
  * many were consumed: sent, or refused and counted in tx_errors (too long
  * for the interface, shorter than an Ethernet header, or the interface is
