@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from dataplane.bench import BenchError
 from dataplane.job import JobError
@@ -214,11 +215,27 @@ def cmd_node_set(args) -> int:
 def cmd_lab_stats(args) -> int:
     from dataplane import lab, stats
 
+    if args.count < 0 or (args.watch is not None and args.watch <= 0):
+        raise LabError("lab stats: --watch takes seconds > 0 and --count a number >= 0")
     st = lab.control(args.name, {"op": "stats"})["stats"]
-    if args.json:
-        print(json.dumps(st, indent=1))
+    if args.watch is None:
+        if args.json:
+            print(json.dumps(st, indent=1))
+            return 0
+        print(stats.render(st, show_all=args.all))
         return 0
-    print(stats.render(st, show_all=args.all))
+    # Every interval: what each busy port did in it (JSON: one object a line).
+    t0 = prev_t = time.monotonic()
+    n = 0
+    while not args.count or n < args.count:
+        time.sleep(max(0.0, prev_t + args.watch - time.monotonic()))
+        cur, now = lab.control(args.name, {"op": "stats"})["stats"], time.monotonic()
+        r = stats.rates(st, cur, now - prev_t)
+        if args.json:
+            print(json.dumps({"t_s": round(now - t0, 3), "switches": r}), flush=True)
+        else:
+            print(stats.render_rates(r, now - t0), flush=True)
+        st, prev_t, n = cur, now, n + 1
     return 0
 
 
@@ -546,6 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("name", metavar="NAME")
     stats.add_argument("--json", action="store_true", help="every counter of every port")
     stats.add_argument("--all", action="store_true", help="also ports that saw no traffic")
+    stats.add_argument(
+        "--watch", type=float, nargs="?", const=1.0, metavar="SECONDS",
+        help="every SECONDS (1): each busy port's rates, drops, marks and queue in that interval",
+    )  # fmt: skip
+    stats.add_argument("--count", type=int, default=0, help="with --watch: stop after N intervals")
     stats.set_defaults(func=cmd_lab_stats)
 
     link = sub.add_parser("link", help="change a link at run time (faults)")

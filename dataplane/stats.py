@@ -105,3 +105,70 @@ def render(st: dict, show_all: bool = False) -> str:
         f"dropped or in flight (difference {c['difference']})"
     )
     return "\n".join(lines)
+
+
+RATE_KEYS = ("ecn_marked", "trimmed", "llr_replays", "pause_tx")
+
+
+def rates(before: dict, after: dict, dt_s: float) -> dict[str, dict[str, dict]]:
+    """What each switch port did between two stats snapshots dt_s apart
+    (real seconds): rates in nominal bit/s (real x the time scale), link
+    utilisation of what it sent, counts of drops, marks, trims, replays and
+    pauses, and its queue now.  Ports that did nothing are left out."""
+    k = float(after["time_scale"])
+    link_bps = {name: lk["rate_bps"] for name, lk in after["links"].items()}
+    out: dict[str, dict[str, dict]] = {}
+    for sw, s1 in after["switches"].items():
+        s0 = before["switches"].get(sw)
+        if s0 is None:
+            continue
+        for ifname, c1 in s1["ports"].items():
+            c0 = s0["ports"].get(ifname, {})
+
+            def d(key: str, c0=c0, c1=c1) -> int:
+                return c1.get(key, 0) - c0.get(key, 0)
+
+            row = {
+                "peer": c1["peer"],
+                "link": c1["link"],
+                "rx_bps": d("rx_bytes") * 8 / dt_s * k,
+                "tx_bps": d("tx_bytes") * 8 / dt_s * k,
+                "drops": sum(d(r) for r in DROP_REASONS),
+                **{key: d(key) for key in RATE_KEYS},
+                "q_bytes": c1["q_bytes"],
+            }
+            cap = link_bps.get(c1["link"], 0)
+            row["tx_util"] = row["tx_bps"] / cap if cap else 0.0
+            if row["rx_bps"] or row["tx_bps"] or row["drops"] or row["q_bytes"]:
+                out.setdefault(sw, {})[ifname] = row
+    return out
+
+
+def render_rates(r: dict[str, dict[str, dict]], t_s: float) -> str:
+    """One interval of `lab stats --watch` as text."""
+    header = ["PORT", "PEER", "RX Gb/s", "TX Gb/s", "TX UTIL", "DROPS", "ECN", "TRIM", "LLR",
+              "PAUSE", "QUEUE B"]  # fmt: skip
+    lines = [f"-- {t_s:7.1f} s (nominal rates)"]
+    rows = [
+        [
+            f"{sw}:{ifname}",
+            c["peer"],
+            f"{c['rx_bps'] / 1e9:.1f}",
+            f"{c['tx_bps'] / 1e9:.1f}",
+            f"{100 * c['tx_util']:.0f}%",
+            str(c["drops"]),
+            str(c["ecn_marked"]),
+            str(c["trimmed"]),
+            str(c["llr_replays"]),
+            str(c["pause_tx"]),
+            str(c["q_bytes"]),
+        ]  # fmt: skip
+        for sw, ports in r.items()
+        for ifname, c in ports.items()
+    ]
+    if not rows:
+        return lines[0] + "  no traffic"
+    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
+    for x in [header, *rows]:
+        lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)))
+    return "\n".join(lines)

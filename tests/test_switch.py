@@ -154,6 +154,32 @@ def _iperf_bps(lab: Lab, src: str, dst: str, dst_ip: str, seconds: int = 5) -> f
     return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
 
 
+def test_stats_watch_shows_a_busy_link_each_interval(erack):
+    """`lab stats --watch --json` while iperf3 runs h0 -> h1 on plane 1: one
+    object per interval, in which plane1's port to h1 sends near its link's
+    rate and never above it."""
+    dst_ip = erack.nodes["h1"]["ports"][1]["ip"]
+    done: list[float] = []
+    t = threading.Thread(target=lambda: done.append(_iperf_bps(erack, "h0", "h1", dst_ip, 5)))
+    t.start()
+    try:
+        time.sleep(1.5)
+        watch = ("--watch", "1", "--count", "3", "--json")
+        r = ethplus("lab", "stats", erack.name, *watch, check=True)
+    finally:
+        t.join()
+    intervals = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(intervals) == 3 and intervals[-1]["t_s"] >= 2.9, r.stdout
+    utils = [
+        c["tx_util"]
+        for i in intervals
+        for c in i["switches"].get("plane1", {}).values()
+        if c["peer"] == "h1"
+    ]
+    assert len(utils) == 3 and all(0.6 < u <= 1.03 for u in utils), utils
+    assert done and done[0] > 0
+
+
 def _tcp_goodput_fraction(mtu: int) -> float:
     """TCP payload per wire byte: IPv4 20 + TCP 32 (timestamps) inside the MTU;
     Ethernet 14 + FCS 4 + preamble 8 + gap 12 outside."""
