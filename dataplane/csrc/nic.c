@@ -199,15 +199,7 @@ static int peer_busy(const struct nic_peer *p)
            p->rto_deadline;
 }
 
-static uint64_t rnd64(struct ethp_nic *n)
-{
-    uint64_t x = n->rng;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    n->rng = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
+static uint64_t rnd64(struct ethp_nic *n) { return ethp_rng_next(&n->rng); }
 
 static void count(struct ethp_nic *n, struct nic_peer *p, int c, uint64_t v)
 {
@@ -1363,7 +1355,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     snprintf(n->netns_path, sizeof(n->netns_path), "%s", netns_path ? netns_path : "");
     n->max_peers = max_peers;
     n->udp_fd = -1;
-    n->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull;
+    n->rng = ethp_rng_seed(cfg->seed);
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->done, NULL);
     n->peers = calloc(max_peers, sizeof(*n->peers));

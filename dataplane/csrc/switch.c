@@ -150,25 +150,10 @@ const char *ethp_sw_class_counter_name(uint32_t i)
 
 /* ---------------------------------------------------------------- helpers */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
 
 static double rnd(struct ethp_switch *sw)
 {
-    /* xorshift64*: deterministic for a given seed */
-    uint64_t x = sw->rng;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    sw->rng = x;
-    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+    return (double)(ethp_rng_next(&sw->rng) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 static uint64_t ser_ns(const struct ethp_link_state *l, uint32_t frame_bytes)
@@ -363,7 +348,7 @@ static uint16_t choose(struct ethp_switch *sw, const struct sw_group *g,
         return g->ports[0];
     uint64_t seed = sw->cfg.seed;
     if (is_ethp(kind) && sw->cfg.forwarding == ETHP_FWD_ADAPTIVE) {
-        uint32_t start = (uint32_t)(mix64(seed ^ ps->hdr.entropy) % g->n);
+        uint32_t start = (uint32_t)(ethp_mix64(seed ^ ps->hdr.entropy) % g->n);
         uint16_t best = g->ports[start];
         uint64_t best_q = UINT64_MAX;
         for (uint32_t i = 0; i < g->n; i++) {
@@ -379,10 +364,10 @@ static uint16_t choose(struct ethp_switch *sw, const struct sw_group *g,
     }
     uint64_t h;
     if (is_ethp(kind) && sw->cfg.forwarding == ETHP_FWD_SPRAY)
-        h = mix64(seed ^ ((uint64_t)ps->hdr.entropy << 16 | ps->hdr.dst_ep));
+        h = ethp_mix64(seed ^ ((uint64_t)ps->hdr.entropy << 16 | ps->hdr.dst_ep));
     else
-        h = mix64(seed ^ ((uint64_t)ps->addr.src_ip << 32 | ps->addr.dst_ip)) ^
-            mix64((uint64_t)ps->ip_proto << 32 | (uint32_t)ps->addr.src_port << 16 |
+        h = ethp_mix64(seed ^ ((uint64_t)ps->addr.src_ip << 32 | ps->addr.dst_ip)) ^
+            ethp_mix64((uint64_t)ps->ip_proto << 32 | (uint32_t)ps->addr.src_port << 16 |
                   ps->addr.dst_port);
     return g->ports[h % g->n];
 }
@@ -742,7 +727,7 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
     sw->pool = ethp_pool_new(cfg->pool_pkts, cfg->buf_bytes);
     sw->epfd = epoll_create1(EPOLL_CLOEXEC);
     sw->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    sw->rng = cfg->seed ? cfg->seed : 0x9E3779B97F4A7C15ull;
+    sw->rng = ethp_rng_seed(cfg->seed);
     sw->up = 1;
     pthread_mutex_init(&sw->lock, NULL);
     if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->port_of_if || !sw->active ||
