@@ -172,7 +172,8 @@ def cmd_lab_show(args) -> int:
                 ifname[link["b"], link["b_port"]],
                 _fmt_rate(prm["rate_bps"]),
                 _fmt_rate(prm["rate_bps"] / k),
-                f"{prm['delay_ns']} ns",
+                f"{prm['delay_ns']} ns"
+                + (f" +0-{prm['jitter_ns']}" if prm.get("jitter_ns") else ""),
                 _fmt_bytes(prm["buffer_bytes"]),
                 prm["mtu_bytes"],
                 "on" if prm.get("llr") else "off",
@@ -198,7 +199,9 @@ def cmd_link_set(args) -> int:
     st = resp["link"]
     print(
         f"{args.link}: {'up' if st['up'] else 'DOWN'}, rate {_fmt_rate(st['rate_bps'])}, "
-        f"delay {st['delay_ns']} ns, loss {st['loss']:g}, corrupt {st['corrupt']:g}, "
+        f"delay {st['delay_ns']} ns"
+        + (f" + 0-{st['jitter_ns']} ns jitter" if st.get("jitter_ns") else "")
+        + f", loss {st['loss']:g}, corrupt {st['corrupt']:g}, "
         f"llr {'on' if st.get('llr') else 'off'} (nominal)"
     )
     return 0
@@ -574,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     link_sub = link.add_subparsers(dest="link_command", required=True, metavar="LINK_COMMAND")
     ls_ = link_sub.add_parser(
         "set",
-        help="ethplus link set LAB LINK down|up|loss P|corrupt P|rate R|delay D|llr on|off",
+        help="ethplus link set LAB LINK down|up|loss P|corrupt P|rate R|delay D|jitter J|"
+        "llr on|off",
     )
     ls_.add_argument("lab", metavar="LAB")
     ls_.add_argument("link", metavar="LINK", help="as named by `ethplus lab show`, e.g. h0-plane1")

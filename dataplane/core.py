@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 18
+ABI_VERSION = 19
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -407,10 +407,12 @@ class LinkState:
     up: bool = True
     peer_is_host: bool = False
     llr: bool = False  # link-level retry
+    jitter_ns: int = 0
 
     def to_c(self):
         c = ffi.new("struct ethp_link_state *")
         c.rate_bps, c.delay_ns, c.buffer_bytes = self.rate_bps, self.delay_ns, self.buffer_bytes
+        c.jitter_ns = self.jitter_ns
         c.loss, c.corrupt, c.up, c.peer_is_host, c.llr = (
             self.loss,
             self.corrupt,

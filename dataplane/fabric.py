@@ -44,6 +44,7 @@ class NominalLink:
     corrupt: float = 0.0
     up: bool = True
     llr: bool = False
+    jitter_ns: int = 0
 
 
 def socket_path(lab: str) -> str:
@@ -101,6 +102,7 @@ class Fabric:
                     for f in ("rate_bps", "delay_ns", "buffer_bytes", "mtu_bytes")
                 },
                 llr=lk["params"].get("llr", False),
+                jitter_ns=lk["params"].get("jitter_ns", 0),
             )
             for name, lk in self.links.items()
         }
@@ -117,6 +119,7 @@ class Fabric:
         return core.LinkState(
             rate_bps=max(1, int(nl.rate_bps / self.k)),
             delay_ns=int(nl.delay_ns * self.k),
+            jitter_ns=int(nl.jitter_ns * self.k),
             buffer_bytes=nl.buffer_bytes,
             mac=me["mac"],
             peer_mac=peer_node["ports"][peer_port]["mac"],
@@ -225,7 +228,9 @@ class Fabric:
     def set_link(self, name: str, changes: dict) -> dict:
         if name not in self.links:
             raise KeyError(f"no link {name!r} in lab {self.name} (see `ethplus lab show`)")
-        allowed = {"up", "loss", "corrupt", "rate_bps", "delay_ns", "buffer_bytes", "llr"}
+        allowed = {
+            "up", "loss", "corrupt", "rate_bps", "delay_ns", "jitter_ns", "buffer_bytes", "llr",
+        }  # fmt: skip
         bad = set(changes) - allowed
         if bad:
             raise KeyError(f"cannot set {', '.join(sorted(bad))}")

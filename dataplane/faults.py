@@ -43,7 +43,7 @@ def parse_value(what: str, text: str) -> float:
     raise ValueError(f"{what} {text!r}: expected {expected}")
 
 
-CHANGES = "down, up, loss P, corrupt P, rate R, delay D, llr on|off"
+CHANGES = "down, up, loss P, corrupt P, rate R, delay D, jitter J, llr on|off"
 
 
 def link_change(words: list[str]) -> dict:
@@ -57,8 +57,8 @@ def link_change(words: list[str]) -> dict:
         return {a[0]: parse_value("probability", a[1])}
     if len(a) == 2 and a[0] == "rate":
         return {"rate_bps": int(parse_value("rate", a[1]))}
-    if len(a) == 2 and a[0] == "delay":
-        return {"delay_ns": int(parse_value("delay", a[1]))}
+    if len(a) == 2 and a[0] in ("delay", "jitter"):
+        return {f"{a[0]}_ns": int(parse_value("delay", a[1]))}
     raise ValueError(f"cannot understand {' '.join(a)!r}: expected one of: {CHANGES}")
 
 
@@ -79,7 +79,7 @@ def restore(rec: dict, links: set[str], switches: set[str]) -> None:
         set_link(rec["name"], lk["name"], {
             "up": True, "loss": 0.0, "corrupt": 0.0,
             "rate_bps": prm["rate_bps"], "delay_ns": prm["delay_ns"],
-            "llr": prm.get("llr", False),
+            "jitter_ns": prm.get("jitter_ns", 0), "llr": prm.get("llr", False),
         })  # fmt: skip
     for sw in switches:
         set_node(rec["name"], sw, True)

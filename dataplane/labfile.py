@@ -147,6 +147,7 @@ def _link_schema(rate_gbps: float, delay_ns: int, buffer_bytes: int) -> dict[str
     return {
         "rate_gbps": pos_num(rate_gbps, "nominal link rate"),
         "delay_ns": nonneg_int(delay_ns, "nominal one-way propagation delay"),
+        "jitter_ns": nonneg_int(0, "each frame's delay: delay_ns + uniform [0, jitter_ns]"),
         "buffer_bytes": pos_int(buffer_bytes, "switch egress buffer per port"),
         "mtu_bytes": int_range(
             MTU_MIN, MTU_MAX, 4200, "interface MTU; ETH+ carries 4096 B payload"
@@ -334,6 +335,7 @@ def _link(values: dict[str, Any]) -> LinkParams:
     return LinkParams(
         rate_bps=int(values["rate_gbps"] * 1e9),
         delay_ns=values["delay_ns"],
+        jitter_ns=values["jitter_ns"],
         buffer_bytes=values["buffer_bytes"],
         mtu_bytes=values["mtu_bytes"],
         llr=values["llr"],

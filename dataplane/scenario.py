@@ -25,7 +25,8 @@ A scenario file (TOML, in netns-labs/scenarios/):
     [[fault]]                            # at_s: seconds (real) after the jobs'
     at_s = 5.0                           # timed phase starts
     node = "plane2"                      # a switch; or link = "h0-plane1"
-    set = "down"                         # up, down, loss P, corrupt P, rate R, delay D, llr on|off
+    set = "down"                         # up, down, loss P, corrupt P, rate R, delay D, jitter J,
+                                         # llr on|off
     jitter_s = 0.0                       # a seeded offset in [0, jitter_s)
 
     [short]                              # the CI form: overrides

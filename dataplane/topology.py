@@ -53,6 +53,7 @@ class LinkParams:
     buffer_bytes: int  # egress buffer of the switch port(s) on this link
     mtu_bytes: int  # interface (IP) MTU
     llr: bool = False  # link-level retry on this link
+    jitter_ns: int = 0  # each frame's delay: delay_ns + uniform [0, jitter_ns], order kept
 
     def bdp_bytes(self, rtt_ns: int) -> int:
         return self.rate_bps * rtt_ns // 8 // 1_000_000_000

@@ -8,6 +8,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -406,6 +407,38 @@ def test_injected_corruption_is_dropped_as_a_bad_fcs_would_be(erack):
     assert 0.035 < corrupted / n < 0.065, corrupted
 
 
+def _ping_rtts_ms(lab: Lab, src: str, dst_ip: str, n: int) -> list[float]:
+    r = lab.sh(src, "ping", "-n", "-c", str(n), "-i", "0.05", "-W", "2", dst_ip)
+    rtts = [float(x) for x in re.findall(r"time=([\d.]+) ms", r.stdout)]
+    assert len(rtts) == n, r.stdout
+    return rtts
+
+
+def test_link_jitter_spreads_delay_and_keeps_order(erack):
+    """A link with jitter J: each crossing waits the link's delay plus a
+    uniform draw of up to J, so a ping's two crossings add J on average and
+    spread its RTT over more than J; frames on the link keep their order."""
+    lk = "h3-plane2"
+    dst = next(p for p in erack.nodes["h3"]["ports"] if p["plane"] == 2)["ip"]
+    j_ms = 1000 * erack.k / 1e6  # 1 us nominal
+    src_p, dst_p = erack.port("h6", plane=2), erack.port("h3", plane=2)
+    frames = [ethp_frame(src_p, dst_p, size=500, psn=i, compact=True) for i in range(300)]
+    base = _ping_rtts_ms(erack, "h4", dst, 20)
+    cap = Capture(dst_p)
+    try:
+        erack.link_set(lk, "jitter", "1us")
+        jittered = _ping_rtts_ms(erack, "h4", dst, 40)
+        send_paced(core.Port(src_p.ifname, src_p.ns), core.Pool(512, 9300), frames, 20e6)
+        got = [p for p in _parse_all(cap.drain(quiet_s=1.0)) if p.header.dst_ep == dst_p.ep]
+    finally:
+        cap.close()
+        erack.link_set(lk, "jitter", "0")
+    added = statistics.mean(jittered) - statistics.mean(base)
+    assert 0.7 * j_ms < added < 1.3 * j_ms, (added, j_ms)
+    assert max(jittered) - min(jittered) > j_ms, jittered
+    assert [p.header.psn for p in got] == list(range(300))
+
+
 def _llr_links(lab: Lab, links: tuple[str, ...], *change: str) -> None:
     for link in links:
         lab.link_set(link, *change)
@@ -579,6 +612,7 @@ def test_fault_commands_reject_bad_input(erack):
         (("h0-plane0", "loss", "150%"), "expected a probability"),
         (("h0-plane0", "rate", "0G"), "expected a rate"),
         (("h0-plane0", "delay", "soon"), "expected a delay"),
+        (("h0-plane0", "jitter", "-1us"), "expected a delay"),
         (("h0-plane0", "explode"), "expected one of"),
         (("h0-plane0", "llr", "maybe"), "llr on|off"),
     ]:

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 18
+#define ETHP_ABI_VERSION 19
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -290,6 +290,7 @@ struct ethp_switch_cfg {
 struct ethp_link_state {
     uint64_t rate_bps;
     uint64_t delay_ns;
+    uint64_t jitter_ns;        /* each frame waits delay_ns + uniform [0, jitter_ns], in order */
     uint64_t buffer_bytes;     /* egress buffer of this port */
     double loss;               /* probability, each direction */
     double corrupt;            /* probability, each direction; dropped as on a bad FCS */

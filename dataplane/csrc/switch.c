@@ -161,6 +161,22 @@ static uint64_t ser_ns(const struct ethp_link_state *l, uint32_t frame_bytes)
     return (uint64_t)ethp_wire_bytes(frame_bytes) * 8ull * 1000000000ull / l->rate_bps;
 }
 
+/* Onto a delay line, due at ts_ns, or with the frame before it if that is
+ * later: a link delays frames by different amounts (jitter, a replay) but
+ * never reorders them. */
+static void wire_push(struct pktq *line, struct ethp_pkt *p, uint64_t ts_ns)
+{
+    p->ts_ns = line->tail && line->tail->ts_ns > ts_ns ? line->tail->ts_ns : ts_ns;
+    q_push(line, p);
+}
+
+/* The link's delay for one frame: its propagation delay, plus a uniform
+ * draw in [0, jitter_ns] when it jitters. */
+static uint64_t frame_delay_ns(struct ethp_switch *sw, const struct ethp_link_state *l)
+{
+    return l->delay_ns + (l->jitter_ns ? (uint64_t)(rnd(sw) * (double)(l->jitter_ns + 1)) : 0);
+}
+
 static void drop(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt *p, int reason)
 {
     port->c[reason]++;
@@ -455,9 +471,9 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
         }
         /* The frames behind a replayed one wait for it (the line releases in
          * order), as the host's go-back-N resends them after it. */
-        if (port->link.delay_ns || replay_ns || port->in_wire.head) {
-            p->ts_ns = now + port->link.delay_ns + replay_ns;
-            q_push(&port->in_wire, p);
+        uint64_t delay_ns = frame_delay_ns(sw, &port->link) + replay_ns;
+        if (delay_ns || port->in_wire.head) {
+            wire_push(&port->in_wire, p, now + delay_ns);
             activate(sw, port);
             port->c[ETHP_SC_wire_frames]++;
             return;
@@ -579,8 +595,7 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
             drop(sw, e, p, why);
             continue;
         }
-        p->ts_ns = e->next_tx_ns + e->link.delay_ns;
-        q_push(&e->wire, p);
+        wire_push(&e->wire, p, e->next_tx_ns + frame_delay_ns(sw, &e->link));
         e->c[ETHP_SC_wire_frames]++;
     }
 }
