@@ -612,7 +612,7 @@ def test_fault_commands_reject_bad_input(erack):
         (("h0-plane0", "loss", "150%"), "expected a probability"),
         (("h0-plane0", "rate", "0G"), "expected a rate"),
         (("h0-plane0", "delay", "soon"), "expected a delay"),
-        (("h0-plane0", "jitter", "-1us"), "expected a delay"),
+        (("h0-plane0", "jitter", "lots"), "expected a delay"),
         (("h0-plane0", "explode"), "expected one of"),
         (("h0-plane0", "llr", "maybe"), "llr on|off"),
     ]:
