@@ -173,7 +173,7 @@ def cmd_lab_show(args) -> int:
                 _fmt_rate(prm["rate_bps"]),
                 _fmt_rate(prm["rate_bps"] / k),
                 f"{prm['delay_ns']} ns"
-                + (f" +0-{prm['jitter_ns']}" if prm.get("jitter_ns") else ""),
+                + (f" + 0-{prm['jitter_ns']} ns" if prm.get("jitter_ns") else ""),
                 _fmt_bytes(prm["buffer_bytes"]),
                 prm["mtu_bytes"],
                 "on" if prm.get("llr") else "off",
