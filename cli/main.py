@@ -274,6 +274,8 @@ def cmd_capture(args) -> int:
             writer.close()
         drops = cap.drops()
         cap.close()
+    if cap.gone:
+        print(f"ethplus: error: lab {args.lab} went down; the capture stopped", file=sys.stderr)
     if seen is not None:
         parts = ", ".join(f"{d}: {n}" for d, n in seen.items())
         where = f" into {args.write}" if args.write else ""
@@ -282,7 +284,7 @@ def cmd_capture(args) -> int:
             + (f"; the capture's ring lost {drops}" if drops else ""),
             file=sys.stderr,
         )
-    return 0
+    return 1 if cap.gone else 0
 
 
 def cmd_exec(args) -> int:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataplane import core, lab
+from dataplane import core, lab, registry
 
 PCAP_MAGIC_NS = 0xA1B23C4D  # pcap with nanosecond timestamps
 LINKTYPE_ETHERNET = 1
@@ -121,6 +121,8 @@ class LinkCapture:
 
     def __init__(self, lab_name: str, link: str):
         rec = lab.get(lab_name)
+        self.lab_name = lab_name
+        self.gone = False  # the lab went down during the capture
         links = {lk["name"]: lk for lk in rec["topology"]["links"]}
         if link not in links:
             raise lab.LabError(f"no link {link!r} in lab {lab_name} (see `ethplus lab show`)")
@@ -152,25 +154,26 @@ class LinkCapture:
         deadline = time.monotonic() + seconds if seconds else float("inf")
         pending: list[Frame] = []
 
+        def done() -> bool:
+            return bool(count) and sum(seen.values()) >= count
+
         def emit(upto_ns: float) -> None:
             # the two ends' rings hand frames over a block at a time, each
             # on its own timer: a frame is passed on once nothing older can
             # still come from the other end
             pending.sort(key=lambda f: f.t_ns)
-            while (
-                pending
-                and pending[0].t_ns <= upto_ns
-                and not (count and sum(seen.values()) >= count)
-            ):
+            while pending and pending[0].t_ns <= upto_ns and not done():
                 fr = pending.pop(0)
                 on_frame(fr)
                 seen[f"{fr.src}>{fr.dst}"] += 1
 
-        while (
-            not stop()
-            and time.monotonic() < deadline
-            and not (count and sum(seen.values()) >= count)
-        ):
+        checked = time.monotonic()
+        while not stop() and time.monotonic() < deadline and not done():
+            if time.monotonic() - checked > 1.0:  # a quiet link, or a lab that is gone?
+                checked = time.monotonic()
+                if registry.load_lab(self.lab_name) is None:
+                    self.gone = True
+                    break
             got = False
             for rcv, snd, port in self.ends:
                 for t_ns, data in port.recv_stamped(self.pool, 256):

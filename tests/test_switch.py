@@ -606,6 +606,16 @@ def test_capture_prints_a_line_per_frame(erack):
     )
 
 
+def test_capture_stops_when_its_lab_goes_down(tmp_path, lab_name):
+    f = tmp_path / "tiny.toml"
+    f.write_text('[lab]\nfamily = "erack"\n[topology]\naccelerators = 2\nplanes = 1\n')
+    lab = _up(lab_name, str(f))
+    p = _capture(lab, "h0-plane0")
+    ethplus("lab", "down", lab_name, check=True)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 1 and f"lab {lab_name} went down" in err, err
+
+
 def test_fault_commands_reject_bad_input(erack):
     for args, msg in [
         (("no-such-link", "down"), "no link 'no-such-link'"),
