@@ -134,6 +134,7 @@ def test_plane_down_mid_transfer_completes_on_the_rest(erack):
     a, b = endpoint(erack, "h4"), endpoint(erack, "h5")
     size = 64 * MiB
     done = {}
+    c0 = a.counters()
 
     def run():
         done["ok"] = False
@@ -150,6 +151,10 @@ def test_plane_down_mid_transfer_completes_on_the_rest(erack):
         ethplus("node", "set", lab.name, "plane2", "up", check=True)
     assert done.get("ok"), "the transfer did not complete over the remaining planes"
     assert a.counters(b.rank)["retx_pkts"] > 0
+    # oblivious spraying too takes a plane that keeps losing out of its
+    # rotation, rather than waiting on timeouts for its window
+    moved = {k: v - c0[k] for k, v in a.counters().items()}
+    assert moved["plane_failures"] >= 1, _moved(moved)
 
 
 def test_trimmed_packets_are_nacked_and_resent_without_timeouts(erack):

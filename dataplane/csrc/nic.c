@@ -140,8 +140,8 @@ struct nic_port {
     uint8_t mac[6], gw_mac[6];
     uint32_t ip;
     uint64_t next_tx_ns, paused_until;
-    uint64_t avoid_until; /* adaptive: marked, trimmed or lost here lately */
-    uint32_t fails;       /* adaptive: loss events in a row (at most one per base RTT) */
+    uint64_t avoid_until; /* marked, trimmed or lost here lately (adaptive); failed (both) */
+    uint32_t fails;       /* loss events in a row (at most one per base RTT) */
     uint64_t fail_counted_ns;
     int up;
     struct ethp_pkt *txq[NIC_BURST];
@@ -339,15 +339,24 @@ static void avoid_plane(struct ethp_nic *n, uint32_t plane, uint64_t now)
         n->ports[plane].avoid_until = now + n->cfg.base_rtt_ns;
 }
 
-/* Adaptive: a plane that loses packets again and again (a failed switch, a
- * dead link) is taken out of the rotation for one base RTT, doubling per
- * loss event (at most one per base RTT) up to 64, and from the second event
- * on its packets in flight are resent elsewhere at once: a failure costs a
- * few RTTs, not a retransmit timeout per message.  An unmarked ack of a
- * packet sent there puts it back. */
+/* A plane that loses packets again and again (a failed switch, a dead
+ * link) is taken out of the rotation for one base RTT, doubling per loss
+ * event (at most one per base RTT) up to 64, and from the second event on
+ * its packets in flight are resent elsewhere at once: a failure costs a few
+ * RTTs, not a retransmit timeout per message.  An unmarked ack of a packet
+ * sent there puts it back.  Both spraying modes do this: oblivious spraying
+ * is blind to load, not to a dead path (before, a dead plane held an
+ * oblivious sender's round robin back until timeouts freed its window, and
+ * a 64 MiB transfer took 100 s instead of 4).  RoCE's queue pairs keep their
+ * one path each, as RoCE does. */
+static int plane_failed(const struct nic_port *pt, uint64_t now)
+{
+    return pt->fails >= 2 && pt->avoid_until > now;
+}
+
 static void plane_lost(struct ethp_nic *n, uint32_t plane, uint64_t now)
 {
-    if (!n->cfg.adaptive || plane >= n->n_ports)
+    if (n->cfg.roce || plane >= n->n_ports)
         return;
     struct nic_port *pt = &n->ports[plane];
     if (pt->fails && now - pt->fail_counted_ns < n->cfg.base_rtt_ns)
@@ -396,14 +405,19 @@ static uint32_t pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_
             n->c[ETHP_NC_plane_avoided]++;
         return best;
     }
-    uint32_t up = 0;
-    for (uint32_t i = 0; i < n->n_ports; i++)
+    /* the rotation: the planes that are up and not failed (all that are up
+     * if every one has failed) */
+    uint64_t now = ethp_now_ns();
+    uint32_t up = 0, live = 0;
+    for (uint32_t i = 0; i < n->n_ports; i++) {
         up += n->ports[i].up != 0;
+        live += n->ports[i].up && !plane_failed(&n->ports[i], now);
+    }
     if (!up)
         return UINT32_MAX;
-    uint32_t k = psn % up;
+    uint32_t k = psn % (live ? live : up);
     for (uint32_t i = 0; i < n->n_ports; i++)
-        if (n->ports[i].up && k-- == 0)
+        if (n->ports[i].up && !(live && plane_failed(&n->ports[i], now)) && k-- == 0)
             return has_window(p, i) ? i : UINT32_MAX;
     return UINT32_MAX;
 }
@@ -423,12 +437,15 @@ static uint32_t retx_plane(const struct ethp_nic *n, uint32_t old)
     uint32_t best = UINT32_MAX;
     uint64_t t = UINT64_MAX;
     uint64_t now = ethp_now_ns();
-    int healthy = 0; /* adaptive: leave out planes taken out, if any other is left */
-    for (uint32_t i = 0; n->cfg.adaptive && i < n->n_ports; i++)
-        healthy += n->ports[i].up && n->ports[i].avoid_until <= now && !n->ports[i].fails;
+    /* leave out planes taken out (adaptive) or failing (both), if any other
+     * is left */
+    int healthy = 0;
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        healthy += n->ports[i].up && !n->ports[i].fails &&
+                   (!n->cfg.adaptive || n->ports[i].avoid_until <= now);
     for (uint32_t i = 0; i < n->n_ports; i++) {
         const struct nic_port *pt = &n->ports[i];
-        if (healthy && (pt->avoid_until > now || pt->fails))
+        if (healthy && (pt->fails || (n->cfg.adaptive && pt->avoid_until > now)))
             continue;
         uint64_t free_at = pt->next_tx_ns > pt->paused_until ? pt->next_tx_ns : pt->paused_until;
         if (pt->up && (i != old || best == UINT32_MAX) && (free_at < t || best == old)) {
