@@ -150,7 +150,6 @@ const char *ethp_sw_class_counter_name(uint32_t i)
 
 /* ---------------------------------------------------------------- helpers */
 
-
 static double rnd(struct ethp_switch *sw)
 {
     return (double)(ethp_rng_next(&sw->rng) >> 11) * (1.0 / 9007199254740992.0);
