@@ -48,7 +48,6 @@ struct ethp_port {
     uint32_t n_blocks;
     uint32_t block;          /* block being read */
     uint32_t left_in_block;  /* frames not yet read from it */
-    uint64_t rx_wall_ns;     /* the kernel's arrival stamp of the frame being read */
     struct tpacket3_hdr *next; /* next frame in it */
     uint64_t c[ETHP_PORT_NCOUNTERS];
 };
@@ -278,7 +277,6 @@ uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, vo
         struct tpacket3_hdr *f = p->next;
         const struct sockaddr_ll *sll =
             (const struct sockaddr_ll *)((const uint8_t *)f + TPACKET_ALIGN(sizeof(*f)));
-        p->rx_wall_ns = (uint64_t)f->tp_sec * 1000000000ull + f->tp_nsec;
         fn(ctx, (const uint8_t *)f + f->tp_mac, f->tp_snaplen, sll->sll_ifindex);
         seen++;
         p->next = (struct tpacket3_hdr *)((uint8_t *)f + f->tp_next_offset);
@@ -312,8 +310,8 @@ static void copy_out(void *arg, const uint8_t *data, uint32_t len, int ifindex)
         k->len = len;
         k->ts_ns = c->now; /* monotonic, unlike the ring's timestamps */
         k->ifindex = ifindex;
-        if (c->wall_ns)
-            c->wall_ns[c->got] = p->rx_wall_ns;
+        if (c->wall_ns) /* p->next is the frame being visited until fn returns */
+            c->wall_ns[c->got] = (uint64_t)p->next->tp_sec * 1000000000ull + p->next->tp_nsec;
         c->pkts[c->got++] = k;
         p->c[ETHP_PC_rx_frames]++;
         p->c[ETHP_PC_rx_bytes] += len;
