@@ -12,6 +12,7 @@ from dataplane.bench import BenchError
 from dataplane.job import JobError
 from dataplane.lab import LabError
 from dataplane.labfile import LabFileError
+from dataplane.stats import table
 
 EXIT_USAGE = 2
 
@@ -28,14 +29,6 @@ def _fmt_bytes(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.4g} {unit}"
     return f"{n} B"
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
-    for r in rows:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- lab
@@ -117,7 +110,7 @@ def cmd_lab_ls(args) -> int:
         ]
         for x in labs
     ]
-    print(_table(rows, ["NAME", "STATUS", "FAMILY", "NODES", "LINKS", "SCALE", "FILE"]))
+    print(table(rows, ["NAME", "STATUS", "FAMILY", "NODES", "LINKS", "SCALE", "FILE"]))
     return 0
 
 
@@ -159,7 +152,7 @@ def cmd_lab_show(args) -> int:
             where.append(f"rail {n['rail']}")
         addrs = ",".join(p["ip"] for p in n["ports"] if p.get("ip"))
         rows.append([n["name"], n["kind"], len(n["ports"]), " ".join(where), addrs])
-    print(_table(rows, ["NODE", "KIND", "PORTS", "WHERE", "ADDRESSES"]))
+    print(table(rows, ["NODE", "KIND", "PORTS", "WHERE", "ADDRESSES"]))
     print()
     ifname = {(n["name"], p["index"]): p["ifname"] for n in topo["nodes"] for p in n["ports"]}
     rows = []
@@ -180,7 +173,7 @@ def cmd_lab_show(args) -> int:
             ]
         )
     print(
-        _table(
+        table(
             rows,
             ["LINK", "A", "B", "RATE", "REAL RATE", "DELAY", "BUFFER", "MTU", "LLR"],
         )
@@ -416,7 +409,7 @@ def _print_comparison(results: list[dict]) -> None:
                 + ["-" if x is None else f"{x['ratio_to_best']:.2f}" for x in cells]
             )
         print(f"\n{coll}: busbw (GB/s, nominal; * = pacing fell behind) and ratio to the best")
-        print(_table(rows, ["SIZE", *(t.upper() for t in names), *(f"{t}/BEST" for t in names)]))
+        print(table(rows, ["SIZE", *(t.upper() for t in names), *(f"{t}/BEST" for t in names)]))
 
 
 def _split(text: str) -> list[str]:
@@ -446,7 +439,7 @@ def cmd_scenario_list(args) -> int:
         jobs = ", ".join(f"{j.name}: {j.collective}" for j in sc.jobs[:3])
         more = f" (+{len(sc.jobs) - 3})" if len(sc.jobs) > 3 else ""
         rows.append([sc.name, sc.lab, ",".join(sc.transports), len(sc.faults), jobs + more])
-    print(_table(rows, ["NAME", "LAB", "TRANSPORTS", "FAULTS", "JOBS"]))
+    print(table(rows, ["NAME", "LAB", "TRANSPORTS", "FAULTS", "JOBS"]))
     for sc in scenario.listing():
         print(f"\n{sc.name}: {sc.description}")
     return 0

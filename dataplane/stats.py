@@ -63,6 +63,16 @@ def _row(name: str, c: dict) -> list[str]:
     ]
 
 
+def table(rows: list[list], header: list[str], indent: str = "") -> str:
+    """Columns aligned on the widest cell, a header line first."""
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join(
+        (indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip()
+        for r in cells
+    )
+
+
 def render(st: dict, show_all: bool = False) -> str:
     header = [
         "PORT",
@@ -96,9 +106,7 @@ def render(st: dict, show_all: bool = False) -> str:
             + (f"; lost before a port read them: {lost}" if lost else "")
         )
         if rows:
-            widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-            for r in [header, *rows]:
-                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+            lines.append(table(rows, header, "  "))
     c = conservation(totals(st))
     lines.append(
         f"\nconservation: {c['rx_frames']} frames read = {c['accounted']} forwarded, consumed, "
@@ -148,7 +156,7 @@ def render_rates(r: dict[str, dict[str, dict]], t_s: float) -> str:
     """One interval of `lab stats --watch` as text."""
     header = ["PORT", "PEER", "RX Gb/s", "TX Gb/s", "TX UTIL", "DROPS", "ECN", "TRIM", "LLR",
               "PAUSE", "QUEUE B"]  # fmt: skip
-    lines = [f"-- {t_s:7.1f} s (nominal rates)"]
+    title = f"-- {t_s:7.1f} s (nominal rates)"
     rows = [
         [
             f"{sw}:{ifname}",
@@ -156,19 +164,14 @@ def render_rates(r: dict[str, dict[str, dict]], t_s: float) -> str:
             f"{c['rx_bps'] / 1e9:.1f}",
             f"{c['tx_bps'] / 1e9:.1f}",
             f"{100 * c['tx_util']:.0f}%",
-            str(c["drops"]),
-            str(c["ecn_marked"]),
-            str(c["trimmed"]),
-            str(c["llr_replays"]),
-            str(c["pause_tx"]),
-            str(c["q_bytes"]),
+            c["drops"],
+            c["ecn_marked"],
+            c["trimmed"],
+            c["llr_replays"],
+            c["pause_tx"],
+            c["q_bytes"],
         ]  # fmt: skip
         for sw, ports in r.items()
         for ifname, c in ports.items()
     ]
-    if not rows:
-        return lines[0] + "  no traffic"
-    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
-    for x in [header, *rows]:
-        lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)))
-    return "\n".join(lines)
+    return title + ("\n" + table(rows, header, "  ") if rows else "  no traffic")
