@@ -6,9 +6,9 @@ that end's interface, outgoing frames ignored), so every frame is seen once.
 Timestamps are the kernel's, taken as each frame reached that end's
 interface: a frame into a switch is stamped when its sender put it on the
 link (the switch plays the link's delay after reading it), a frame out of a
-switch after the link's emulated delay.  The capture's own
-rings take a copy of every frame on those interfaces, which costs the
-switch's core a little while it runs."""
+switch after the link's emulated delay.  The capture's own rings take a
+copy of every frame on those interfaces, which costs the switch's core a
+little while it runs."""
 
 from __future__ import annotations
 
@@ -145,11 +145,10 @@ class LinkCapture:
         on_frame: Callable[[Frame], None],
         count: int = 0,
         seconds: float = 0.0,
-        stop: Callable[[], bool] = lambda: False,
     ) -> dict[str, int]:
         """Read until count frames (0: no limit), seconds (0: no limit) or
-        stop() says so, and hand them to on_frame in the order they arrived.
-        Returns frames per direction ("a>b": n)."""
+        the lab goes down (self.gone), and hand them to on_frame in the order
+        they arrived.  Returns frames per direction ("a>b": n)."""
         seen = {f"{snd}>{rcv}": 0 for rcv, snd, _ in self.ends}
         deadline = time.monotonic() + seconds if seconds else float("inf")
         pending: list[Frame] = []
@@ -168,7 +167,7 @@ class LinkCapture:
                 seen[f"{fr.src}>{fr.dst}"] += 1
 
         checked = time.monotonic()
-        while not stop() and time.monotonic() < deadline and not done():
+        while time.monotonic() < deadline and not done():
             if time.monotonic() - checked > 1.0:  # a quiet link, or a lab that is gone?
                 checked = time.monotonic()
                 if registry.load_lab(self.lab_name) is None:
