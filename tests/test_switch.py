@@ -158,7 +158,8 @@ def _iperf_bps(lab: Lab, src: str, dst: str, dst_ip: str, seconds: int = 5) -> f
 def test_stats_watch_shows_a_busy_link_each_interval(erack):
     """`lab stats --watch --json` while iperf3 runs h0 -> h1 on plane 1: one
     object per interval, in which plane1's port to h1 sends near its link's
-    rate and never above it."""
+    rate and never above it, and what it shows agrees with the goodput
+    iperf3 measured."""
     dst_ip = erack.nodes["h1"]["ports"][1]["ip"]
     done: list[float] = []
     t = threading.Thread(target=lambda: done.append(_iperf_bps(erack, "h0", "h1", dst_ip, 5)))
@@ -178,7 +179,11 @@ def test_stats_watch_shows_a_busy_link_each_interval(erack):
         if c["peer"] == "h1"
     ]
     assert len(utils) == 3 and all(0.6 < u <= 1.03 for u in utils), utils
-    assert done and done[0] > 0
+    # iperf3's goodput, as frames on that link (TCP/IP headers on an MTU's payload)
+    link = erack.links["h1-plane1"]["params"]
+    mtu = link["mtu_bytes"]
+    expected = done[0] * erack.k * (mtu + 14) / (mtu - 52) / link["rate_bps"]
+    assert abs(statistics.mean(utils) / expected - 1) < 0.1, (utils, expected)
 
 
 def _tcp_goodput_fraction(mtu: int) -> float:
@@ -483,6 +488,7 @@ def test_link_level_retry_gives_up_on_a_dead_link(erack):
     n = 10
     frames = [ethp_frame(src, dst, size=200, psn=i, compact=True) for i in range(n)]
     t0 = erack.totals()
+    before = if_stats(dst.ns, dst.ifname)["rx_packets"]
     try:
         erack.link_set("h6-plane1", "llr", "on")
         erack.link_set("h6-plane1", "corrupt", "100%")
@@ -492,6 +498,7 @@ def test_link_level_retry_gives_up_on_a_dead_link(erack):
         erack.link_set("h6-plane1", "corrupt", "0")
         erack.link_set("h6-plane1", "llr", "off")
     t = {k: v - t0.get(k, 0) for k, v in stats.totals(st).items()}
+    assert if_stats(dst.ns, dst.ifname)["rx_packets"] == before  # nothing got through
     assert t["drop_corrupt"] == n
     assert t["llr_replays"] == 8 * n
 
@@ -509,8 +516,10 @@ def test_llr_from_the_lab_file(tmp_path, lab_name):
     src, dst = lab.port("h0"), lab.port("h1")
     lab.link_set("h0-plane0", "corrupt", "10%")
     frames = [ethp_frame(src, dst, size=200, psn=i, compact=True) for i in range(200)]
+    before = if_stats(dst.ns, dst.ifname)["rx_packets"]
     send_paced(core.Port(src.ifname, src.ns), core.Pool(256, 9300), frames, 2e6)
     t = stats.totals(assert_conserved(lab))
+    assert if_stats(dst.ns, dst.ifname)["rx_packets"] - before == 200  # every frame, replayed
     assert t["llr_replays"] > 5 and t["drop_corrupt"] == 0, t
 
 
@@ -723,14 +732,18 @@ def test_shared_buffer_dynamic_threshold(tmp_path, lab_name, alpha):
     assert f"shared buffer 600 KB (alpha {alpha:g})" in shown, shown
     src, dst = lab.port("h1"), lab.port("h0")
     lab.link_set("h0-plane0", "rate", "100G")  # the way out to h0 is slower than h1 sends
-    frames = [ethp_frame(src, dst, size=4000, psn=i, entropy=i, compact=True) for i in range(400)]
+    n = 400
+    frames = [ethp_frame(src, dst, size=4000, psn=i, entropy=i, compact=True) for i in range(n)]
+    before = if_stats(dst.ns, dst.ifname)["rx_packets"]
     send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 3 * 100e9 / lab.k)
     st = assert_conserved(lab)
+    received = if_stats(dst.ns, dst.ifname)["rx_packets"] - before
     sw = st["switches"]["plane0"]
     port = next(c for c in sw["ports"].values() if c["peer"] == "h0")
     expect = alpha / (1 + alpha) * total
     assert 0.9 * expect <= port["q_hwm_bytes"] <= expect + 4100, (port["q_hwm_bytes"], expect)
-    assert port["drop_shared_full"] > 0 and port["drop_queue_full"] == 0
+    # what h0's kernel did not get is exactly what the threshold dropped
+    assert n - received == port["drop_shared_full"] > 0 and port["drop_queue_full"] == 0
     assert sw["buffer"]["hwm_bytes"] <= total
 
 
