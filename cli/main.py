@@ -499,7 +499,12 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="warm-up iterations per size (2)")
     p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 or int32")
     p.add_argument("--op", default="sum", help="sum, max or min")
-    p.add_argument("--algo", default="ring", help="all-reduce: ring or halving-doubling")
+    p.add_argument(
+        "--algo",
+        default="ring",
+        help="all-reduce: ring, halving-doubling or in-network (the switches aggregate;"
+        " labs with [switch] inc = true, transport ethplus)",
+    )
     p.add_argument("--root", type=int, default=0, help="broadcast root rank (0)")
     p.add_argument("--uneven", action="store_true", help="all-to-all with MoE-like uneven sizes")
     p.add_argument(

@@ -94,6 +94,11 @@ class Spec(Workload):
                 f"--algo: {self.collective} has no algorithm {self.algo!r}"
                 f" (expected one of {', '.join(algos)})"
             )
+        if self.algo == "in-network" and self.transport != "ethplus":
+            raise BenchError(
+                f"--algo in-network: the switches aggregate for the ethplus transport only,"
+                f" not {self.transport}"
+            )
         item = reference.itemsize(self.dtype)
         if self.sizes[0] < item:
             raise BenchError(
@@ -108,12 +113,15 @@ class Spec(Workload):
         return self
 
 
-def ideal_busbw_Bps(rec: dict) -> float:
+def ideal_busbw_Bps(rec: dict, algo: str = "ring", world: int = 0) -> float:
     """Per-rank nominal capacity over all its planes (bytes/s): what busbw
-    would be on a perfect fabric with a perfect transport."""
+    would be on a perfect fabric with a perfect transport.  An in-network
+    all-reduce sends each byte out once and gets each result byte once, so
+    its algbw can reach the capacity, and its busbw that times 2(n-1)/n."""
     links = {lk["name"]: lk for lk in rec["topology"]["links"]}
     host = next(n for n in rec["topology"]["nodes"] if n["role"] == "host")
-    return sum(links[p["link"]]["params"]["rate_bps"] for p in host["ports"]) / 8
+    cap = sum(links[p["link"]]["params"]["rate_bps"] for p in host["ports"]) / 8
+    return cap * bus_factor("all-reduce", world) if algo == "in-network" else cap
 
 
 def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
@@ -241,7 +249,7 @@ class Run:
             **self.meta,
             "rows": rows,
             "avg_busbw_GBps": sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0,
-            "ideal_busbw_GBps": ideal_busbw_Bps(self.rec) / 1e9,
+            "ideal_busbw_GBps": ideal_busbw_Bps(self.rec, self.spec.algo, self.meta["world"]) / 1e9,
             "fidelity": fidelity.report(res, self.rec),
             "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
             "nic_counters": _sum_counters(res["ranks"]),

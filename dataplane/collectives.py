@@ -16,7 +16,7 @@ from dataplane.reference import bounds, reduce_into
 from dataplane.transport import Transport
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
-ALGORITHMS = {"all-reduce": ("ring", "halving-doubling")}
+ALGORITHMS = {"all-reduce": ("ring", "halving-doubling", "in-network")}
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
@@ -115,8 +115,12 @@ class Comm:
             self._ring_all_reduce(buf, op)
         elif algo == "halving-doubling":
             self._hd_all_reduce(buf, op)
+        elif algo == "in-network":
+            self.t.all_reduce_in_network(buf, op, self.dtype)
         else:
-            raise ValueError(f"unknown all-reduce algorithm {algo!r} (ring, halving-doubling)")
+            raise ValueError(
+                f"unknown all-reduce algorithm {algo!r} ({', '.join(ALGORITHMS['all-reduce'])})"
+            )
 
     def _ring_all_reduce(self, buf: np.ndarray, op: str) -> None:
         n, r = self.world, self.rank

@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -444,6 +444,8 @@ class SwitchConfig:
     buf_bytes: int = 9300
     shared_buffer_bytes: int = 0  # 0: each port has its link's buffer alone
     dt_alpha: float = 1.0
+    agg_id: int = 0  # this switch's aggregator number (routing.agg_ids)
+    agg_slots: int = 0  # in-network aggregation: chunks held at once; 0: none
 
 
 class Switch:
@@ -456,7 +458,7 @@ class Switch:
             "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
             "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
-            "shared_buffer_bytes", "dt_alpha",
+            "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))
         sw = lib.ethp_switch_new(c, max_ports)

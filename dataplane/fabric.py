@@ -134,6 +134,7 @@ class Fabric:
         sw_cfg = self.rec["switch"]
         mtu = max(lk["params"]["mtu_bytes"] for lk in self.links.values())
         tables = routing.tables(self.rec["topology"])
+        agg_ids = routing.agg_ids(self.rec["topology"])
         seed = int(self.rec.get("seed", 1))
         for i, (name, node) in enumerate(
             (n, x) for n, x in self.nodes.items() if x["role"] == "switch"
@@ -152,6 +153,8 @@ class Fabric:
                 pfc_xon_bytes=sw_cfg["pfc_xon_bytes"],
                 shared_buffer_bytes=sw_cfg.get("shared_buffer_bytes", 0),
                 dt_alpha=sw_cfg.get("dt_alpha", 1.0),
+                agg_id=agg_ids[name],
+                agg_slots=sw_cfg.get("inc_slots", 1024) if sw_cfg.get("inc") else 0,
                 seed=seed * 1_000_003 + i,
                 pool_pkts=min(65536, max(4096, n_ports * 512)),
                 buf_bytes=mtu + 14 + 64,

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import uvloop
 
-from dataplane import cpu, fabric, registry
+from dataplane import cpu, fabric, registry, transport
 
 GRACE_S = 2.0
 SAMPLE_S = 0.2
@@ -70,6 +71,7 @@ class Plan(Workload):
     nodes: list[str] | None = None  # a job on these accelerators only, in rank order
     members: list[int] | None = None  # their lab ranks (filled in by Job)
     sample: bool = True  # sample the fabric's counters (one job of several is enough)
+    inc_group: int | None = None  # algo in-network: the job's aggregation group (filled in by Job)
     stall_s: float = 300.0  # no message from any rank for this long fails the job
 
 
@@ -133,6 +135,11 @@ class Job:
                 raise JobError(f"a job needs two or more distinct accelerators, not {plan.nodes}")
             hosts = [by_name[x] for x in plan.nodes]
             plan.members = [h["index"] for h in hosts]
+        if plan.algo == "in-network":
+            why = transport.inc_problem(rec)
+            if why:
+                raise JobError(f"--algo in-network: {why}")
+            plan.inc_group = secrets.randbits(32)  # unique per job: switches key slots on it
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)

@@ -218,6 +218,13 @@ def _switch_schema(family: str) -> dict[str, Field]:
             0, "one buffer for all of a switch's egress queues; 0: per-port buffers"
         ),
         "dt_alpha": pos_num(1.0, "dynamic threshold: a queue may take alpha x the free buffer"),
+        "inc": boolean(False, "in-network computing: switches aggregate all-reduce chunks"),
+        "inc_slots": Field(
+            "an integer from 1 to 65536",
+            lambda v: _is_int(v) and 1 <= v <= 65536,
+            1024,
+            "chunks (packets) one switch aggregates at once, over every job",
+        ),
     }
 
 

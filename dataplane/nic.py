@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from dataclasses import dataclass
 
 from dataplane import registry
 from dataplane.core import ffi, lib
@@ -42,11 +43,30 @@ _ERRORS = {
     lib.ETHP_NIC_ERR_TOO_SMALL: (BufferTooSmall, "message longer than the posted buffer"),
     lib.ETHP_NIC_ERR_UNREACHABLE: (Unreachable, "peer unreachable after the retry budget"),
     lib.ETHP_NIC_ERR_NO_SUCH: (NicError, "no such handle or peer"),
+    lib.ETHP_NIC_ERR_NO_GROUP: (NicError, "no aggregation group (in-network all-reduce)"),
     lib.ETHP_NIC_ERR_NO_RECEIVE: (
         NoReceive,
         "the peer posted no receive for this tag within the retry budget (tag mismatch?)",
     ),
 }
+
+
+# In-network all-reduce: element types and operators the switches reduce.
+INC_DTYPES = {"float32": lib.ETHP_AGG_F32, "int32": lib.ETHP_AGG_I32,
+              "float16": lib.ETHP_AGG_F16, "bfloat16": lib.ETHP_AGG_BF16}  # fmt: skip
+INC_OPS = {"sum": lib.ETHP_AGG_SUM, "max": lib.ETHP_AGG_MAX, "min": lib.ETHP_AGG_MIN}
+INC_WINDOW_BDPS = 4  # chunks in flight per aggregator: this many BDPs of one plane
+INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
+
+
+@dataclass(frozen=True)
+class IncGroup:
+    """An aggregation group: the same on every member of a job."""
+
+    group: int  # 32-bit id, unique per job
+    members: tuple[int, ...]  # lab ranks, in group order
+    aggs: tuple[tuple[int, int], ...]  # (aggregator id, plane each member reaches it by)
+    slots: int  # the switches' inc_slots: a window never asks for more
 
 
 def _mac(text: str) -> bytes:
@@ -96,12 +116,14 @@ class Endpoint:
         dcqcn: bool | None = None,
         roce_spray: bool = False,
         drop_psn: int | None = None,
+        inc: IncGroup | None = None,
     ):
         """roce=True runs the emulated RoCEv2 mode: go-back-N, one path per
         queue pair (qps, default one per plane), DCQCN (dcqcn, default the lab
         file's [nic] dcqcn); roce_spray sprays every packet (to show why RoCE
         does not).  drop_psn drops the first transmission of that PSN once
-        (fault injection for tests)."""
+        (fault injection for tests).  inc joins an aggregation group, for
+        all_reduce()."""
         rec = rec or registry.load_lab(lab)
         if rec is None:
             raise NicError(f"no lab named {lab!r}")
@@ -159,6 +181,9 @@ class Endpoint:
             rc = lib.ethp_nic_add_peer(self._nic, h["index"], ffi.new("uint32_t[]", ips), len(ips))
             if rc < 0:
                 raise OSError(-rc, f"cannot add peer {h['name']}")
+        self.inc_window = 0
+        if inc is not None:
+            self._inc_setup(inc, ports, rate_real, base_rtt_real, link["params"]["buffer_bytes"])
         rc = lib.ethp_nic_start(self._nic)
         if rc < 0:
             raise OSError(-rc, "cannot start the NIC thread")
@@ -171,10 +196,43 @@ class Endpoint:
             "planes": len(ports),
             "mode": "roce" if roce else "ethplus",
         }
+        if inc is not None:
+            self.config.update(inc_group=inc.group, inc_aggregators=len(inc.aggs),
+                               inc_window=self.inc_window)  # fmt: skip
         if roce:
             self.config.update(
                 qps=cfg.qps, dcqcn=bool(cfg.dcqcn), rto_ns=cfg.rto_ns, spray=bool(cfg.roce_spray)
             )
+
+    def _inc_setup(
+        self, inc: IncGroup, ports: list, rate_real: int, base_rtt_real: int, buffer_bytes: int
+    ) -> None:
+        planes = [p["plane"] for p in ports]
+        aggs = ffi.new("struct ethp_nic_agg[]", len(inc.aggs))
+        for i, (agg_id, plane) in enumerate(inc.aggs):
+            aggs[i].id, aggs[i].plane = agg_id, planes.index(plane)
+        bdp_chunks = rate_real * base_rtt_real // 8 // 1_000_000_000 // PAYLOAD_BYTES
+        window = min(INC_MAX_WINDOW, max(INC_MIN_WINDOW, INC_WINDOW_BDPS * bdp_chunks))
+        # A straggler's chunk holds a window of results back, then lets them
+        # go at once: they must fit the aggregator's port buffer towards us.
+        window = min(window, int(0.9 * buffer_bytes) // (PAYLOAD_BYTES + 100))
+        # Every group of a switch shares its slots: one job may take half.
+        window = max(1, min(window, inc.slots // 2))
+        rc = lib.ethp_nic_inc_setup(
+            self._nic, inc.group, len(inc.members), inc.members.index(self.rank),
+            aggs, len(inc.aggs), window,
+        )  # fmt: skip
+        if rc < 0:
+            raise NicError(f"cannot join aggregation group {inc.group:#x} (error {rc})")
+        self.inc_window = window
+
+    def all_reduce(self, buf, dtype: str, op: str) -> int:
+        """Post an in-network all-reduce of buf (in place); wait() on the handle."""
+        c = ffi.from_buffer(buf, require_writable=True)
+        item = 2 if dtype in ("float16", "bfloat16") else 4
+        n = len(c) // item
+        h = lib.ethp_nic_post_allreduce(self._nic, c, n, INC_DTYPES[dtype], INC_OPS[op])
+        return self._posted(h, c)
 
     def close(self) -> None:
         if self._nic is not None:

@@ -5,6 +5,12 @@ attached to forwards to that port; every other switch forwards along all
 shortest switch-to-switch paths towards it (the equal-cost group).  An ETH+
 endpoint (the host's rank) routes like the host's port that this switch can
 reach, preferring the switch's own plane.
+
+In-network aggregation: switch k (in topology order) is aggregator k, ETH+
+endpoint AGG_EP_BASE + k; every other switch routes that endpoint (and the
+aggregator's IPv4 address, which the switch maps onto it) along its
+shortest paths to k.  A job's aggregators are the switches whose farthest
+member is nearest (aggregators()).
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ from __future__ import annotations
 import ipaddress
 from collections import deque
 from dataclasses import dataclass, field
+
+AGG_EP_BASE = 0xF000  # ETHP_AGG_EP_BASE
+MAX_AGGREGATORS = 16  # ETHP_NIC_MAX_PLANES: aggregators one job may use
 
 
 @dataclass
@@ -42,11 +51,53 @@ def _distances(graph: dict[str, list[tuple[int, str]]], target: str) -> dict[str
     return dist
 
 
+def agg_ids(topology: dict) -> dict[str, int]:
+    """switch name -> its aggregator number"""
+    switches = [n["name"] for n in topology["nodes"] if n["role"] == "switch"]
+    return {name: i for i, name in enumerate(switches)}
+
+
+def aggregators(topology: dict, members: list[str]) -> list[tuple[str, dict[str, int]]]:
+    """The switches a job of these hosts aggregates at: those whose farthest
+    member is the fewest hops away (every plane switch of a single-tier
+    fabric, the spines of a Clos, the one leaf a job inside a leaf shares),
+    at most MAX_AGGREGATORS.  With each, the plane of the port through which
+    each member reaches it (nearest first, then the lowest plane)."""
+    nodes = {n["name"]: n for n in topology["nodes"]}
+    graph = _switch_graph(nodes)
+    reach: dict[str, dict[str, tuple[int, int]]] = {}  # switch -> member -> (hops, plane)
+    for s in graph:
+        dist = _distances(graph, s)
+        reach[s] = {}
+        for m in members:
+            options = [
+                (dist[p["peer"]] + 1, p.get("plane", 0))
+                for p in nodes[m]["ports"]
+                if p["peer"] in dist
+            ]
+            if options:
+                reach[s][m] = min(options)
+    usable = {s: r for s, r in reach.items() if len(r) == len(members)}
+    if not usable:
+        return []
+    worst = {s: max(h for h, _ in r.values()) for s, r in usable.items()}
+    best = min(worst.values())
+    ids = agg_ids(topology)
+    chosen = sorted((s for s in usable if worst[s] == best), key=ids.__getitem__)
+    return [(s, {m: usable[s][m][1] for m in members}) for s in chosen[:MAX_AGGREGATORS]]
+
+
 def tables(topology: dict) -> dict[str, SwitchTable]:
     nodes = {n["name"]: n for n in topology["nodes"]}
     graph = _switch_graph(nodes)
     out = {s: SwitchTable(s) for s in graph}
     dist_cache: dict[str, dict[str, int]] = {}
+    for target, k in agg_ids(topology).items():
+        dist = dist_cache[target] = _distances(graph, target)
+        for s, d in dist.items():
+            if d:
+                toward = [port for port, nb in graph[s] if dist.get(nb) == d - 1]
+                out[s].ep[AGG_EP_BASE + k] = toward
     # host port -> (address, attached switch, that switch's port index facing it)
     for host in (n for n in nodes.values() if n["role"] == "host"):
         reach: dict[str, tuple[int, list[int]]] = {}  # switch -> (plane, group) for the EP

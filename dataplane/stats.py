@@ -4,7 +4,8 @@ from __future__ import annotations
 
 DROP_REASONS = (
     "drop_queue_full", "drop_shared_full", "drop_loss", "drop_corrupt", "drop_link_down",
-    "drop_node_down", "drop_malformed", "drop_no_route", "drop_tx_error",
+    "drop_node_down", "drop_malformed", "drop_no_route", "drop_tx_error", "drop_agg_full",
+    "drop_agg_stale",
 )  # fmt: skip
 # Lost before any port read them: counted per switch, on its one RX ring.
 LOST_BEFORE_READ = ("drop_ring", "drop_no_buf", "drop_foreign")
@@ -27,10 +28,14 @@ def totals(st: dict) -> dict[str, int]:
 
 def conservation(t: dict[str, int]) -> dict[str, int]:
     """Every frame a switch read is forwarded, consumed, dropped for one reason,
-    or still inside: the difference must be zero."""
+    or still inside: the difference must be zero.  An aggregator consumes
+    contributions and originates results, which are then forwarded, dropped
+    or inside like any frame."""
     accounted = (
         t.get("tx_frames", 0)
         + t.get("ctl_consumed", 0)
+        + t.get("agg_consumed", 0)
+        - t.get("agg_results", 0)
         + sum(t.get(k, 0) for k in DROP_REASONS)
         + sum(t.get(k, 0) for k in IN_FLIGHT)
     )

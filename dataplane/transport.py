@@ -35,6 +35,7 @@ class Options:
     seed: int = 1
     roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)
     members: list[int] | None = None  # the lab ranks of this job (None: every accelerator)
+    inc_group: int | None = None  # ethplus: join this in-network aggregation group
 
 
 class Transport(ABC):
@@ -65,6 +66,10 @@ class Transport(ABC):
     def waitall(self, handles) -> None:
         for h in handles:
             self.wait(h)
+
+    def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
+        """All-reduce buf in place in the switches (in-network computing)."""
+        raise TransportError(f"in-network all-reduce needs the ethplus transport, not {self.name}")
 
     @abstractmethod
     def _isend(self, peer: int, tag: int, view: memoryview) -> object: ...
@@ -109,10 +114,15 @@ class NicTransport(Transport):
 
         self.name = name
         self._errors = nic.NicError
+        inc = None
+        if opts.inc_group is not None:
+            if name != "ethplus":
+                super().all_reduce_in_network(None, "sum", "float32")
+            inc = inc_group(rec, opts.inc_group, opts.members)
         try:
             self.ep = nic.Endpoint(
                 lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
-                roce=name == "roce", qps=opts.roce_qps,
+                roce=name == "roce", qps=opts.roce_qps, inc=inc,
             )  # fmt: skip
         except nic.NicError as e:
             raise TransportError(str(e)) from e
@@ -127,6 +137,11 @@ class NicTransport(Transport):
                 if lossless
                 else "fabric LOSSY (no PFC): go-back-N recovers",
             )
+
+    def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
+        if not self.ep.inc_window:
+            super().all_reduce_in_network(buf, op, dtype)  # pragma: no cover - Job sets it up
+        self._wait(self.ep.all_reduce(memoryview(buf).cast("B"), dtype, op))
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.ep.post_send(peer, tag, view)
@@ -159,6 +174,9 @@ class Group(Transport):
         self.name, self.notes = inner.name, inner.notes
         self.rank, self.world = self.members.index(inner.rank), len(self.members)
 
+    def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
+        self.inner.all_reduce_in_network(buf, op, dtype)
+
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.inner._isend(self.members[peer], tag, view)
 
@@ -176,6 +194,41 @@ class Group(Transport):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def inc_problem(rec: dict) -> str | None:
+    """Why this lab cannot run an in-network all-reduce, or None."""
+    if not rec["switch"].get("inc"):
+        return (
+            f"lab {rec['name']!r} has no in-network computing"
+            " (set inc = true under [switch] in its lab file)"
+        )
+    return None
+
+
+def inc_group(rec: dict, group: int, members: list[int] | None):
+    """The aggregation group of a job: its members (lab ranks) and the
+    switches it aggregates at (routing.aggregators)."""
+    from dataplane import nic, routing
+
+    why = inc_problem(rec)
+    if why:
+        raise TransportError(why)
+    hosts = {n["index"]: n["name"] for n in rec["topology"]["nodes"] if n["role"] == "host"}
+    ranks = list(members) if members is not None else sorted(hosts)
+    aggs = routing.aggregators(rec["topology"], [hosts[r] for r in ranks])
+    if not aggs:
+        raise TransportError("no switch reaches every member of the job")
+    ids = routing.agg_ids(rec["topology"])
+    # One plane per aggregator for every member: each reaches it by the
+    # plane it picked (the same plane for all on these topologies).
+    per_agg = []
+    for sw, planes in aggs:
+        if len(set(planes.values())) != 1:
+            raise TransportError(f"members reach aggregator {sw} by different planes")
+        per_agg.append((ids[sw], next(iter(planes.values()))))
+    return nic.IncGroup(group & 0xFFFFFFFF, tuple(ranks), tuple(per_agg),
+                        int(rec["switch"].get("inc_slots", 1024)))  # fmt: skip
 
 
 def available() -> list[str]:

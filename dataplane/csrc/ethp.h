@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 19
+#define ETHP_ABI_VERSION 20
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -41,7 +41,28 @@ enum ethp_opcode {
     ETHP_OP_NACK = 3,
     ETHP_OP_RNR = 4, /* receiver not ready: no receive posted for this tag yet */
     ETHP_OP_CNP = 5, /* roce: congestion notification (DCQCN) */
+    ETHP_OP_AGG = 6,        /* in-network all-reduce: a member's contribution */
+    ETHP_OP_AGG_RESULT = 7, /* in-network all-reduce: the aggregator's result */
 };
+/* In-network aggregation (docs/wire-format.md).  Aggregator k (a switch) is
+ * ETH+ endpoint ETHP_AGG_EP_BASE + k and IPv4 address ETHP_AGG_NET + k
+ * (198.19.240.0/20).  Its frames carry: msg_id = the group, psn = the chunk's
+ * sequence at this aggregator, tag = members << 16 | the member's index,
+ * ts_ns = dtype << 24 | op << 16 | window (slots the group uses here). */
+enum {
+    ETHP_AGG_EP_BASE = 0xF000,
+    ETHP_AGG_NET = 0xC613F000u,
+    ETHP_AGG_MAX_IDS = 4096,
+    ETHP_AGG_MAX_MEMBERS = 4096,
+    ETHP_AGG_MAX_WINDOW = 1024,
+};
+enum ethp_agg_dtype {
+    ETHP_AGG_F32 = 0,
+    ETHP_AGG_I32 = 1,
+    ETHP_AGG_F16 = 2,
+    ETHP_AGG_BF16 = 3,
+};
+enum ethp_agg_op { ETHP_AGG_SUM = 0, ETHP_AGG_MAX = 1, ETHP_AGG_MIN = 2 };
 
 /* ETH+ header flags (byte 1). */
 enum ethp_flag {
@@ -284,6 +305,11 @@ struct ethp_switch_cfg {
      * more than its port's buffer_bytes. */
     uint64_t shared_buffer_bytes;
     double dt_alpha;
+    /* In-network aggregation: this switch is aggregator agg_id (its endpoint
+     * ETHP_AGG_EP_BASE + agg_id, its address ETHP_AGG_NET + agg_id) with room
+     * for agg_slots chunks at once, over every group (0: no aggregator). */
+    uint32_t agg_id;
+    uint32_t agg_slots;
 };
 
 /* One port's link, in real (time-scaled) units; both directions of the link. */
@@ -331,7 +357,13 @@ struct ethp_link_state {
     X(late_max_ns, "largest pacer lateness")                                    \
     X(late_sum_ns, "sum of pacer lateness")                                     \
     X(lost_link_ns, "link time lost: the pacer woke later than its catch-up allows") \
-    X(tx_again, "sends deferred: TX ring or socket buffer full")
+    X(tx_again, "sends deferred: TX ring or socket buffer full")                \
+    X(agg_consumed, "in-network all-reduce contributions absorbed by the aggregator") \
+    X(agg_dup, "contributions already counted (a member resent), absorbed")   \
+    X(agg_results, "result frames the aggregator originated (then sent, dropped or queued)") \
+    X(agg_replies, "results sent again to one member that resent its contribution") \
+    X(drop_agg_full, "contributions dropped: the aggregator had no free slot")   \
+    X(drop_agg_stale, "contributions for a chunk the aggregator no longer holds")
 
 /* Per-port, per-class counters.  X(name, help) */
 #define ETHP_SW_CLASS_COUNTERS(X)                                               \
@@ -428,7 +460,12 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rate_cuts, "roce: DCQCN rate decreases")                                  \
     X(rate_bps, "roce: DCQCN rate now, summed over QPs (real bit/s)")          \
     X(tx_injected_drops, "first transmissions dropped by fault injection (drop_psn)") \
-    X(plane_failures, "adaptive: a plane kept losing packets and was taken out for a while")
+    X(plane_failures, "adaptive: a plane kept losing packets and was taken out for a while") \
+    X(inc_tx_pkts, "in-network all-reduce: contributions sent (first and resent)") \
+    X(inc_retx_pkts, "in-network all-reduce: contributions resent on a timeout") \
+    X(inc_rx_results, "in-network all-reduce: result packets placed")          \
+    X(inc_dup_results, "in-network all-reduce: results already placed, discarded") \
+    X(inc_timeouts, "in-network all-reduce: aggregator timeouts")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
@@ -444,6 +481,7 @@ enum {
     ETHP_NIC_ERR_UNREACHABLE = -101, /* the retry budget ran out */
     ETHP_NIC_ERR_NO_SUCH = -102,     /* unknown handle or peer */
     ETHP_NIC_ERR_NO_RECEIVE = -103,  /* the peer never posted a receive for the tag */
+    ETHP_NIC_ERR_NO_GROUP = -104,    /* in-network all-reduce without ethp_nic_inc_setup */
 };
 
 struct ethp_nic_cfg {
@@ -500,6 +538,22 @@ int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t
 void ethp_nic_counters(struct ethp_nic *nic, int32_t peer, uint64_t *out);
 /* Take a plane out of (or back into) the sender's rotation. */
 int ethp_nic_set_plane(struct ethp_nic *nic, uint32_t plane, uint32_t up);
+/* In-network all-reduce.  One aggregator a job's chunks go to, and the port
+ * (plane) that reaches it. */
+struct ethp_nic_agg {
+    uint32_t id;    /* aggregator id: endpoint ETHP_AGG_EP_BASE + id */
+    uint32_t plane; /* this endpoint's port towards it */
+};
+/* Join aggregation group group as member index of members, over n_aggs
+ * aggregators (chunk c goes to aggs[c mod n_aggs]) with window chunks in
+ * flight at each.  Before ethp_nic_start. */
+int ethp_nic_inc_setup(struct ethp_nic *nic, uint32_t group, uint32_t members, uint32_t index,
+                       const struct ethp_nic_agg *aggs, uint32_t n_aggs, uint32_t window);
+/* All-reduce count elements of dtype (enum ethp_agg_dtype) at buf in place,
+ * in the network, with op (enum ethp_agg_op).  Every member must post the
+ * same calls in the same order.  Returns a handle for ethp_nic_wait. */
+int64_t ethp_nic_post_allreduce(struct ethp_nic *nic, uint8_t *buf, uint64_t count,
+                                uint32_t dtype, uint32_t op);
 
 /* ----------------------------------------------------------------- netns */
 

@@ -134,6 +134,39 @@ static inline uint64_t ethp_rng_seed(uint64_t seed)
     return x ? x : 0x9E3779B97F4A7C15ull;
 }
 
+/* ---------------------------------------------------------------- aggregator
+ * A switch's in-network aggregation engine (agg.c), driven by its thread. */
+struct ethp_agg;
+/* What a contribution did, and the result frames the switch must send. */
+enum ethp_agg_action {
+    ETHP_AGG_ABSORBED = 0, /* counted; the chunk still waits for others */
+    ETHP_AGG_COMPLETE,     /* the last one: send the result to every member */
+    ETHP_AGG_REPLY,        /* a member resent a finished chunk: send it the result */
+    ETHP_AGG_DUP,          /* already counted, chunk not finished: nothing to send */
+    ETHP_AGG_STALE,        /* a chunk this aggregator no longer holds */
+    ETHP_AGG_FULL,         /* no free slot */
+    ETHP_AGG_BAD,          /* fields out of range, or not the group's */
+};
+struct ethp_agg_member {
+    uint32_t ip;  /* return address of its last contribution (UDP form) */
+    uint16_t ep;  /* its endpoint (compact form) */
+    uint16_t ev;  /* entropy of its last contribution: the result goes back the same way */
+};
+/* The result to send: payload and the header fields that vary. */
+struct ethp_agg_out {
+    const uint8_t *payload;
+    uint32_t len_bytes;
+    uint32_t psn, offset_bytes, group, word; /* word: the ts_ns field */
+    uint32_t members;
+    const struct ethp_agg_member *member; /* members entries */
+    uint32_t to; /* ETHP_AGG_REPLY: the member to answer */
+};
+struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes);
+void ethp_agg_free(struct ethp_agg *agg);
+/* One contribution (ps parsed, its payload at payload).  now: monotonic ns. */
+int ethp_agg_add(struct ethp_agg *agg, const struct ethp_parsed *ps, const uint8_t *payload,
+                 uint64_t now, struct ethp_agg_out *out);
+
 /* The live counters of a port (ETHP_PORT_NCOUNTERS), for its owner thread. */
 const uint64_t *ethp_port_counters_ref(const struct ethp_port *port);
 

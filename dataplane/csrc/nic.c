@@ -67,6 +67,8 @@ struct nic_msg {
     uint64_t next_off;   /* send: next byte to packetize */
     int status;
     int is_send, bound, queued;
+    int inc;                 /* an in-network all-reduce: dtype and op below */
+    uint8_t dtype, op;
     struct nic_msg *next;
 };
 
@@ -148,8 +150,30 @@ struct nic_port {
     uint32_t ntx;
 };
 
+/* In-network all-reduce: one aggregator (a switch) and the chunks in flight
+ * there.  Chunk sequence numbers (psn) run on across calls, so a slot there
+ * is reused only once its last chunk's result is in. */
+struct inc_agg {
+    uint32_t id, plane;
+    uint32_t una_psn, next_psn; /* results missing for [una, next) */
+    uint32_t resend_psn;        /* after a timeout: resend from here up to next */
+    uint64_t next_chunk;        /* the running call's next chunk for this aggregator */
+    uint64_t *chunk;            /* window entries: chunk index + 1 while its result is out */
+    uint64_t deadline_ns, rto_ns;
+    uint32_t timeouts;
+};
+
+struct nic_inc {
+    uint32_t group, members, index, window, n_aggs;
+    struct inc_agg agg[ETHP_NIC_MAX_PLANES];
+    struct nic_msg *head, *tail; /* posted calls; the head is running */
+    uint32_t elem_bytes, chunk_bytes;
+    uint64_t n_chunks, done_chunks;
+};
+
 struct ethp_nic {
     struct ethp_nic_cfg cfg;
+    struct nic_inc inc;
     const struct ethp_cc_ops *cc;
     char netns_path[256];
     struct ethp_port *io;
@@ -216,7 +240,7 @@ static void complete(struct ethp_nic *n, struct nic_msg *m, int status)
     m->status = status;
     pthread_cond_broadcast(&n->done);
     pthread_mutex_unlock(&n->lock);
-    if (status == ETHP_NIC_OK)
+    if (status == ETHP_NIC_OK && !m->inc)
         n->c[m->is_send ? ETHP_NC_msgs_sent : ETHP_NC_msgs_received]++;
 }
 
@@ -1077,6 +1101,196 @@ static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifi
     }
 }
 
+/* ---------------------------------------------------------------- in-network all-reduce
+ *
+ * The member's side of agg.c's scheme.  A call's buffer is cut into chunks of
+ * one packet; chunk c goes to aggregator c mod n_aggs, at most window chunks
+ * at a time per aggregator.  The aggregator's result for a chunk overwrites
+ * it in place, and frees its slot for the next chunk.  A chunk whose result
+ * has not come within the aggregator's timeout is sent again (the
+ * aggregator counts each member once, and answers a resent chunk it has
+ * finished with the result).  Contributions are paced by the port like any
+ * packet; their window, not a congestion window, bounds what is in flight,
+ * as in SwitchML. */
+
+static uint64_t free_at(const struct ethp_nic *n, uint32_t plane);
+
+static uint32_t agg_elem_bytes(uint32_t dtype)
+{
+    return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4;
+}
+
+static void inc_start(struct ethp_nic *n, struct nic_msg *m)
+{
+    struct nic_inc *g = &n->inc;
+    g->elem_bytes = agg_elem_bytes(m->dtype);
+    g->chunk_bytes = n->cfg.payload_bytes / g->elem_bytes * g->elem_bytes;
+    g->n_chunks = (m->len + g->chunk_bytes - 1) / g->chunk_bytes;
+    g->done_chunks = 0;
+    for (uint32_t a = 0; a < g->n_aggs; a++)
+        g->agg[a].next_chunk = a;
+}
+
+static void inc_finish(struct ethp_nic *n, int status)
+{
+    struct nic_inc *g = &n->inc;
+    struct nic_msg *m = g->head;
+    g->head = m->next;
+    if (!g->head)
+        g->tail = NULL;
+    complete(n, m, status);
+    if (g->head)
+        inc_start(n, g->head);
+}
+
+static void inc_send(struct ethp_nic *n, struct inc_agg *a, uint32_t psn, uint64_t chunk,
+                     int retx)
+{
+    struct nic_inc *g = &n->inc;
+    const struct nic_msg *m = g->head;
+    uint64_t off = chunk * g->chunk_bytes;
+    uint32_t len = (uint32_t)(m->len - off < g->chunk_bytes ? m->len - off : g->chunk_bytes);
+    const struct nic_port *pt = &n->ports[a->plane];
+    uint16_t ev = (uint16_t)((rnd64(n) % n->cfg.n_evs) << 4 | a->plane);
+    struct ethp_l2l3 l = {.src_ip = pt->ip, .dst_ip = ETHP_AGG_NET + a->id,
+                          .src_port = (uint16_t)(0xC000 | (ev & 0x3fff)),
+                          .dst_port = ETHP_UDP_PORT, .tos = 0x02, .ttl = 64};
+    memcpy(l.dst_mac, pt->gw_mac, 6);
+    memcpy(l.src_mac, pt->mac, 6);
+    struct ethp_hdr_fields h = {
+        .opcode = ETHP_OP_AGG, .flags = retx ? ETHP_F_RETX : 0, .entropy = ev,
+        .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)(ETHP_AGG_EP_BASE + a->id),
+        .msg_id = g->group, .psn = psn, .offset_bytes = (uint32_t)off,
+        .tag = g->members << 16 | g->index, .len_bytes = (uint16_t)len, .tos = 0x02,
+        .ts_ns = (uint32_t)m->dtype << 24 | (uint32_t)m->op << 16 | g->window};
+    if (emit(n, a->plane, &l, &h, m->buf + off, len) == 0) {
+        n->c[ETHP_NC_inc_tx_pkts]++;
+        if (retx)
+            n->c[ETHP_NC_inc_retx_pkts]++;
+    }
+    if (!a->deadline_ns)
+        a->deadline_ns = ethp_now_ns() + a->rto_ns;
+}
+
+/* Resends first (oldest first), then new chunks while the window allows. */
+static void pump_inc(struct ethp_nic *n, uint64_t now)
+{
+    struct nic_inc *g = &n->inc;
+    if (!g->head)
+        return;
+    for (uint32_t i = 0; i < g->n_aggs; i++) {
+        struct inc_agg *a = &g->agg[i];
+        while (port_free(n, a->plane, now)) {
+            if (a->resend_psn != a->next_psn) {
+                uint32_t psn = a->resend_psn++;
+                uint64_t c = a->chunk[psn % g->window];
+                if (c)
+                    inc_send(n, a, psn, c - 1, 1);
+            } else if (a->next_psn - a->una_psn < g->window && a->next_chunk < g->n_chunks) {
+                uint32_t psn = a->next_psn++;
+                a->resend_psn = a->next_psn;
+                a->chunk[psn % g->window] = a->next_chunk + 1;
+                inc_send(n, a, psn, a->next_chunk, 0);
+                a->next_chunk += g->n_aggs;
+            } else {
+                break;
+            }
+        }
+    }
+}
+
+static void on_agg_result(struct ethp_nic *n, const struct ethp_parsed *ps, const uint8_t *payload,
+                          uint64_t now)
+{
+    struct nic_inc *g = &n->inc;
+    struct inc_agg *a = NULL;
+    for (uint32_t i = 0; i < g->n_aggs && !a; i++)
+        if (ETHP_AGG_EP_BASE + g->agg[i].id == ps->hdr.src_ep)
+            a = &g->agg[i];
+    if (!a || ps->hdr.msg_id != g->group) {
+        n->c[ETHP_NC_rx_malformed]++;
+        return;
+    }
+    uint32_t psn = ps->hdr.psn;
+    uint64_t *slot = &a->chunk[psn % g->window];
+    if (!g->head || psn - a->una_psn >= a->next_psn - a->una_psn || !*slot) {
+        n->c[ETHP_NC_inc_dup_results]++;
+        return;
+    }
+    uint64_t off = (*slot - 1) * g->chunk_bytes;
+    uint64_t len = g->head->len - off < g->chunk_bytes ? g->head->len - off : g->chunk_bytes;
+    if (ps->payload_bytes != len || ps->hdr.offset_bytes != (uint32_t)off) {
+        n->c[ETHP_NC_rx_malformed]++;
+        return;
+    }
+    memcpy(g->head->buf + off, payload, len);
+    *slot = 0;
+    n->c[ETHP_NC_inc_rx_results]++;
+    while (a->una_psn != a->next_psn && !a->chunk[a->una_psn % g->window])
+        a->una_psn++;
+    if (a->resend_psn - a->una_psn > a->next_psn - a->una_psn)
+        a->resend_psn = a->una_psn; /* (never behind the window) */
+    a->timeouts = 0;
+    a->rto_ns = n->cfg.rto_ns;
+    a->deadline_ns = a->una_psn != a->next_psn ? now + a->rto_ns : 0;
+    if (++g->done_chunks == g->n_chunks)
+        inc_finish(n, ETHP_NIC_OK);
+}
+
+static void inc_timers(struct ethp_nic *n, uint64_t now)
+{
+    struct nic_inc *g = &n->inc;
+    for (uint32_t i = 0; g->head && i < g->n_aggs; i++) {
+        struct inc_agg *a = &g->agg[i];
+        if (!a->deadline_ns || now < a->deadline_ns)
+            continue;
+        if (a->una_psn == a->next_psn) {
+            a->deadline_ns = 0;
+            continue;
+        }
+        n->c[ETHP_NC_inc_timeouts]++;
+        if (++a->timeouts > n->cfg.max_retries) {
+            /* The aggregator is gone (or a member is): give up on the call.
+             * Its chunks stay out; the next call's take the slots after them. */
+            for (uint32_t k = 0; k < g->n_aggs; k++) {
+                struct inc_agg *b = &g->agg[k];
+                for (uint32_t psn = b->una_psn; psn != b->next_psn; psn++)
+                    b->chunk[psn % g->window] = 0;
+                b->una_psn = b->resend_psn = b->next_psn;
+                b->deadline_ns = 0;
+                b->timeouts = 0;
+                b->rto_ns = n->cfg.rto_ns;
+            }
+            inc_finish(n, ETHP_NIC_ERR_UNREACHABLE);
+            return;
+        }
+        a->resend_psn = a->una_psn;
+        a->rto_ns = a->rto_ns * 2 > n->cfg.rto_ns * 64 ? n->cfg.rto_ns * 64 : a->rto_ns * 2;
+        a->deadline_ns = now + a->rto_ns;
+    }
+}
+
+/* The earliest time the running call needs the thread: a timeout, or a
+ * port it has a chunk for becoming free. */
+static uint64_t inc_due(const struct ethp_nic *n)
+{
+    const struct nic_inc *g = &n->inc;
+    uint64_t t = UINT64_MAX;
+    for (uint32_t i = 0; g->head && i < g->n_aggs; i++) {
+        const struct inc_agg *a = &g->agg[i];
+        if (a->deadline_ns && a->deadline_ns < t)
+            t = a->deadline_ns;
+        int more = a->resend_psn != a->next_psn ||
+                   (a->next_psn - a->una_psn < g->window && a->next_chunk < g->n_chunks);
+        if (more && n->ports[a->plane].up) {
+            uint64_t f = free_at(n, a->plane);
+            if (f < t)
+                t = f;
+        }
+    }
+    return t;
+}
+
 struct rx_ctx {
     struct ethp_nic *n;
     uint64_t now;
@@ -1105,6 +1319,10 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     if (n->cfg.roce ? kind != ETHP_KIND_ROCE_UDP
                     : kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
         return; /* the host's own traffic */
+    if (ps.hdr.opcode == ETHP_OP_AGG_RESULT && ps.hdr.dst_ep == n->cfg.ep) {
+        on_agg_result(n, &ps, data + ps.payload_off, c->now);
+        return;
+    }
     struct nic_peer *p = peer_of(n, ps.hdr.src_ep);
     if (!p || ps.hdr.dst_ep != n->cfg.ep) {
         n->c[ETHP_NC_rx_malformed]++;
@@ -1204,7 +1422,20 @@ static void take_commands(struct ethp_nic *n)
         struct nic_msg *next = m->next;
         struct nic_peer *p = &n->peers[m->peer];
         m->next = NULL;
-        if (m->is_send) {
+        if (m->inc) {
+            struct nic_inc *g = &n->inc;
+            if (m->status != ETHP_NIC_PENDING) { /* empty: done at once */
+                m = next;
+                continue;
+            }
+            if (g->tail) {
+                g->tail->next = m;
+            } else {
+                g->head = m;
+                inc_start(n, m);
+            }
+            g->tail = m;
+        } else if (m->is_send) {
             if (!p->win) {
                 p->win = calloc(NIC_WIN, sizeof(*p->win));
                 if (!p->win) {
@@ -1277,7 +1508,8 @@ static void *nic_main(void *arg)
     struct epoll_event evs[8];
     prctl(PR_SET_TIMERSLACK, 1UL);
     while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
-        int k = ethp_epoll_until(n->epfd, evs, 8, next_due(n));
+        uint64_t due = next_due(n), due_inc = inc_due(n);
+        int k = ethp_epoll_until(n->epfd, evs, 8, due < due_inc ? due : due_inc);
         for (int i = 0; i < k; i++)
             if (evs[i].data.u32 == NIC_EVFD_TAG) {
                 uint64_t v;
@@ -1316,6 +1548,8 @@ static void *nic_main(void *arg)
                 p->active = 0;
         }
         n->n_active = kept;
+        inc_timers(n, now);
+        pump_inc(n, now);
         for (uint32_t i = 0; i < n->n_ports; i++)
             if (n->ports[i].ntx)
                 flush_port(n, &n->ports[i]);
@@ -1483,6 +1717,8 @@ void ethp_nic_free(struct ethp_nic *n)
     }
     for (uint64_t i = 0; i < n->n_msgs; i++)
         free(n->msgs[i]);
+    for (uint32_t i = 0; i < n->inc.n_aggs; i++)
+        free(n->inc.agg[i].chunk);
     free(n->msgs);
     free(n->peers);
     free(n->active);
@@ -1499,6 +1735,8 @@ void ethp_nic_free(struct ethp_nic *n)
     free(n);
 }
 
+static int64_t queue_msg(struct ethp_nic *n, struct nic_msg *m);
+
 static int64_t post(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *buf, uint64_t len,
                     int is_send)
 {
@@ -1511,6 +1749,57 @@ static int64_t post(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *bu
         return -ENOMEM;
     *m = (struct nic_msg){.peer = peer, .tag = tag, .buf = buf, .len = len, .is_send = is_send,
                           .status = ETHP_NIC_PENDING, .total = is_send ? len : UINT64_MAX};
+    return queue_msg(n, m);
+}
+
+int64_t ethp_nic_post_allreduce(struct ethp_nic *n, uint8_t *buf, uint64_t count, uint32_t dtype,
+                                uint32_t op)
+{
+    if (!n->inc.members)
+        return ETHP_NIC_ERR_NO_GROUP;
+    if (dtype > ETHP_AGG_BF16 || op > ETHP_AGG_MIN || (count && !buf))
+        return -EINVAL;
+    struct nic_msg *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    uint64_t len = count * agg_elem_bytes(dtype);
+    *m = (struct nic_msg){.buf = buf, .len = len, .is_send = 1, .inc = 1, .dtype = (uint8_t)dtype,
+                          .op = (uint8_t)op, .status = ETHP_NIC_PENDING, .total = len};
+    if (!len) {
+        m->status = ETHP_NIC_OK; /* nothing to reduce */
+    }
+    return queue_msg(n, m);
+}
+
+int ethp_nic_inc_setup(struct ethp_nic *n, uint32_t group, uint32_t members, uint32_t index,
+                       const struct ethp_nic_agg *aggs, uint32_t n_aggs, uint32_t window)
+{
+    if (n->started || n->cfg.roce || n->inc.members || !members ||
+        members > ETHP_AGG_MAX_MEMBERS || index >= members || !n_aggs ||
+        n_aggs > ETHP_NIC_MAX_PLANES || !window || window > ETHP_AGG_MAX_WINDOW)
+        return -EINVAL;
+    struct nic_inc *g = &n->inc;
+    for (uint32_t i = 0; i < n_aggs; i++) {
+        if (aggs[i].plane >= n->n_ports || aggs[i].id >= ETHP_AGG_MAX_IDS)
+            return -EINVAL;
+        g->agg[i] = (struct inc_agg){.id = aggs[i].id, .plane = aggs[i].plane,
+                                     .rto_ns = n->cfg.rto_ns,
+                                     .chunk = calloc(window, sizeof(uint64_t))};
+        if (!g->agg[i].chunk) {
+            g->n_aggs = i + 1;
+            return -ENOMEM;
+        }
+    }
+    g->group = group;
+    g->members = members;
+    g->index = index;
+    g->window = window;
+    g->n_aggs = n_aggs;
+    return 0;
+}
+
+static int64_t queue_msg(struct ethp_nic *n, struct nic_msg *m)
+{
     pthread_mutex_lock(&n->lock);
     if (n->n_msgs == n->cap_msgs) {
         uint64_t cap = n->cap_msgs ? n->cap_msgs * 2 : 1024;

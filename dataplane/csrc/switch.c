@@ -131,6 +131,9 @@ struct ethp_switch {
     uint64_t wakeups;
     uint64_t buffer_used_bytes; /* in every egress queue; atomic for readers */
     uint64_t buffer_hwm_bytes;
+    struct ethp_agg *agg; /* in-network aggregation, or NULL */
+    uint32_t agg_ip;
+    uint16_t agg_ep;
 };
 
 /* ---------------------------------------------------------------- names */
@@ -251,6 +254,13 @@ static int is_ethp(int kind)
     return kind == ETHP_KIND_ETHP_UDP || kind == ETHP_KIND_ETHP_COMPACT;
 }
 
+/* Opcodes that carry payload: the data class.  The rest (acks, nacks,
+ * CNPs) is control and goes ahead of it. */
+static int is_bulk(uint8_t opcode)
+{
+    return opcode == ETHP_OP_DATA || opcode == ETHP_OP_AGG || opcode == ETHP_OP_AGG_RESULT;
+}
+
 static void trim(struct ethp_pkt *p, const struct ethp_parsed *ps, int kind)
 {
     p->len = ps->payload_off;
@@ -298,7 +308,7 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
         return;
     }
     int cls = ETHP_CLS_DATA;
-    if (is_ethp(kind) && (ps->hdr.opcode != ETHP_OP_DATA || (ps->hdr.flags & ETHP_F_TRIMMED)))
+    if (is_ethp(kind) && (!is_bulk(ps->hdr.opcode) || (ps->hdr.flags & ETHP_F_TRIMMED)))
         cls = ETHP_CLS_HIGH;
     uint64_t qb = e->q[0].bytes + e->q[1].bytes;
     if (cls == ETHP_CLS_DATA) {
@@ -387,6 +397,68 @@ static uint16_t choose(struct ethp_switch *sw, const struct sw_group *g,
     return g->ports[h % g->n];
 }
 
+static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now);
+
+/* ---------------------------------------------------------------- aggregation */
+
+/* One result frame of a finished (or resent) chunk to member i, into the
+ * pipeline as if it had arrived on port in_port. */
+static void agg_send(struct ethp_switch *sw, const struct ethp_agg_out *o, uint32_t i, int kind,
+                     uint16_t in_port, uint64_t now)
+{
+    struct ethp_pkt *r;
+    if (ethp_pool_get(sw->pool, &r, 1) != 1)
+        return; /* the member times out and asks again */
+    const struct ethp_agg_member *m = &o->member[i];
+    struct ethp_l2l3 a = {.src_ip = sw->agg_ip, .dst_ip = m->ip,
+                          .src_port = (uint16_t)(0xC000 | (m->ev & 0x3fff)),
+                          .dst_port = ETHP_UDP_PORT, .tos = 0x02, .ttl = 64};
+    struct ethp_hdr_fields h = {.opcode = ETHP_OP_AGG_RESULT, .entropy = m->ev,
+                                .src_ep = sw->agg_ep, .dst_ep = m->ep, .msg_id = o->group,
+                                .psn = o->psn, .offset_bytes = o->offset_bytes,
+                                .tag = o->members << 16 | i, .len_bytes = (uint16_t)o->len_bytes,
+                                .tos = 0x02, .ts_ns = o->word};
+    int len = kind == ETHP_KIND_ETHP_COMPACT
+                  ? ethp_build_compact(r->data, r->cap, &a, &h, o->payload, o->len_bytes)
+                  : ethp_build_udp(r->data, r->cap, &a, &h, o->payload, o->len_bytes);
+    if (len < 0) {
+        ethp_pool_put(sw->pool, &r, 1);
+        return;
+    }
+    r->len = (uint32_t)len;
+    r->port = in_port;
+    sw->ports[in_port].c[ETHP_SC_agg_results]++;
+    forward(sw, r, now);
+}
+
+static void aggregate(struct ethp_switch *sw, struct sw_port *in, struct ethp_pkt *p,
+                      const struct ethp_parsed *ps, int kind, uint64_t now)
+{
+    struct ethp_agg_out o;
+    int act = ethp_agg_add(sw->agg, ps, p->data + ps->payload_off, now, &o);
+    static const int8_t dropped[] = {
+        [ETHP_AGG_BAD] = ETHP_SC_drop_malformed,
+        [ETHP_AGG_FULL] = ETHP_SC_drop_agg_full,
+        [ETHP_AGG_STALE] = ETHP_SC_drop_agg_stale,
+    };
+    if (act >= ETHP_AGG_STALE) {
+        drop(sw, in, p, dropped[act]);
+        return;
+    }
+    uint16_t in_port = p->port;
+    drop(sw, in, p, ETHP_SC_agg_consumed);
+    if (act == ETHP_AGG_DUP) {
+        in->c[ETHP_SC_agg_dup]++;
+    } else if (act == ETHP_AGG_REPLY) {
+        in->c[ETHP_SC_agg_dup]++;
+        in->c[ETHP_SC_agg_replies]++;
+        agg_send(sw, &o, o.to, kind, in_port, now);
+    } else if (act == ETHP_AGG_COMPLETE) {
+        for (uint32_t i = 0; i < o.members; i++)
+            agg_send(sw, &o, i, kind, in_port, now);
+    }
+}
+
 static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
 {
     struct sw_port *in = &sw->ports[p->port];
@@ -401,10 +473,18 @@ static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
         drop(sw, in, p, ETHP_SC_ctl_consumed);
         return;
     }
+    if (sw->agg && is_ethp(kind) && ps.hdr.opcode == ETHP_OP_AGG &&
+        (kind == ETHP_KIND_ETHP_COMPACT ? ps.hdr.dst_ep == sw->agg_ep
+                                        : ps.addr.dst_ip == sw->agg_ip)) {
+        aggregate(sw, in, p, &ps, kind, now);
+        return;
+    }
     uint16_t gi = 0;
     int ip_kind = kind == ETHP_KIND_IPV4 || kind == ETHP_KIND_ETHP_UDP || kind == ETHP_KIND_ROCE_UDP;
     if (ip_kind && ps.addr.dst_ip >> 16 == SW_LAB_NET)
         gi = sw->route_ip[ps.addr.dst_ip & 0xffff];
+    else if (ip_kind && ps.addr.dst_ip >> 12 == ETHP_AGG_NET >> 12) /* an aggregator */
+        gi = sw->route_ep[ETHP_AGG_EP_BASE + (ps.addr.dst_ip & 0xfff)];
     else if (kind == ETHP_KIND_ETHP_COMPACT)
         gi = sw->route_ep[ps.hdr.dst_ep];
     if (!gi) {
@@ -744,7 +824,12 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
     sw->rng = ethp_rng_seed(cfg->seed);
     sw->up = 1;
     pthread_mutex_init(&sw->lock, NULL);
-    if (!sw->ports || !sw->route_ip || !sw->route_ep || !sw->port_of_if || !sw->active ||
+    if (cfg->agg_slots && cfg->agg_id < ETHP_AGG_MAX_IDS) {
+        sw->agg = ethp_agg_new(cfg->agg_slots, cfg->buf_bytes);
+        sw->agg_ep = (uint16_t)(ETHP_AGG_EP_BASE + cfg->agg_id);
+        sw->agg_ip = ETHP_AGG_NET + cfg->agg_id;
+    }
+    if ((cfg->agg_slots && !sw->agg) || !sw->ports || !sw->route_ip || !sw->route_ep || !sw->port_of_if || !sw->active ||
         !sw->cand || !sw->pool ||
         sw->epfd < 0 || sw->evfd < 0) {
         ethp_switch_free(sw);
@@ -881,6 +966,7 @@ void ethp_switch_free(struct ethp_switch *sw)
     free(sw->route_ip);
     free(sw->route_ep);
     ethp_pool_free(sw->pool);
+    ethp_agg_free(sw->agg);
     if (sw->epfd >= 0)
         close(sw->epfd);
     if (sw->evfd >= 0)

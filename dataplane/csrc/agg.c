@@ -1,0 +1,405 @@
+/* agg.c - in-network aggregation: the all-reduce engine of a switch.
+ *
+ * SwitchML's and SHARP's scheme, for one aggregation point per chunk.  The
+ * members of a group cut their buffer into chunks of one packet and send
+ * each to an aggregator; chunk psn of a group takes slot psn mod window
+ * there.  The slot adds up the members' payloads (element-wise, in the
+ * group's type and operator) in arrival order, remembers who has
+ * contributed, and when the last member's part is in, the switch sends the
+ * result to every member.  A member reuses a slot (psn + window) only once it
+ * has that slot's result, so the aggregator keeps just the previous result
+ * of each slot beside the current one: enough to answer any member that
+ * lost its copy and sends its contribution again.
+ *
+ * Slot memory is taken when a group first needs it and kept by the group;
+ * a group that has been silent for ETHP_AGG_IDLE_NS gives its slots up to
+ * a group that needs them (its job is over, or dead).
+ */
+#include <stdlib.h>
+
+#include "ethp_int.h"
+
+#define AGG_MAX_GROUPS 64
+#define AGG_IDLE_NS 5000000000ull
+#define AGG_SEEN_WORDS (ETHP_AGG_MAX_MEMBERS / 64)
+
+struct agg_slot {
+    uint32_t psn, prev_psn;
+    uint32_t count;
+    uint32_t offset, prev_offset;
+    uint16_t len, prev_len;
+    uint8_t used, complete, has_prev;
+    uint8_t *acc;  /* 2 x payload cap: a float32 accumulator for 16-bit types */
+    uint8_t *res;  /* the current chunk's result, once complete */
+    uint8_t *prev; /* the previous chunk's result */
+    uint64_t seen[AGG_SEEN_WORDS];
+    struct agg_slot *next_free;
+};
+
+struct agg_group {
+    uint32_t id, members, window;
+    uint8_t dtype, op, live;
+    uint64_t touched_ns;
+    struct ethp_agg_member *member;
+    struct agg_slot **slot; /* window entries, NULL until first used */
+};
+
+struct ethp_agg {
+    uint32_t n_slots, payload_cap;
+    uint32_t n_taken; /* slots ever allocated */
+    struct agg_slot *free_list;
+    struct agg_group groups[AGG_MAX_GROUPS];
+    struct agg_group *last; /* the group of the previous frame */
+};
+
+struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes)
+{
+    struct ethp_agg *a = calloc(1, sizeof(*a));
+    if (a) {
+        a->n_slots = slots;
+        a->payload_cap = payload_cap_bytes;
+    }
+    return a;
+}
+
+static void slot_free(struct agg_slot *s)
+{
+    free(s->acc);
+    free(s->res);
+    free(s->prev);
+    free(s);
+}
+
+static void group_release(struct ethp_agg *a, struct agg_group *g)
+{
+    for (uint32_t i = 0; g->slot && i < g->window; i++)
+        if (g->slot[i]) {
+            g->slot[i]->next_free = a->free_list;
+            a->free_list = g->slot[i];
+        }
+    free(g->slot);
+    free(g->member);
+    memset(g, 0, sizeof(*g));
+    if (a->last == g)
+        a->last = NULL;
+}
+
+void ethp_agg_free(struct ethp_agg *a)
+{
+    if (!a)
+        return;
+    for (int i = 0; i < AGG_MAX_GROUPS; i++)
+        if (a->groups[i].live)
+            group_release(a, &a->groups[i]);
+    while (a->free_list) {
+        struct agg_slot *s = a->free_list;
+        a->free_list = s->next_free;
+        slot_free(s);
+    }
+    free(a);
+}
+
+/* The least recently heard group that has been silent long enough, or NULL. */
+static struct agg_group *idle_group(struct ethp_agg *a, uint64_t now)
+{
+    struct agg_group *best = NULL;
+    for (int i = 0; i < AGG_MAX_GROUPS; i++) {
+        struct agg_group *g = &a->groups[i];
+        if (g->live && now - g->touched_ns >= AGG_IDLE_NS &&
+            (!best || g->touched_ns < best->touched_ns))
+            best = g;
+    }
+    return best;
+}
+
+static struct agg_group *group_of(struct ethp_agg *a, uint32_t id, uint32_t members,
+                                  uint32_t window, uint8_t dtype, uint8_t op, uint64_t now,
+                                  int *action)
+{
+    struct agg_group *g = a->last && a->last->id == id && a->last->live ? a->last : NULL;
+    struct agg_group *empty = NULL;
+    for (int i = 0; !g && i < AGG_MAX_GROUPS; i++) {
+        if (a->groups[i].live && a->groups[i].id == id)
+            g = &a->groups[i];
+        else if (!a->groups[i].live && !empty)
+            empty = &a->groups[i];
+    }
+    if (g) {
+        if (g->members != members || g->window != window || g->dtype != dtype || g->op != op) {
+            *action = ETHP_AGG_BAD;
+            return NULL;
+        }
+    } else {
+        if (!empty) {
+            empty = idle_group(a, now);
+            if (!empty) {
+                *action = ETHP_AGG_FULL;
+                return NULL;
+            }
+            group_release(a, empty);
+        }
+        g = empty;
+        g->member = calloc(members, sizeof(*g->member));
+        g->slot = calloc(window, sizeof(*g->slot));
+        if (!g->member || !g->slot) {
+            free(g->member);
+            free(g->slot);
+            memset(g, 0, sizeof(*g));
+            *action = ETHP_AGG_FULL;
+            return NULL;
+        }
+        *g = (struct agg_group){.id = id, .members = members, .window = window, .dtype = dtype,
+                                .op = op, .live = 1, .member = g->member, .slot = g->slot};
+    }
+    g->touched_ns = now;
+    a->last = g;
+    return g;
+}
+
+static struct agg_slot *slot_take(struct ethp_agg *a, uint64_t now)
+{
+    struct agg_slot *s = a->free_list;
+    if (!s && a->n_taken >= a->n_slots) {
+        struct agg_group *g = idle_group(a, now);
+        if (g) {
+            group_release(a, g);
+            s = a->free_list;
+        }
+    }
+    if (s) {
+        a->free_list = s->next_free;
+    } else if (a->n_taken < a->n_slots) {
+        s = calloc(1, sizeof(*s));
+        if (s) {
+            s->acc = malloc(2 * (size_t)a->payload_cap);
+            s->res = malloc(a->payload_cap);
+            s->prev = malloc(a->payload_cap);
+            if (!s->acc || !s->res || !s->prev) {
+                slot_free(s);
+                return NULL;
+            }
+            a->n_taken++;
+        }
+    }
+    if (s) {
+        uint8_t *acc = s->acc, *res = s->res, *prev = s->prev;
+        memset(s, 0, sizeof(*s));
+        s->acc = acc;
+        s->res = res;
+        s->prev = prev;
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------- arithmetic
+ * One loop per type and operator, over aligned copies, so that the compiler
+ * vectorises them: a switch thread adds a 4 KiB chunk in well under a
+ * microsecond.  16-bit types accumulate in float32 and are rounded once, at
+ * the end (as hardware with wider accumulators does). */
+
+#define AGG_HOT __attribute__((optimize("O3")))
+#define AGG_MAX_ELEMS (9216 / 2)
+
+static AGG_HOT void widen_bf16(float *out, const uint16_t *in, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)in[i] << 16;
+        memcpy(&out[i], &u, 4);
+    }
+}
+
+static AGG_HOT void narrow_bf16(uint16_t *out, const float *in, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &in[i], 4);
+        u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even, as reference.py */
+        out[i] = (uint16_t)(u >> 16);
+    }
+}
+
+#define AGG_F16_BODY(out, in, n) for (uint32_t i = 0; i < (n); i++) (out)[i] = (in)[i]
+static AGG_HOT __attribute__((target("f16c"))) void widen_f16_hw(float *o, const _Float16 *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
+static AGG_HOT void widen_f16_sw(float *o, const _Float16 *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
+static AGG_HOT __attribute__((target("f16c"))) void narrow_f16_hw(_Float16 *o, const float *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
+static AGG_HOT void narrow_f16_sw(_Float16 *o, const float *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
+#undef AGG_F16_BODY
+
+static int have_f16c(void)
+{
+    static int known = -1;
+    if (known < 0)
+        known = __builtin_cpu_supports("f16c") ? 1 : 0;
+    return known;
+}
+
+#define AGG_LOOP(T, d, x, n, op)                                                   \
+    do {                                                                           \
+        if ((op) == ETHP_AGG_MAX)                                                  \
+            for (uint32_t i = 0; i < (n); i++)                                     \
+                (d)[i] = (d)[i] > (x)[i] || (d)[i] != (d)[i] ? (d)[i] : (x)[i];   \
+        else if ((op) == ETHP_AGG_MIN)                                             \
+            for (uint32_t i = 0; i < (n); i++)                                     \
+                (d)[i] = (d)[i] < (x)[i] || (d)[i] != (d)[i] ? (d)[i] : (x)[i];   \
+        else                                                                       \
+            for (uint32_t i = 0; i < (n); i++)                                     \
+                (d)[i] = (T)((d)[i] + (x)[i]);                                     \
+    } while (0)
+
+/* acc = in (first) or acc (op) in, over n elements.  The accumulator is
+ * int32 for int32 and float32 for every floating type.  (NaN wins a max or
+ * min, as numpy's maximum and minimum.) */
+static AGG_HOT void combine(uint8_t *acc, const uint8_t *in, uint32_t n, int dtype, int op,
+                            int first)
+{
+    union {
+        float f[AGG_MAX_ELEMS];
+        int32_t i[AGG_MAX_ELEMS];
+        uint16_t h[AGG_MAX_ELEMS];
+        _Float16 e[AGG_MAX_ELEMS];
+    } x, w;
+    float *dst_f = first ? (float *)acc : w.f;
+    if (dtype == ETHP_AGG_I32 || dtype == ETHP_AGG_F32) {
+        if (first) {
+            memcpy(acc, in, 4 * (size_t)n);
+            return;
+        }
+        memcpy(x.f, in, 4 * (size_t)n);
+        if (dtype == ETHP_AGG_I32) {
+            uint32_t *d = (uint32_t *)acc; /* unsigned: wraps, as numpy's int32 */
+            if (op == ETHP_AGG_SUM) {
+                const uint32_t *u = (const uint32_t *)x.i;
+                for (uint32_t i = 0; i < n; i++)
+                    d[i] += u[i];
+            } else {
+                int32_t *s = (int32_t *)acc;
+                AGG_LOOP(int32_t, s, x.i, n, op);
+            }
+        } else {
+            float *d = (float *)acc;
+            AGG_LOOP(float, d, x.f, n, op);
+        }
+        return;
+    }
+    memcpy(x.h, in, 2 * (size_t)n);
+    if (dtype == ETHP_AGG_BF16)
+        widen_bf16(dst_f, x.h, n);
+    else if (have_f16c())
+        widen_f16_hw(dst_f, x.e, n);
+    else
+        widen_f16_sw(dst_f, x.e, n);
+    if (!first) {
+        float *d = (float *)acc;
+        AGG_LOOP(float, d, w.f, n, op);
+    }
+}
+#undef AGG_LOOP
+
+/* The accumulator in the group's own type. */
+static void finish(uint8_t *out, const uint8_t *acc, uint32_t n, int dtype)
+{
+    union {
+        uint16_t h[AGG_MAX_ELEMS];
+        _Float16 e[AGG_MAX_ELEMS];
+    } r;
+    if (dtype == ETHP_AGG_I32 || dtype == ETHP_AGG_F32) {
+        memcpy(out, acc, 4 * (size_t)n);
+        return;
+    }
+    if (dtype == ETHP_AGG_BF16)
+        narrow_bf16(r.h, (const float *)acc, n);
+    else if (have_f16c())
+        narrow_f16_hw(r.e, (const float *)acc, n);
+    else
+        narrow_f16_sw(r.e, (const float *)acc, n);
+    memcpy(out, r.h, 2 * (size_t)n);
+}
+
+static uint32_t elem_bytes(int dtype) { return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4; }
+
+/* ---------------------------------------------------------------- contributions */
+
+int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t *payload,
+                 uint64_t now, struct ethp_agg_out *out)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    uint32_t members = h->tag >> 16, index = h->tag & 0xffff;
+    uint8_t dtype = (uint8_t)(h->ts_ns >> 24), op = (uint8_t)(h->ts_ns >> 16);
+    uint32_t window = h->ts_ns & 0xffff, len = h->len_bytes;
+    if (!members || members > ETHP_AGG_MAX_MEMBERS || index >= members || !window ||
+        window > ETHP_AGG_MAX_WINDOW || dtype > ETHP_AGG_BF16 || op > ETHP_AGG_MIN || !len ||
+        len > a->payload_cap || len / elem_bytes(dtype) > AGG_MAX_ELEMS || len % elem_bytes(dtype) || ps->payload_bytes != len ||
+        (h->flags & ETHP_F_TRIMMED))
+        return ETHP_AGG_BAD;
+    int action = ETHP_AGG_ABSORBED;
+    struct agg_group *g = group_of(a, h->msg_id, members, window, dtype, op, now, &action);
+    if (!g)
+        return action;
+    struct ethp_agg_member *m = &g->member[index];
+    m->ep = h->src_ep;
+    m->ev = h->entropy;
+    m->ip = ps->addr.src_ip;
+    uint32_t idx = h->psn % window;
+    struct agg_slot *s = g->slot[idx];
+    if (!s) {
+        s = g->slot[idx] = slot_take(a, now);
+        if (!s)
+            return ETHP_AGG_FULL;
+    }
+    *out = (struct ethp_agg_out){.group = g->id, .word = h->ts_ns, .members = members,
+                                 .member = g->member, .to = index, .psn = h->psn};
+    if (s->used && h->psn != s->psn) {
+        int32_t ahead = (int32_t)(h->psn - s->psn);
+        if (ahead < 0) {
+            if (s->has_prev && h->psn == s->prev_psn) {
+                out->payload = s->prev;
+                out->len_bytes = s->prev_len;
+                out->offset_bytes = s->prev_offset;
+                return ETHP_AGG_REPLY;
+            }
+            return ETHP_AGG_STALE;
+        }
+        /* The slot's next chunk: every member has this one's result (or an
+         * unfinished one was abandoned by a group that started over). */
+        if (s->complete) {
+            uint8_t *t = s->prev;
+            s->prev = s->res;
+            s->res = t;
+            s->prev_psn = s->psn;
+            s->prev_len = s->len;
+            s->prev_offset = s->offset;
+            s->has_prev = 1;
+        }
+        s->used = 0;
+    }
+    if (!s->used) {
+        s->used = 1;
+        s->complete = 0;
+        s->count = 0;
+        s->psn = h->psn;
+        s->len = (uint16_t)len;
+        s->offset = h->offset_bytes;
+        memset(s->seen, 0, sizeof(s->seen));
+    } else if (len != s->len) {
+        return ETHP_AGG_BAD;
+    }
+    uint64_t bit = 1ull << (index % 64);
+    if (s->seen[index / 64] & bit) {
+        if (!s->complete)
+            return ETHP_AGG_DUP;
+        out->payload = s->res;
+        out->len_bytes = s->len;
+        out->offset_bytes = s->offset;
+        return ETHP_AGG_REPLY;
+    }
+    s->seen[index / 64] |= bit;
+    combine(s->acc, payload, len / elem_bytes(dtype), dtype, op, s->count == 0);
+    if (++s->count < members)
+        return ETHP_AGG_ABSORBED;
+    finish(s->res, s->acc, len / elem_bytes(dtype), dtype);
+    s->complete = 1;
+    out->payload = s->res;
+    out->len_bytes = s->len;
+    out->offset_bytes = s->offset;
+    return ETHP_AGG_COMPLETE;
+}
