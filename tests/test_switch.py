@@ -18,7 +18,7 @@ import pytest
 from conftest import ethplus
 from labtools import Capture, Lab, ethp_frame, if_stats, send_paced, shipped_lab
 
-from dataplane import capture, core, stats
+from dataplane import capture, core, routing, stats
 
 pytestmark = pytest.mark.root
 
@@ -644,8 +644,39 @@ def test_fault_commands_reject_bad_input(erack):
 # ---------------------------------------------------------------- robustness
 
 
-def _garbage(rng: random.Random, src) -> bytes:
-    kind = rng.randrange(5)
+def _bad_contribution(rng: random.Random, src, agg_id: int) -> bytes:
+    """An in-network all-reduce contribution to src's switch's aggregator
+    with one field out of range (members, index, window, type, operator, or
+    a length that is no whole number of elements)."""
+    members, index, window, dtype, op, size = 4, 1, 8, 0, 0, 64
+    which = rng.randrange(6)
+    if which == 0:
+        members = 0
+    elif which == 1:
+        index = members + rng.randrange(100)
+    elif which == 2:
+        window = rng.choice([0, 5000])
+    elif which == 3:
+        dtype = rng.randrange(4, 256)
+    elif which == 4:
+        op = rng.randrange(3, 256)
+    else:
+        size = 4 * rng.randrange(1, 100) + rng.randrange(1, 4)
+    lib = core.lib
+    addr = core.Addr(dst_mac=src.gw_mac, src_mac=src.mac, src_ip=src.ip,
+                     dst_ip=lib.ETHP_AGG_NET + agg_id, src_port=0xC000,
+                     dst_port=core.UDP_PORT)  # fmt: skip
+    hdr = core.Header(opcode=lib.ETHP_OP_AGG, src_ep=src.ep, dst_ep=lib.ETHP_AGG_EP_BASE + agg_id,
+                      msg_id=rng.randrange(1 << 32), psn=rng.randrange(1 << 32),
+                      tag=members << 16 | index, len_bytes=size,
+                      ts_ns=dtype << 24 | op << 16 | window)  # fmt: skip
+    return core.build_frame(addr, hdr, bytes(size))
+
+
+def _garbage(rng: random.Random, src, agg_id: int) -> bytes:
+    kind = rng.randrange(6)
+    if kind == 5:
+        return _bad_contribution(rng, src, agg_id)
     eth = src.gw_mac + src.mac
     if kind == 0:  # random bytes
         return rng.randbytes(rng.randrange(14, 200))
@@ -667,9 +698,12 @@ def _garbage(rng: random.Random, src) -> bytes:
 
 
 def test_switch_survives_100k_malformed_frames_and_keeps_forwarding(erack):
+    """Random bytes, bad EtherTypes, truncated frames, lying lengths and
+    aggregator contributions with fields out of range."""
     src = erack.port("h4", plane=1)
     rng = random.Random(3)
-    frames = [_garbage(rng, src) for _ in range(100_000)]
+    agg_id = routing.agg_ids(erack.rec["topology"])["plane1"]
+    frames = [_garbage(rng, src, agg_id) for _ in range(100_000)]
     before_tx = if_stats(src.ns, src.ifname)["tx_packets"]
     st0 = stats.totals(erack.stats())
     dst = erack.nodes["h5"]["ports"][1]["ip"]
@@ -691,6 +725,7 @@ def test_switch_survives_100k_malformed_frames_and_keeps_forwarding(erack):
     }
     assert sum(delta.values()) == injected, delta
     assert st1["drop_malformed"] - st0["drop_malformed"] > 30_000
+    assert st1["agg_consumed"] == st0["agg_consumed"]  # the aggregator took none of them
     assert_conserved(erack)
 
 

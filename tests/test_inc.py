@@ -1,0 +1,214 @@
+"""In-network all-reduce: the switches aggregate (agg.c), the NIC sends
+contributions and places results (nic.c).  Results are checked bit for bit
+against numpy; what crossed the links is checked against the kernel's
+interface counters and the NICs' own, not only the switches'."""
+
+import threading
+
+import pytest
+from conftest import ethplus
+from labtools import Lab, if_stats, shipped_lab
+
+from dataplane import bench, labfile, registry, routing, stats
+from dataplane.job import Job, JobError, Plan
+
+MiB = 1 << 20
+PAYLOAD = 4096  # bytes of one chunk (nic.PAYLOAD_BYTES)
+
+
+# ---------------------------------------------------------------- no root
+
+
+def _topology(name: str) -> dict:
+    return labfile.load(name).topology.to_dict()
+
+
+def _aggs(name: str, members: list[str]) -> list[tuple[str, set[int]]]:
+    return [(s, set(p.values())) for s, p in routing.aggregators(_topology(name), members)]
+
+
+def test_a_job_aggregates_at_the_switches_nearest_all_its_members():
+    hosts = [f"h{i}" for i in range(8)]
+    # single tier: every plane switch, each reached by its own plane
+    assert _aggs("erack-8x4", hosts) == [(f"plane{i}", {i}) for i in range(4)]
+    # a Clos: the spines; a job inside one leaf: that leaf alone
+    assert [s for s, _ in _aggs("clos-16", ["h0", "h5", "h10", "h15"])] == [
+        f"spine{i}" for i in range(4)
+    ]
+    assert _aggs("clos-16", ["h0", "h1", "h2", "h3"]) == [("leaf0", {0})]
+    # dual plane: each plane's spines, through that plane's port
+    hpn = _aggs("hpn-16", [f"h{i}" for i in range(16)])
+    assert {s for s, _ in hpn} == {"spine0", "spine1", "spine2", "spine3"}
+    assert all(len(planes) == 1 for _, planes in hpn)
+
+
+def test_every_switch_routes_to_every_other_aggregator():
+    topo = _topology("clos-16")
+    ids = routing.agg_ids(topo)
+    tables = routing.tables(topo)
+    for sw, table in tables.items():
+        for other, k in ids.items():
+            assert (routing.AGG_EP_BASE + k in table.ep) == (other != sw), (sw, other)
+    # a leaf reaches a spine over the one port between them
+    assert len(tables["leaf0"].ep[routing.AGG_EP_BASE + ids["spine2"]]) == 1
+
+
+def test_inc_slots_must_be_in_range(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text('[lab]\nfamily = "erack"\n[switch]\ninc = true\ninc_slots = 0\n')
+    with pytest.raises(labfile.LabFileError, match="inc_slots"):
+        labfile.load(str(f))
+
+
+def test_in_network_needs_the_ethplus_transport():
+    spec = bench.Spec(collective="all-reduce", transport="tcp", sizes=[MiB], algo="in-network")
+    with pytest.raises(bench.BenchError, match="ethplus transport only"):
+        spec.validate()
+    r = ethplus("bench", "all-reduce", "--lab", "x", "--algo", "in-network", "--transport", "roce")
+    assert r.returncode != 0 and "ethplus transport only" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- real labs
+
+
+@pytest.fixture(scope="module")
+def erack():
+    with shipped_lab("ic", "erack-8x4") as name:
+        yield Lab(name)
+
+
+@pytest.fixture(scope="module")
+def clos():
+    with shipped_lab("ic", "clos-16") as name:
+        yield Lab(name)
+
+
+def _job(lab: Lab, sizes: list[int], **kw) -> dict:
+    plan = Plan(lab=lab.name, transport="ethplus", collective="all-reduce", sizes=sizes,
+                algo="in-network", iters=1, warmup=0, **kw)  # fmt: skip
+    return Job(plan, registry.load_lab(lab.name)).run()
+
+
+def _nic(res: dict) -> dict[str, int]:
+    return bench._sum_counters(res["ranks"])
+
+
+def _per_switch(before: dict, after: dict, key: str) -> dict[str, int]:
+    return {
+        sw: sum(p[key] for p in after["switches"][sw]["ports"].values())
+        - sum(p[key] for p in before["switches"][sw]["ports"].values())
+        for sw in after["switches"]
+    }
+
+
+def _host_tx_bytes(lab: Lab, host: str) -> int:
+    ns = lab.rec["namespaces"][host]
+    return sum(if_stats(ns, p["ifname"])["tx_bytes"] for p in lab.nodes[host]["ports"])
+
+
+@pytest.mark.parametrize(
+    "dtype,op", [("float32", "sum"), ("bfloat16", "max"), ("float16", "sum"), ("int32", "min")]
+)
+def test_in_network_all_reduce_is_exact(erack, dtype, op):
+    # one element, an odd count (a short last chunk), several windows' worth
+    res = _job(erack, [4, 4 * 1001, 3 * MiB + 4], dtype=dtype, op=op)
+    assert [r["wrong"] for r in res["rows"]] == [0, 0, 0]
+
+
+def test_the_switches_do_the_reduction_and_each_byte_crosses_a_link_once(erack):
+    """8 ranks, 16 MiB, two calls: every chunk of every rank is absorbed by
+    its plane's switch, each rank sends its buffer once (a ring sends it
+    2(n-1)/n = 1.75 times) and gets one result per chunk."""
+    size, calls, n = 16 * MiB, 2, 8
+    chunks = size // PAYLOAD
+    st0 = erack.stats()
+    tx0 = _host_tx_bytes(erack, "h3")
+    res = _job(erack, [size])
+    assert res["rows"][0]["wrong"] == 0
+    erack.quiesce()
+    st1 = erack.stats()
+    absorbed = _per_switch(st0, st1, "agg_consumed")
+    dups = _per_switch(st0, st1, "agg_dup")
+    results = _per_switch(st0, st1, "agg_results")
+    replies = _per_switch(st0, st1, "agg_replies")
+    # chunk c goes to plane c mod 4: a quarter of them to each switch
+    for sw in (f"plane{i}" for i in range(4)):
+        assert absorbed[sw] - dups[sw] == calls * n * chunks // 4, sw
+        assert results[sw] - replies[sw] == calls * n * chunks // 4, sw
+    nic = _nic(res)
+    assert nic["inc_tx_pkts"] == sum(absorbed.values())  # nothing lost on the way up
+    assert nic["inc_rx_results"] == calls * n * chunks
+    assert nic["tx_data_pkts"] == 0  # no point-to-point data at all
+    # the kernel saw h3 send its buffer once per call, plus headers and barriers
+    sent = _host_tx_bytes(erack, "h3") - tx0
+    assert calls * size <= sent < calls * size * 1.1, sent
+    assert stats.conservation(stats.totals(st1))["difference"] == 0
+
+
+def test_in_network_all_reduce_recovers_from_loss(erack):
+    """5% loss each way on one rank's link to one plane: lost contributions
+    are sent again, lost results are sent again by the aggregator, and the
+    result is still exact."""
+    st0 = erack.stats()
+    erack.link_set("h2-plane1", "loss", "5%")
+    try:
+        res = _job(erack, [2 * MiB])
+    finally:
+        erack.link_set("h2-plane1", "loss", "0")
+    assert res["rows"][0]["wrong"] == 0
+    nic = _nic(res)
+    assert nic["inc_retx_pkts"] > 0 and nic["inc_timeouts"] > 0
+    erack.quiesce()
+    st1 = erack.stats()
+    assert _per_switch(st0, st1, "drop_loss")["plane1"] > 0
+    assert _per_switch(st0, st1, "agg_replies")["plane1"] > 0
+    assert _per_switch(st0, st1, "drop_agg_stale")["plane1"] == 0
+
+
+def test_two_jobs_aggregate_side_by_side(erack):
+    """Two 4-rank jobs at once, each its own group at the same switches."""
+    out: dict[str, dict] = {}
+
+    def run(name: str, nodes: list[str]) -> None:
+        out[name] = _job(erack, [4 * MiB + 8], nodes=nodes, sample=name == "a")
+
+    threads = [
+        threading.Thread(target=run, args=("a", ["h0", "h2", "h4", "h6"])),
+        threading.Thread(target=run, args=("b", ["h7", "h5", "h3", "h1"])),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert {k: v["world"] for k, v in out.items()} == {"a": 4, "b": 4}
+    assert [out[k]["rows"][0]["wrong"] for k in "ab"] == [0, 0]
+
+
+def test_clos_aggregates_at_the_spines_over_udp(clos):
+    st0 = clos.stats()
+    res = _job(clos, [MiB + 4], nodes=["h0", "h5", "h10", "h15"])
+    assert res["rows"][0]["wrong"] == 0
+    res = _job(clos, [MiB], nodes=["h1", "h2", "h3", "h0"])
+    assert res["rows"][0]["wrong"] == 0
+    clos.quiesce()
+    absorbed = _per_switch(st0, clos.stats(), "agg_consumed")
+    chunks = (MiB + 4 + PAYLOAD - 1) // PAYLOAD
+    assert sum(absorbed[f"spine{i}"] for i in range(4)) >= 2 * 4 * chunks
+    assert all(absorbed[f"spine{i}"] > 0 for i in range(4))
+    assert absorbed["leaf0"] >= 2 * 4 * (MiB // PAYLOAD)
+    assert absorbed["leaf1"] == absorbed["leaf2"] == absorbed["leaf3"] == 0
+
+
+def test_a_lab_without_inc_is_a_one_line_error(erack, tmp_path):
+    rec = registry.load_lab(erack.name)
+    rec["switch"]["inc"] = False
+    plan = Plan(lab=erack.name, transport="ethplus", collective="all-reduce", sizes=[MiB],
+                algo="in-network")  # fmt: skip
+    with pytest.raises(JobError, match=r"no in-network computing \(set inc = true"):
+        Job(plan, rec)
+    f = tmp_path / "noinc.toml"
+    f.write_text('[lab]\nfamily = "erack"\n[topology]\naccelerators = 2\nplanes = 1\n')
+    r = ethplus("bench", "all-reduce", "--lab", str(f), "--algo", "in-network", "--sizes", "8K")
+    assert r.returncode == 1 and "set inc = true under [switch]" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
