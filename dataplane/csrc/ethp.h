@@ -46,13 +46,13 @@ enum ethp_opcode {
 };
 /* In-network aggregation (docs/wire-format.md).  Aggregator k (a switch) is
  * ETH+ endpoint ETHP_AGG_EP_BASE + k and IPv4 address ETHP_AGG_NET + k
- * (198.19.240.0/20).  Its frames carry: msg_id = the group, psn = the chunk's
+ * (198.19.241.0 to 198.19.255.255: above the last plane's gateway).  Its frames carry: msg_id = the group, psn = the chunk's
  * sequence at this aggregator, tag = members << 16 | the member's index,
  * ts_ns = dtype << 24 | op << 16 | window (slots the group uses here). */
 enum {
     ETHP_AGG_EP_BASE = 0xF000,
-    ETHP_AGG_NET = 0xC613F000u,
-    ETHP_AGG_MAX_IDS = 4096,
+    ETHP_AGG_NET = 0xC613F100u,
+    ETHP_AGG_MAX_IDS = 3840,
     ETHP_AGG_MAX_MEMBERS = 4096,
     ETHP_AGG_MAX_WINDOW = 1024,
 };

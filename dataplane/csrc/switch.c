@@ -483,8 +483,8 @@ static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
     int ip_kind = kind == ETHP_KIND_IPV4 || kind == ETHP_KIND_ETHP_UDP || kind == ETHP_KIND_ROCE_UDP;
     if (ip_kind && ps.addr.dst_ip >> 16 == SW_LAB_NET)
         gi = sw->route_ip[ps.addr.dst_ip & 0xffff];
-    else if (ip_kind && ps.addr.dst_ip >> 12 == ETHP_AGG_NET >> 12) /* an aggregator */
-        gi = sw->route_ep[ETHP_AGG_EP_BASE + (ps.addr.dst_ip & 0xfff)];
+    else if (ip_kind && ps.addr.dst_ip - ETHP_AGG_NET < ETHP_AGG_MAX_IDS) /* an aggregator */
+        gi = sw->route_ep[ETHP_AGG_EP_BASE + (ps.addr.dst_ip - ETHP_AGG_NET)];
     else if (kind == ETHP_KIND_ETHP_COMPACT)
         gi = sw->route_ep[ps.hdr.dst_ep];
     if (!gi) {
