@@ -140,7 +140,13 @@ def cmd_lab_show(args) -> int:
     )
     print(
         f"  switch      forwarding {sw['forwarding']}, ecn {sw['ecn']}, trimming {sw['trimming']}, "
-        f"lossless {sw['lossless']}, {buffers}; nic encapsulation {rec['nic']['encapsulation']}"
+        f"lossless {sw['lossless']}, {buffers}, "
+        + (
+            f"in-network computing ({sw.get('inc_slots', 1024)} slots per switch)"
+            if sw.get("inc")
+            else "no in-network computing"
+        )
+        + f"; nic encapsulation {rec['nic']['encapsulation']}"
     )
     print()
     rows = []
@@ -343,7 +349,7 @@ def _run_one(spec, rec: dict, echo_rows: bool = True) -> dict:
     from cli.progress import Reporter
     from dataplane import bench
 
-    with Reporter(spec.sizes, f"{spec.collective} over {spec.transport}", echo_rows) as rep:
+    with Reporter(spec.sizes, f"{spec.collective} over {bench.run_name(spec)}", echo_rows) as rep:
         return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress)
 
 
@@ -364,16 +370,28 @@ def cmd_bench(args) -> int:
     return 1 if any(r["wrong"] for r in result["rows"]) else 0
 
 
-def _compare(args, collectives: list[str], transports: list[str]) -> int:
-    from dataplane import bench, fidelity, lab, report
+def _compare(args, collectives: list[str], transports: list[str], in_network: bool = False) -> int:
+    """in_network: all-reduce also as the switches reduce it (ethplus), if
+    the lab can."""
+    from dataplane import bench, fidelity, lab, report, transport
 
     specs = []
     for c in collectives:
         args.collective = c
         specs += [_bench_spec(args, t) for t in transports]
+        if in_network and c == "all-reduce" and args.algo != "in-network":
+            args.algo, ring = "in-network", args.algo
+            specs.append(_bench_spec(args, "ethplus"))
+            args.algo = ring
     lab.require_root(f"ethplus {args.command}")
     results = []
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
+        why = transport.inc_problem(rec)
+        if why and any(s.algo == "in-network" for s in specs):
+            if args.command != "demo":
+                raise BenchError(f"--in-network: {why}")
+            print(f"(no in-network all-reduce: {why})", flush=True)
+            specs = [s for s in specs if s.algo != "in-network"]
         for spec in specs:
             print(bench.header(bench.meta(spec, rec)), flush=True)
             res = _run_one(spec, rec)
@@ -394,7 +412,7 @@ def _print_comparison(results: list[dict]) -> None:
     from dataplane import report
 
     for coll, runs in report.by_collective(results).items():
-        names = [r["transport"] for r in runs]
+        names = [report.run_name(r) for r in runs]
         rows = []
         for c in report.comparison(runs):
             cells = [c["transports"].get(t) for t in names]
@@ -417,7 +435,7 @@ def _split(text: str) -> list[str]:
 
 
 def cmd_compare(args) -> int:
-    return _compare(args, _split(args.collective), _split(args.transports))
+    return _compare(args, _split(args.collective), _split(args.transports), args.in_network)
 
 
 def cmd_demo(args) -> int:
@@ -425,10 +443,11 @@ def cmd_demo(args) -> int:
 
     print(
         f"ethplus demo: builds {args.lab}, runs all-reduce and all-to-all over "
-        f"{', '.join(transport.available())} at {args.sizes}, writes a report to {args.out}",
+        f"{', '.join(transport.available())} (and all-reduce in the network: the switches"
+        f" reduce) at {args.sizes}, writes a report to {args.out}",
         flush=True,
     )
-    return _compare(args, ["all-reduce", "all-to-all"], transport.available())
+    return _compare(args, ["all-reduce", "all-to-all"], transport.available(), in_network=True)
 
 
 def cmd_scenario_list(args) -> int:
@@ -620,6 +639,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_options(c)
     c.add_argument(
         "--transports", default=",".join(_available()), help="comma list (default: all available)"
+    )
+    c.add_argument(
+        "--in-network",
+        action="store_true",
+        help="all-reduce also in the network (ethplus; the switches reduce), beside the others",
     )
     c.add_argument("--out", default="results/compare", metavar="DIR", help="report directory")
     c.set_defaults(func=cmd_compare)

@@ -191,13 +191,26 @@ def footer(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_name(spec: Workload) -> str:
+    """How reports name a run: its transport, and its algorithm unless the ring."""
+    return spec.transport if spec.algo == "ring" else f"{spec.transport}/{spec.algo}"
+
+
+def run_label(spec: Workload) -> str:
+    label = transport.LABELS[spec.transport]
+    if spec.algo == "in-network":
+        return f"{label}, in-network all-reduce (the switches reduce)"
+    return label if spec.algo == "ring" else f"{label}, {spec.algo}"
+
+
 def meta(spec: Spec, rec: dict, nodes: list[str] | None = None) -> dict:
     world = len(nodes) if nodes else sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
     return {
         "schema": SCHEMA,
         "collective": spec.collective,
         "transport": spec.transport,
-        "transport_label": transport.LABELS[spec.transport],
+        "transport_label": run_label(spec),
+        "name": run_name(spec),
         "lab": {
             "name": rec["name"],
             "family": rec["family"],

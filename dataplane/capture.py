@@ -31,6 +31,8 @@ OPCODES = {
     core.lib.ETHP_OP_NACK: "nack",
     core.lib.ETHP_OP_RNR: "rnr",
     core.lib.ETHP_OP_CNP: "cnp",
+    core.lib.ETHP_OP_AGG: "agg",
+    core.lib.ETHP_OP_AGG_RESULT: "agg-result",
 }
 FLAGS = {
     core.lib.ETHP_F_TRIMMED: "trimmed",
@@ -97,6 +99,8 @@ def describe(data: bytes) -> str:
             else f"{ipaddress.IPv4Address(p.addr.src_ip)} > {ipaddress.IPv4Address(p.addr.dst_ip)}"
         )
         name = "RoCE" if p.kind == "roce-udp" else "ETH+"
+        if h.opcode in (core.lib.ETHP_OP_AGG, core.lib.ETHP_OP_AGG_RESULT):
+            where += f" member {h.tag & 0xFFFF}/{h.tag >> 16}"
         return (
             f"{name} {OPCODES.get(h.opcode, h.opcode)} {where} psn {h.psn} msg {h.msg_id} "
             f"ev {h.entropy} len {h.len_bytes}" + (f" [{flags}]" if flags else "")

@@ -105,8 +105,14 @@ def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
     return out[:top]
 
 
+# What a switch did to frames besides forwarding them, reported with its drops.
+EVENTS = ("ecn_marked", "trimmed", "pause_tx", "llr_replays", "agg_consumed", "agg_replies")
+
+
 def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
-    """Frames each switch dropped during the run, by reason (nonzero only)."""
+    """Frames each switch dropped during the run, by reason, and what else it
+    did to them (EVENTS: marks, trims, pauses, replays, aggregation), nonzero
+    only."""
     out: dict[str, dict[str, int]] = {}
     for sw, s1 in after["switches"].items():
         s0 = before["switches"].get(sw)
@@ -117,7 +123,7 @@ def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
             reasons[k] = s1["ring"].get(k, 0) - s0["ring"].get(k, 0)
         for ifname, c1 in s1["ports"].items():
             c0 = s0["ports"][ifname]
-            for k in (*stats.DROP_REASONS, "ecn_marked", "trimmed", "pause_tx", "llr_replays"):
+            for k in (*stats.DROP_REASONS, *EVENTS):
                 reasons[k] = reasons.get(k, 0) + c1.get(k, 0) - c0.get(k, 0)
         nonzero = {k: v for k, v in reasons.items() if v}
         if nonzero:

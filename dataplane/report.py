@@ -30,6 +30,16 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
+def run_name(r: dict) -> str:
+    """A run's name in tables and plots (bench.run_name): the transport, and
+    the algorithm when it is not the ring."""
+    return r.get("name") or r["transport"]
+
+
+def label(r: dict) -> str:
+    return r.get("transport_label") or transport.LABELS.get(r["transport"], r["transport"])
+
+
 def by_collective(results: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in results:
@@ -47,7 +57,7 @@ def comparison(runs: list[dict]) -> list[dict]:
         for r in runs:
             row = next((x for x in r["rows"] if x["size_bytes"] == size), None)
             if row is not None:
-                cells[r["transport"]] = row
+                cells[run_name(r)] = row
         best = max((c["busbw_GBps"] for c in cells.values()), default=0.0)
         per = {
             t: {
@@ -82,18 +92,23 @@ def markdown(results: list[dict], rec: dict) -> str:
         f" Data type {first['dtype']}, operator {first['op']}, {first['iters']} timed"
         f" iterations after {first['warmup']} warm-up. Times and bandwidths are nominal;"
         " GB/s = 1e9 bytes/s; busbw as nccl-tests defines it. The ideal busbw is one"
-        f" rank's nominal capacity over all planes: {first['ideal_busbw_GBps']:.1f} GB/s.",
+        f" rank's nominal capacity over all planes: {first['ideal_busbw_GBps']:.1f} GB/s"
+        + (
+            " (for an in-network all-reduce, that x 2(n-1)/n: each byte crosses a rank's"
+            " links once each way)."
+            if any(r.get("algo") == "in-network" for r in results)
+            else "."
+        ),
         "",
         "Transports: "
         + "; ".join(
-            f"**{t}** = {transport.LABELS.get(t, t)}"
-            for t in dict.fromkeys(r["transport"] for r in results)
+            f"**{t}** = {lb}" for t, lb in dict.fromkeys((run_name(r), label(r)) for r in results)
         )
         + ".",
         "",
     ]
     for coll, runs in by_collective(results).items():
-        names = [r["transport"] for r in runs]
+        names = [run_name(r) for r in runs]
         lines += [f"## {coll}", ""]
         header = ["size", *(f"{t} busbw (GB/s)" for t in names), *(f"{t} / best" for t in names)]
         rows = []
@@ -114,7 +129,7 @@ def markdown(results: list[dict], rec: dict) -> str:
             "",
             "Average busbw: "
             + ", ".join(
-                f"{r['transport']} {r['avg_busbw_GBps']:.2f} GB/s"
+                f"{run_name(r)} {r['avg_busbw_GBps']:.2f} GB/s"
                 f" ({r['avg_busbw_GBps'] / r['ideal_busbw_GBps']:.0%} of ideal)"
                 for r in runs
             )
@@ -146,7 +161,7 @@ def _fidelity_md(r: dict) -> list[str]:
     f = r["fidelity"]
     p, c = f["pacer"], f["cpu"]
     out = [
-        f"### {r['collective']} over {r['transport']}"
+        f"### {r['collective']} over {run_name(r)}"
         + ("" if f["clean"] else " — NOT CLEAN, read with care"),
         "",
     ]
@@ -205,14 +220,15 @@ def plot_busbw(results: list[dict], path: Path) -> None:
         for r in runs:
             xs = [row["size_bytes"] for row in r["rows"]]
             ys = [row["busbw_GBps"] for row in r["rows"]]
-            label = r.get("label") or transport.LABELS.get(r["transport"], r["transport"])
-            ax.plot(xs, ys, marker="o", label=label)
+            ax.plot(xs, ys, marker="o", label=label(r))
             late = [
                 (x, y) for x, y, row in zip(xs, ys, r["rows"], strict=True) if row["fell_behind"]
             ]
             if late:
                 ax.scatter(*zip(*late, strict=True), marker="x", color="red", zorder=3)
-        ax.axhline(runs[0]["ideal_busbw_GBps"], color="grey", linestyle="--", label="ideal")
+        for i, ideal in enumerate(sorted({r["ideal_busbw_GBps"] for r in runs})):
+            ax.axhline(ideal, color="grey", linestyle="--" if i == 0 else ":",
+                       label="ideal" if i == 0 else "ideal, in-network")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes per rank)")
         ax.set_ylabel("busbw (GB/s, nominal)")
@@ -234,7 +250,7 @@ def _plot_series(results: list[dict], path: Path, key: str, ylabel: str, scale: 
                     ha="center", va="bottom", fontsize=7)  # fmt: skip
         for name, ys in sorted(s.get(key, {}).items()):
             ax.plot(s["t_s"][: len(ys)], [y * scale for y in ys], label=name, linewidth=1)
-        ax.set_title(f"{r['collective']} over {r['transport']} (shaded: timed part of each size)",
+        ax.set_title(f"{r['collective']} over {run_name(r)} (shaded: timed part of each size)",
                      pad=14)  # fmt: skip
         ax.set_xlabel("time since the run started (s, real)")
         ax.set_ylabel(ylabel)
