@@ -113,7 +113,7 @@ class NicTransport(Transport):
         from dataplane import nic
 
         self.name = name
-        self._errors = nic.NicError
+        self._errors, self._unreachable = nic.NicError, nic.Unreachable
         inc = None
         if opts.inc_group is not None:
             if name != "ethplus":
@@ -141,7 +141,16 @@ class NicTransport(Transport):
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         if not self.ep.inc_window:
             super().all_reduce_in_network(buf, op, dtype)  # pragma: no cover - Job sets it up
-        self._wait(self.ep.all_reduce(memoryview(buf).cast("B"), dtype, op))
+        try:
+            self.ep.wait(self.ep.all_reduce(memoryview(buf).cast("B"), dtype, op))
+        except self._errors as e:
+            why = (
+                "an aggregator (switch) answered nothing within the retry budget"
+                " (its plane or switch down?)"
+                if isinstance(e, self._unreachable)
+                else str(e)
+            )
+            raise TransportError(f"rank {self.rank}: in-network all-reduce: {why}") from e
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.ep.post_send(peer, tag, view)

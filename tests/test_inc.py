@@ -212,3 +212,25 @@ def test_a_lab_without_inc_is_a_one_line_error(erack, tmp_path):
     r = ethplus("bench", "all-reduce", "--lab", str(f), "--algo", "in-network", "--sizes", "8K")
     assert r.returncode == 1 and "set inc = true under [switch]" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_full_aggregator_waits_for_an_idle_group_to_give_its_slots_up(tmp_path, lab_name):
+    """8 slots per switch, 4 per group (half): two groups fit, a third finds
+    the switch full (its chunks are dropped and resent) until the first group
+    has been silent for 5 s and gives its slots up; then it completes, exact."""
+    f = tmp_path / "small.toml"
+    f.write_text(
+        '[lab]\nfamily = "erack"\n[topology]\naccelerators = 4\nplanes = 1\n'
+        "[switch]\ninc = true\ninc_slots = 8\n"
+    )
+    ethplus("lab", "up", str(f), "--name", lab_name, check=True)
+    lab = Lab(lab_name)
+    st0 = lab.stats()
+    for _ in range(3):
+        res = _job(lab, [MiB + 4])
+        assert res["rows"][0]["wrong"] == 0
+        assert res["ranks"][0]["transport"]["inc_window"] == 4
+    lab.quiesce()
+    st1 = lab.stats()
+    assert _per_switch(st0, st1, "drop_agg_full")["plane0"] > 0
+    assert _nic(res)["inc_timeouts"] > 0
