@@ -13,7 +13,6 @@ fidelity verdict, and each transport's figure as a ratio to tcp's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from dataplane import bench, lab, transport
@@ -60,8 +59,7 @@ def main() -> int:
             if t != "tcp":
                 print(f"{t} / tcp busbw: {v['share_of_ideal'] / out['tcp']['share_of_ideal']:.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        bench.write_json(out, args.json)
     return 0
 
 

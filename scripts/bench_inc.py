@@ -16,7 +16,6 @@ links once each way).  With --roce, the ring over emulated RoCEv2 too.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
@@ -72,8 +71,7 @@ def main() -> int:
                 flush=True,
             )
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        bench.write_json(out, args.json)
     return 0
 
 
