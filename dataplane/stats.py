@@ -9,6 +9,8 @@ DROP_REASONS = (
 )  # fmt: skip
 # Lost before any port read them: counted per switch, on its one RX ring.
 LOST_BEFORE_READ = ("drop_ring", "drop_no_buf", "drop_foreign")
+# In-network aggregation, per switch: contributions taken, results sent.
+AGG_COUNTERS = ("agg_consumed", "agg_dup", "agg_results", "agg_replies")
 # Frames still inside a switch: queued, or on a delay line.
 IN_FLIGHT = ("q_frames", "wire_frames")
 
@@ -105,10 +107,17 @@ def render(st: dict, show_all: bool = False) -> str:
         state = "" if sw["up"] else "  (DOWN)"
         lost = " ".join(f"{k.removeprefix('drop_')}={v}" for k, v in sw["ring"].items() if v)
         buf = sw.get("buffer")
+        agg = {k: sum(c.get(k, 0) for c in sw["ports"].values()) for k in AGG_COUNTERS}
         lines.append(
             f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown"
             + (f"; queued {buf['used_bytes']} B, high-water {buf['hwm_bytes']} B" if buf else "")
             + (f"; lost before a port read them: {lost}" if lost else "")
+            + (
+                f"; aggregated {agg['agg_consumed']} contributions ({agg['agg_dup']} resent),"
+                f" sent {agg['agg_results']} results ({agg['agg_replies']} again)"
+                if agg["agg_consumed"]
+                else ""
+            )
         )
         if rows:
             lines.append(table(rows, header, "  "))

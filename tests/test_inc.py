@@ -3,6 +3,7 @@ contributions and places results (nic.c).  Results are checked bit for bit
 against numpy; what crossed the links is checked against the kernel's
 interface counters and the NICs' own, not only the switches'."""
 
+import re
 import threading
 
 import pytest
@@ -144,6 +145,8 @@ def test_the_switches_do_the_reduction_and_each_byte_crosses_a_link_once(erack):
     sent = _host_tx_bytes(erack, "h3") - tx0
     assert calls * size <= sent < calls * size * 1.1, sent
     assert stats.conservation(stats.totals(st1))["difference"] == 0
+    out = ethplus("lab", "stats", erack.name, check=True).stdout
+    assert re.search(r"\nplane0: .*; aggregated \d+ contributions \(\d+ resent\), sent", out), out
 
 
 def test_in_network_all_reduce_recovers_from_loss(erack):
