@@ -237,3 +237,26 @@ def test_a_full_aggregator_waits_for_an_idle_group_to_give_its_slots_up(tmp_path
     st1 = lab.stats()
     assert _per_switch(st0, st1, "drop_agg_full")["plane0"] > 0
     assert _nic(res)["inc_timeouts"] > 0
+
+
+def test_results_pause_no_member_of_a_lossless_fabric(tmp_path, lab_name):
+    """With PFC on, result frames are the aggregator's own: no member's
+    ingress account is charged for them, so the multicast of results never
+    pauses the member whose chunk happened to complete a slot (when it was
+    charged, the switches sent 14 pauses in this test)."""
+    f = tmp_path / "lossless.toml"
+    f.write_text(
+        (labfile.LABS_DIR / "erack-8x4.toml")
+        .read_text()
+        .replace("inc = true", "inc = true\nlossless = true")
+    )
+    ethplus("lab", "up", str(f), "--name", lab_name, check=True)
+    lab = Lab(lab_name)
+    st0 = lab.stats()
+    res = _job(lab, [16 * MiB])
+    assert res["rows"][0]["wrong"] == 0
+    lab.quiesce()
+    st1 = lab.stats()
+    assert sum(_per_switch(st0, st1, "agg_consumed").values()) > 0
+    assert sum(_per_switch(st0, st1, "pause_tx").values()) == 0
+    assert _nic(res)["pauses_rx"] == 0

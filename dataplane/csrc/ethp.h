@@ -167,6 +167,7 @@ struct ethp_pkt {
     uint8_t cls;         /* traffic class while queued */
     uint8_t in_pool;     /* 1 while owned by the pool: catches double frees */
     int32_t ifindex;     /* interface it arrived on (a port bound to all of them) */
+    uint8_t origin;      /* 1: made by its owner (a switch's result frame), not received */
 };
 
 struct ethp_pool;

@@ -59,6 +59,7 @@ uint32_t ethp_pool_get(struct ethp_pool *p, struct ethp_pkt **pkts, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct ethp_pkt *k = p->free[--p->n_free];
         k->in_pool = 0;
+        k->origin = 0;
         k->len = 0;
         pkts[i] = k;
     }

@@ -356,7 +356,7 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
     e->c[ETHP_SC_q_bytes] = qb + p->len;
     if (qb + p->len > e->c[ETHP_SC_q_hwm_bytes])
         e->c[ETHP_SC_q_hwm_bytes] = qb + p->len;
-    if (sw->cfg.lossless) {
+    if (sw->cfg.lossless && !p->origin) {
         struct sw_port *in = &sw->ports[p->port];
         in->pfc_in_bytes[cls] += p->len;
         if (in->pfc_in_bytes[cls] > sw->cfg.pfc_xoff_bytes && !in->pfc_refresh_ns[cls])
@@ -426,7 +426,8 @@ static void agg_send(struct ethp_switch *sw, const struct ethp_agg_out *o, uint3
         return;
     }
     r->len = (uint32_t)len;
-    r->port = in_port;
+    r->port = in_port; /* counted there; charged to no ingress port's PFC account */
+    r->origin = 1;
     sw->ports[in_port].c[ETHP_SC_agg_results]++;
     forward(sw, r, now);
 }
@@ -650,7 +651,7 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
         e->cc[c][ETHP_CC_q_bytes] = e->q[c].bytes;
         e->c[ETHP_SC_q_frames]--;
         e->c[ETHP_SC_q_bytes] = e->q[0].bytes + e->q[1].bytes;
-        if (sw->cfg.lossless) {
+        if (sw->cfg.lossless && !p->origin) {
             struct sw_port *in = &sw->ports[p->port];
             in->pfc_in_bytes[c] -= p->len;
             if (in->pfc_refresh_ns[c] && in->pfc_in_bytes[c] < sw->cfg.pfc_xon_bytes)
