@@ -480,6 +480,17 @@ class Switch:
             f"cannot add route {kind} {key} -> {ports}",
         )
 
+    def agg_join(self, group: int, parent_id: int, parent_index: int, parent_members: int) -> None:
+        """This switch reduces its members' part of group and sends the
+        partial to aggregator parent_id (an inner node of the group's tree)."""
+        _check(
+            lib.ethp_switch_agg_join(self._sw, group, parent_id, parent_index, parent_members),
+            f"cannot join aggregation group {group:#x} under aggregator {parent_id}",
+        )
+
+    def agg_leave(self, group: int) -> None:
+        lib.ethp_switch_agg_leave(self._sw, group)
+
     def start(self) -> None:
         _check(lib.ethp_switch_start(self._sw), "cannot start the switch thread")
 

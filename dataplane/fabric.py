@@ -243,6 +243,15 @@ class Fabric:
             self.shape_hosts([name])
         return vars(self.nominal[name])
 
+    def inc_trees(self, join: list, leave: list) -> None:
+        """Inner nodes of in-network aggregation trees: join [switch, group,
+        parent id, index at the parent, the parent's members]; leave
+        [switch, group]."""
+        for sw, group, parent, index, members in join:
+            self.switches[sw].agg_join(group, parent, index, members)
+        for sw, group in leave:
+            self.switches[sw].agg_leave(group)
+
     def set_node(self, name: str, up: bool) -> dict:
         if name not in self.switches:
             raise KeyError(f"no switch {name!r} in lab {self.name}")
@@ -270,6 +279,9 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
                 resp = {"ok": True, "link": res}
             elif op == "node":
                 resp = {"ok": True, **fabric.set_node(req["node"], bool(req["up"]))}
+            elif op == "inc":
+                fabric.inc_trees(req.get("join", []), req.get("leave", []))
+                resp = {"ok": True}
             else:
                 resp = {"ok": False, "error": f"unknown request {op!r}"}
         except (KeyError, ValueError, TypeError, OSError) as exc:

@@ -95,6 +95,16 @@ def fabric_stats(lab: str) -> dict:
     return resp["stats"]
 
 
+def _fabric_inc(lab: str, req: dict) -> None:
+    """Join or leave in-network aggregation trees in the lab's switches."""
+    try:
+        resp = fabric.request(lab, {"op": "inc", **req})
+    except (OSError, ValueError) as e:
+        raise JobError(f"cannot set up in-network aggregation: {e}") from e
+    if not resp.get("ok"):
+        raise JobError(f"cannot set up in-network aggregation: {resp.get('error')}")
+
+
 def _compact(st: dict) -> dict:
     """What the plots and the fidelity report need from one stats snapshot."""
     ports = {}
@@ -139,7 +149,8 @@ class Job:
             why = transport.inc_problem(rec)
             if why:
                 raise JobError(f"--algo in-network: {why}")
-            plan.inc_group = secrets.randbits(32)  # unique per job: switches key slots on it
+            # unique per job (switches key slots on it); the low 4 bits number its streams
+            plan.inc_group = secrets.randbits(32) & ~0xF
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
@@ -158,6 +169,20 @@ class Job:
         self.handlers: set[asyncio.Task] = set()
         self.last_msg = time.monotonic()
 
+    def _inc_trees(self) -> list[list]:
+        """In-network all-reduce: the inner nodes of the job's aggregation
+        trees, as the fabric's inc request wants them."""
+        if self.plan.inc_group is None:
+            return []
+        from dataplane import routing
+
+        ids = routing.agg_ids(self.rec["topology"])
+        return [
+            [sw, transport.stream_group(self.plan.inc_group, i), ids[st.root], idx, st.root_members]
+            for i, st in enumerate(transport.inc_plan(self.rec, self.plan.members))
+            for sw, idx in st.inner.items()
+        ]
+
     # -- the run
     def run(self) -> dict:
         return uvloop.run(self._main())
@@ -172,7 +197,10 @@ class Job:
         busy0 = cpu.machine_s()
         before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         tasks: list[asyncio.Task] = []
+        trees = self._inc_trees()
         try:
+            if trees:
+                await loop.run_in_executor(None, _fabric_inc, self.plan.lab, {"join": trees})
             for r in self.ranks:
                 await self._spawn(r)
                 tasks.append(asyncio.create_task(self._watch(r)))
@@ -196,6 +224,10 @@ class Job:
                 h.cancel()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.sock_path)
+            if trees:
+                leave = {"leave": [t[:2] for t in trees]}
+                with contextlib.suppress(JobError):
+                    await loop.run_in_executor(None, _fabric_inc, self.plan.lab, leave)
         after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         busy1 = cpu.machine_s()
         return {

@@ -219,6 +219,11 @@ def _switch_schema(family: str) -> dict[str, Field]:
         ),
         "dt_alpha": pos_num(1.0, "dynamic threshold: a queue may take alpha x the free buffer"),
         "inc": boolean(False, "in-network computing: switches aggregate all-reduce chunks"),
+        "inc_tree": boolean(
+            True,
+            "multi-tier fabrics: a member's first switch reduces its members' chunks before the"
+            " top switch does (an aggregation tree); false: every member sends to the top",
+        ),
         "inc_slots": Field(
             "an integer from 1 to 65536",
             lambda v: _is_int(v) and 1 <= v <= 65536,

@@ -61,12 +61,13 @@ INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
 
 @dataclass(frozen=True)
 class IncGroup:
-    """An aggregation group: the same on every member of a job."""
+    """This endpoint's part in a job's in-network all-reduce."""
 
-    group: int  # 32-bit id, unique per job
-    members: tuple[int, ...]  # lab ranks, in group order
-    aggs: tuple[tuple[int, int], ...]  # (aggregator id, plane each member reaches it by)
-    slots: int  # the switches' inc_slots: a window never asks for more
+    # per stream: (group id, the aggregator it sends to, the plane it goes by,
+    # the members there, this endpoint's index there); chunk c -> stream c mod n
+    streams: tuple[tuple[int, int, int, int, int], ...]
+    slots: int  # the switches' inc_slots
+    share: int = 1  # streams of the job that meet at its busiest aggregator
 
 
 def _mac(text: str) -> bytes:
@@ -197,7 +198,8 @@ class Endpoint:
             "mode": "roce" if roce else "ethplus",
         }
         if inc is not None:
-            self.config.update(inc_group=inc.group, inc_aggregators=len(inc.aggs),
+            self.config.update(inc_groups=[x[0] for x in inc.streams],
+                               inc_aggregators=sorted({x[1] for x in inc.streams}),
                                inc_window=self.inc_window)  # fmt: skip
         if roce:
             self.config.update(
@@ -208,22 +210,27 @@ class Endpoint:
         self, inc: IncGroup, ports: list, rate_real: int, base_rtt_real: int, buffer_bytes: int
     ) -> None:
         planes = [p["plane"] for p in ports]
-        aggs = ffi.new("struct ethp_nic_agg[]", len(inc.aggs))
-        for i, (agg_id, plane) in enumerate(inc.aggs):
-            aggs[i].id, aggs[i].plane = agg_id, planes.index(plane)
+        aggs = ffi.new("struct ethp_nic_agg[]", len(inc.streams))
+        for i, (group, agg_id, plane, members, index) in enumerate(inc.streams):
+            a = aggs[i]
+            a.group, a.id, a.plane, a.members, a.index = (
+                group,
+                agg_id,
+                planes.index(plane),
+                members,
+                index,
+            )
         bdp_chunks = rate_real * base_rtt_real // 8 // 1_000_000_000 // PAYLOAD_BYTES
         window = min(INC_MAX_WINDOW, max(INC_MIN_WINDOW, INC_WINDOW_BDPS * bdp_chunks))
         # A straggler's chunk holds a window of results back, then lets them
         # go at once: they must fit the aggregator's port buffer towards us.
         window = min(window, int(0.9 * buffer_bytes) // (PAYLOAD_BYTES + 100))
-        # Every group of a switch shares its slots: one job may take half.
-        window = max(1, min(window, inc.slots // 2))
-        rc = lib.ethp_nic_inc_setup(
-            self._nic, inc.group, len(inc.members), inc.members.index(self.rank),
-            aggs, len(inc.aggs), window,
-        )  # fmt: skip
+        # Every group of a switch shares its slots: one job may take half,
+        # over all its streams that meet there (a tree's inner node has all).
+        window = max(1, min(window, inc.slots // (2 * inc.share)))
+        rc = lib.ethp_nic_inc_setup(self._nic, aggs, len(inc.streams), window)
         if rc < 0:
-            raise NicError(f"cannot join aggregation group {inc.group:#x} (error {rc})")
+            raise NicError(f"cannot join in-network all-reduce streams {inc.streams} (error {rc})")
         self.inc_window = window
 
     def all_reduce(self, buf, dtype: str, op: str) -> int:

@@ -87,6 +87,59 @@ def aggregators(topology: dict, members: list[str]) -> list[tuple[str, dict[str,
     return [(s, {m: usable[s][m][1] for m in members}) for s in chosen[:MAX_AGGREGATORS]]
 
 
+@dataclass
+class IncStream:
+    """One stream of a job's in-network all-reduce: the chunks that one top
+    aggregator (root) finishes.  hop: where each member sends its chunks
+    (aggregator, the plane it leaves by, the members there, its index
+    there).  inner: switches that reduce their own members' chunks first and
+    send the partial to the root (tree), with their index at the root."""
+
+    root: str
+    root_members: int
+    hop: dict[str, tuple[str, int, int, int]]
+    inner: dict[str, int]
+
+
+def inc_plan(topology: dict, members: list[str], tree: bool = True) -> list[IncStream]:
+    """The streams of a job (one per aggregators() root).  With tree, a
+    member's first switch, when it is next to the root and has two or more
+    of the job's members, reduces theirs first (SHARP's aggregation tree):
+    the root's links from it then carry one partial per chunk instead of
+    one contribution per member."""
+    nodes = {n["name"]: n for n in topology["nodes"]}
+    graph = _switch_graph(nodes)
+    ids = agg_ids(topology)
+    out = []
+    for root, planes in aggregators(topology, members):
+        dist = _distances(graph, root)
+        first = {}  # member -> its switch towards the root
+        for m in members:
+            ports = [p for p in nodes[m]["ports"] if p.get("plane", 0) == planes[m]]
+            first[m] = min(ports, key=lambda p: (dist.get(p["peer"], 1 << 30), p["index"]))["peer"]
+        local: dict[str, list[str]] = {}
+        for m in members:
+            local.setdefault(first[m], []).append(m)
+        inner = sorted(
+            (
+                sw
+                for sw, ms in local.items()
+                if tree and sw != root and dist.get(sw) == 1 and len(ms) > 1
+            ),
+            key=ids.__getitem__,
+        )
+        direct = [m for m in members if first[m] not in inner]
+        n_root = len(direct) + len(inner)
+        hop = {m: (root, planes[m], n_root, i) for i, m in enumerate(direct)}
+        for sw in inner:
+            for i, m in enumerate(local[sw]):
+                hop[m] = (sw, planes[m], len(local[sw]), i)
+        out.append(
+            IncStream(root, n_root, hop, {sw: len(direct) + i for i, sw in enumerate(inner)})
+        )
+    return out
+
+
 def tables(topology: dict) -> dict[str, SwitchTable]:
     nodes = {n["name"]: n for n in topology["nodes"]}
     graph = _switch_graph(nodes)

@@ -118,7 +118,7 @@ class NicTransport(Transport):
         if opts.inc_group is not None:
             if name != "ethplus":
                 super().all_reduce_in_network(None, "sum", "float32")
-            inc = inc_group(rec, opts.inc_group, opts.members)
+            inc = inc_group(rec, opts.inc_group, opts.members, node)
         try:
             self.ep = nic.Endpoint(
                 lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
@@ -215,29 +215,43 @@ def inc_problem(rec: dict) -> str | None:
     return None
 
 
-def inc_group(rec: dict, group: int, members: list[int] | None):
-    """The aggregation group of a job: its members (lab ranks) and the
-    switches it aggregates at (routing.aggregators)."""
-    from dataplane import nic, routing
+def inc_plan(rec: dict, members: list[int] | None) -> list:
+    """The streams of a job's in-network all-reduce on this lab
+    (routing.inc_plan); members are lab ranks (None: every accelerator)."""
+    from dataplane import routing
 
     why = inc_problem(rec)
     if why:
         raise TransportError(why)
     hosts = {n["index"]: n["name"] for n in rec["topology"]["nodes"] if n["role"] == "host"}
     ranks = list(members) if members is not None else sorted(hosts)
-    aggs = routing.aggregators(rec["topology"], [hosts[r] for r in ranks])
-    if not aggs:
+    plan = routing.inc_plan(
+        rec["topology"], [hosts[r] for r in ranks], bool(rec["switch"].get("inc_tree", True))
+    )
+    if not plan:
         raise TransportError("no switch reaches every member of the job")
+    return plan
+
+
+def stream_group(group: int, stream: int) -> int:
+    """The group id of one stream: a job draws group with its low 4 bits clear."""
+    return (group & ~0xF) | stream
+
+
+def inc_group(rec: dict, group: int, members: list[int] | None, me: str):
+    """Accelerator me's part in a job's in-network all-reduce (nic.IncGroup)."""
+    from dataplane import nic, routing
+
+    plan = inc_plan(rec, members)
     ids = routing.agg_ids(rec["topology"])
-    # One plane per aggregator for every member: each reaches it by the
-    # plane it picked (the same plane for all on these topologies).
-    per_agg = []
-    for sw, planes in aggs:
-        if len(set(planes.values())) != 1:
-            raise TransportError(f"members reach aggregator {sw} by different planes")
-        per_agg.append((ids[sw], next(iter(planes.values()))))
-    return nic.IncGroup(group & 0xFFFFFFFF, tuple(ranks), tuple(per_agg),
-                        int(rec["switch"].get("inc_slots", 1024)))  # fmt: skip
+    streams = tuple(
+        (stream_group(group, i), ids[st.hop[me][0]], *st.hop[me][1:]) for i, st in enumerate(plan)
+    )
+    meets: dict[str, int] = {}  # aggregator -> streams of the job that use it
+    for st in plan:
+        for sw in {st.root, *st.inner}:
+            meets[sw] = meets.get(sw, 0) + 1
+    return nic.IncGroup(streams, int(rec["switch"].get("inc_slots", 1024)), max(meets.values()))
 
 
 def available() -> list[str]:

@@ -203,6 +203,52 @@ def test_clos_aggregates_at_the_spines_over_udp(clos):
     assert absorbed["leaf1"] == absorbed["leaf2"] == absorbed["leaf3"] == 0
 
 
+def test_clos_aggregates_in_a_tree_leaves_first(clos):
+    """Two members under each of three leaves: each leaf reduces its two
+    members' chunks and sends one partial up; the spines reduce the three
+    partials and send the result down to the leaves, which send it on.  The
+    spines see half the frames a flat reduction would send them."""
+    size, calls, n = 2 * MiB, 2, 6
+    chunks = size // PAYLOAD
+    st0 = clos.stats()
+    res = _job(clos, [size], nodes=["h0", "h1", "h4", "h5", "h8", "h9"])
+    assert res["rows"][0]["wrong"] == 0
+    clos.quiesce()
+    st1 = clos.stats()
+    got = {k: _per_switch(st0, st1, k) for k in ("agg_consumed", "agg_dup", "agg_results")}
+
+    def total(kind: str, key: str) -> int:
+        return sum(v for sw, v in got[key].items() if sw.startswith(kind))
+
+    assert total("leaf", "agg_dup") == total("spine", "agg_dup") == 0
+    assert got["agg_consumed"]["leaf3"] == 0
+    # leaves: every member's chunks, and the spines' results coming down
+    assert total("leaf", "agg_consumed") == calls * chunks * (n + 3)
+    # spines: one partial per chunk from each of the three leaves
+    assert total("spine", "agg_consumed") == calls * chunks * 3
+    assert total("spine", "agg_results") == calls * chunks * 3
+    # leaves: one partial up per chunk, and one result per member down
+    assert total("leaf", "agg_results") == calls * chunks * (3 + n)
+    assert _nic(res)["inc_rx_results"] == calls * chunks * n
+
+
+def test_a_tree_recovers_from_loss_above_and_below(clos):
+    st0 = clos.stats()
+    clos.link_set("leaf1-spine2", "loss", "5%")
+    clos.link_set("h1-leaf0", "loss", "5%")
+    try:
+        res = _job(clos, [MiB], nodes=["h0", "h1", "h4", "h5"])
+    finally:
+        clos.link_set("leaf1-spine2", "loss", "0")
+        clos.link_set("h1-leaf0", "loss", "0")
+    assert res["rows"][0]["wrong"] == 0
+    assert _nic(res)["inc_retx_pkts"] > 0
+    clos.quiesce()
+    st1 = clos.stats()
+    replies = _per_switch(st0, st1, "agg_replies")
+    assert replies["leaf0"] > 0 and replies["leaf1"] + replies["spine2"] > 0
+
+
 def test_a_lab_without_inc_is_a_one_line_error(erack, tmp_path):
     rec = registry.load_lab(erack.name)
     rec["switch"]["inc"] = False

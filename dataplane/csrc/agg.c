@@ -14,12 +14,22 @@
  * Slot memory is taken when a group first needs it and kept by the group;
  * a group that has been silent for ETHP_AGG_IDLE_NS gives its slots up to
  * a group that needs them (its job is over, or dead).
+ *
+ * Trees (SHARP's): an aggregator the control plane told to (ethp_agg_join)
+ * is an inner node of the group's tree.  When its members' parts of a
+ * chunk are in, it sends the partial result up to its parent, as one member
+ * there, and waits; the parent's result comes back down (ethp_agg_down) and
+ * goes to its members.  A member that resends a chunk still waiting makes
+ * it send the partial up again (the parent counts it once, or answers with
+ * the result).
  */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "ethp_int.h"
 
 #define AGG_MAX_GROUPS 64
+#define AGG_MAX_UPLINKS 256
 #define AGG_IDLE_NS 5000000000ull
 #define AGG_SEEN_WORDS (ETHP_AGG_MAX_MEMBERS / 64)
 
@@ -29,6 +39,7 @@ struct agg_slot {
     uint32_t offset, prev_offset;
     uint16_t len, prev_len;
     uint8_t used, complete, has_prev;
+    uint8_t up_sent; /* an inner node: the partial went up, the result is awaited */
     uint8_t *acc;  /* 2 x payload cap: a float32 accumulator for 16-bit types */
     uint8_t *res;  /* the current chunk's result, once complete */
     uint8_t *prev; /* the previous chunk's result */
@@ -36,9 +47,16 @@ struct agg_slot {
     struct agg_slot *next_free;
 };
 
+/* Where an inner node of a tree sends a group's partial results. */
+struct agg_uplink {
+    uint32_t group, parent_id, parent_index, parent_members;
+    uint8_t live;
+};
+
 struct agg_group {
     uint32_t id, members, window;
     uint8_t dtype, op, live;
+    struct agg_uplink up; /* up.live: an inner node of this group's tree */
     uint64_t touched_ns;
     struct ethp_agg_member *member;
     struct agg_slot **slot; /* window entries, NULL until first used */
@@ -50,6 +68,9 @@ struct ethp_agg {
     struct agg_slot *free_list;
     struct agg_group groups[AGG_MAX_GROUPS];
     struct agg_group *last; /* the group of the previous frame */
+    pthread_mutex_t lock;   /* uplinks: written by the control thread */
+    struct agg_uplink uplinks[AGG_MAX_UPLINKS];
+    uint32_t next_uplink;
 };
 
 struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes)
@@ -58,8 +79,50 @@ struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes)
     if (a) {
         a->n_slots = slots;
         a->payload_cap = payload_cap_bytes;
+        pthread_mutex_init(&a->lock, NULL);
     }
     return a;
+}
+
+int ethp_agg_join(struct ethp_agg *a, uint32_t group, uint32_t parent_id, uint32_t parent_index,
+                  uint32_t parent_members)
+{
+    if (parent_id >= ETHP_AGG_MAX_IDS || !parent_members ||
+        parent_members > ETHP_AGG_MAX_MEMBERS || parent_index >= parent_members)
+        return -1;
+    pthread_mutex_lock(&a->lock);
+    struct agg_uplink *u = NULL;
+    for (int i = 0; i < AGG_MAX_UPLINKS && !u; i++)
+        if (a->uplinks[i].live && a->uplinks[i].group == group)
+            u = &a->uplinks[i];
+    if (!u) /* the oldest entry makes room */
+        u = &a->uplinks[a->next_uplink++ % AGG_MAX_UPLINKS];
+    *u = (struct agg_uplink){.group = group, .parent_id = parent_id,
+                             .parent_index = parent_index, .parent_members = parent_members,
+                             .live = 1};
+    pthread_mutex_unlock(&a->lock);
+    return 0;
+}
+
+int ethp_agg_leave(struct ethp_agg *a, uint32_t group)
+{
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < AGG_MAX_UPLINKS; i++)
+        if (a->uplinks[i].live && a->uplinks[i].group == group)
+            a->uplinks[i].live = 0;
+    pthread_mutex_unlock(&a->lock);
+    return 0;
+}
+
+static struct agg_uplink uplink_of(struct ethp_agg *a, uint32_t group)
+{
+    struct agg_uplink found = {0};
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < AGG_MAX_UPLINKS; i++)
+        if (a->uplinks[i].live && a->uplinks[i].group == group)
+            found = a->uplinks[i];
+    pthread_mutex_unlock(&a->lock);
+    return found;
 }
 
 static void slot_free(struct agg_slot *s)
@@ -96,6 +159,7 @@ void ethp_agg_free(struct ethp_agg *a)
         a->free_list = s->next_free;
         slot_free(s);
     }
+    pthread_mutex_destroy(&a->lock);
     free(a);
 }
 
@@ -149,7 +213,8 @@ static struct agg_group *group_of(struct ethp_agg *a, uint32_t id, uint32_t memb
             return NULL;
         }
         *g = (struct agg_group){.id = id, .members = members, .window = window, .dtype = dtype,
-                                .op = op, .live = 1, .member = g->member, .slot = g->slot};
+                                .op = op, .live = 1, .member = g->member, .slot = g->slot,
+                                .up = uplink_of(a, id)};
     }
     g->touched_ns = now;
     a->last = g;
@@ -319,6 +384,14 @@ static uint32_t elem_bytes(int dtype) { return dtype == ETHP_AGG_F16 || dtype ==
 
 /* ---------------------------------------------------------------- contributions */
 
+/* out (payload, psn, ...) goes up the tree: where, and as which member. */
+static int up(const struct agg_group *g, struct ethp_agg_out *out)
+{
+    out->parent_id = g->up.parent_id;
+    out->parent_tag = g->up.parent_members << 16 | g->up.parent_index;
+    return ETHP_AGG_UP;
+}
+
 int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t *payload,
                  uint64_t now, struct ethp_agg_out *out)
 {
@@ -352,6 +425,7 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
         int32_t ahead = (int32_t)(h->psn - s->psn);
         if (ahead < 0) {
             if (s->has_prev && h->psn == s->prev_psn) {
+                out->again = 1;
                 out->payload = s->prev;
                 out->len_bytes = s->prev_len;
                 out->offset_bytes = s->prev_offset;
@@ -375,6 +449,7 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
     if (!s->used) {
         s->used = 1;
         s->complete = 0;
+        s->up_sent = 0;
         s->count = 0;
         s->psn = h->psn;
         s->len = (uint16_t)len;
@@ -384,22 +459,50 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
         return ETHP_AGG_BAD;
     }
     uint64_t bit = 1ull << (index % 64);
+    out->payload = s->res;
+    out->len_bytes = s->len;
+    out->offset_bytes = s->offset;
     if (s->seen[index / 64] & bit) {
-        if (!s->complete)
-            return ETHP_AGG_DUP;
-        out->payload = s->res;
-        out->len_bytes = s->len;
-        out->offset_bytes = s->offset;
-        return ETHP_AGG_REPLY;
+        out->again = 1;
+        if (s->complete)
+            return ETHP_AGG_REPLY;
+        return s->up_sent ? up(g, out) : ETHP_AGG_DUP;
     }
     s->seen[index / 64] |= bit;
     combine(s->acc, payload, len / elem_bytes(dtype), dtype, op, s->count == 0);
     if (++s->count < members)
         return ETHP_AGG_ABSORBED;
     finish(s->res, s->acc, len / elem_bytes(dtype), dtype);
+    if (g->up.live) {
+        s->up_sent = 1;
+        return up(g, out);
+    }
     s->complete = 1;
-    out->payload = s->res;
-    out->len_bytes = s->len;
-    out->offset_bytes = s->offset;
+    return ETHP_AGG_COMPLETE;
+}
+
+int ethp_agg_down(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t *payload,
+                  uint64_t now, struct ethp_agg_out *out)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    struct agg_group *g = a->last && a->last->live && a->last->id == h->msg_id ? a->last : NULL;
+    for (int i = 0; !g && i < AGG_MAX_GROUPS; i++)
+        if (a->groups[i].live && a->groups[i].id == h->msg_id)
+            g = &a->groups[i];
+    if (!g || !g->up.live || h->src_ep != ETHP_AGG_EP_BASE + g->up.parent_id)
+        return ETHP_AGG_STALE;
+    g->touched_ns = now;
+    struct agg_slot *s = g->slot[h->psn % g->window];
+    if (!s || !s->used || s->psn != h->psn || !s->up_sent)
+        return ETHP_AGG_STALE;
+    if (s->complete)
+        return ETHP_AGG_DUP;
+    if (h->len_bytes != s->len || ps->payload_bytes != s->len)
+        return ETHP_AGG_BAD;
+    memcpy(s->res, payload, s->len);
+    s->complete = 1;
+    *out = (struct ethp_agg_out){.payload = s->res, .len_bytes = s->len, .psn = s->psn,
+                                 .offset_bytes = s->offset, .group = g->id, .word = h->ts_ns,
+                                 .members = g->members, .member = g->member};
     return ETHP_AGG_COMPLETE;
 }

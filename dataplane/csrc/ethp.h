@@ -361,8 +361,8 @@ struct ethp_link_state {
     X(tx_again, "sends deferred: TX ring or socket buffer full")                \
     X(agg_consumed, "in-network all-reduce contributions absorbed by the aggregator") \
     X(agg_dup, "contributions already counted (a member resent), absorbed")   \
-    X(agg_results, "result frames the aggregator originated (then sent, dropped or queued)") \
-    X(agg_replies, "results sent again to one member that resent its contribution") \
+    X(agg_results, "result (or partial) frames the aggregator originated (then sent, dropped or queued)") \
+    X(agg_replies, "results (or partials, up a tree) sent again after a member resent its contribution") \
     X(drop_agg_full, "contributions dropped: the aggregator had no free slot")   \
     X(drop_agg_stale, "contributions for a chunk the aggregator no longer holds")
 
@@ -416,6 +416,13 @@ uint64_t ethp_switch_wakeups(const struct ethp_switch *sw);
 /* Bytes in all the switch's egress queues now, and their high-water mark. */
 void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint64_t *hwm_bytes);
 
+/* In-network aggregation trees (an aggregator that is not the root of a
+ * group's tree): group's partial results go to aggregator parent_id, where
+ * this switch is child parent_index of parent_members.  Set before the
+ * group's first frame.  0, -EINVAL (no aggregator here, or out of range). */
+int ethp_switch_agg_join(struct ethp_switch *sw, uint32_t group, uint32_t parent_id,
+                         uint32_t parent_index, uint32_t parent_members);
+int ethp_switch_agg_leave(struct ethp_switch *sw, uint32_t group);
 /* Build an 802.1Qbb PFC frame pausing the classes in mask for quanta. */
 int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
                    uint16_t quanta);
@@ -542,14 +549,17 @@ int ethp_nic_set_plane(struct ethp_nic *nic, uint32_t plane, uint32_t up);
 /* In-network all-reduce.  One aggregator a job's chunks go to, and the port
  * (plane) that reaches it. */
 struct ethp_nic_agg {
-    uint32_t id;    /* aggregator id: endpoint ETHP_AGG_EP_BASE + id */
-    uint32_t plane; /* this endpoint's port towards it */
+    uint32_t id;      /* the aggregator it sends to: endpoint ETHP_AGG_EP_BASE + id */
+    uint32_t plane;   /* this endpoint's port towards it */
+    uint32_t group;   /* the group id (msg_id) of this stream of chunks */
+    uint32_t members; /* members of the group at that aggregator */
+    uint32_t index;   /* this endpoint's place among them */
 };
-/* Join aggregation group group as member index of members, over n_aggs
- * aggregators (chunk c goes to aggs[c mod n_aggs]) with window chunks in
- * flight at each.  Before ethp_nic_start. */
-int ethp_nic_inc_setup(struct ethp_nic *nic, uint32_t group, uint32_t members, uint32_t index,
-                       const struct ethp_nic_agg *aggs, uint32_t n_aggs, uint32_t window);
+/* Join n_aggs streams of an in-network all-reduce (chunk c goes to
+ * aggs[c mod n_aggs]), with window chunks in flight in each.  Before
+ * ethp_nic_start. */
+int ethp_nic_inc_setup(struct ethp_nic *nic, const struct ethp_nic_agg *aggs, uint32_t n_aggs,
+                       uint32_t window);
 /* All-reduce count elements of dtype (enum ethp_agg_dtype) at buf in place,
  * in the network, with op (enum ethp_agg_op).  Every member must post the
  * same calls in the same order.  Returns a handle for ethp_nic_wait. */

@@ -143,6 +143,7 @@ enum ethp_agg_action {
     ETHP_AGG_COMPLETE,     /* the last one: send the result to every member */
     ETHP_AGG_REPLY,        /* a member resent a finished chunk: send it the result */
     ETHP_AGG_DUP,          /* already counted, chunk not finished: nothing to send */
+    ETHP_AGG_UP,           /* an inner node of a tree: send the partial result up */
     ETHP_AGG_STALE,        /* a chunk this aggregator no longer holds */
     ETHP_AGG_FULL,         /* no free slot */
     ETHP_AGG_BAD,          /* fields out of range, or not the group's */
@@ -160,12 +161,23 @@ struct ethp_agg_out {
     uint32_t members;
     const struct ethp_agg_member *member; /* members entries */
     uint32_t to; /* ETHP_AGG_REPLY: the member to answer */
+    uint32_t parent_id, parent_tag; /* ETHP_AGG_UP: where the partial goes, and its tag */
+    uint8_t again; /* sent because a member resent its contribution */
 };
 struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes);
 void ethp_agg_free(struct ethp_agg *agg);
 /* One contribution (ps parsed, its payload at payload).  now: monotonic ns. */
 int ethp_agg_add(struct ethp_agg *agg, const struct ethp_parsed *ps, const uint8_t *payload,
                  uint64_t now, struct ethp_agg_out *out);
+/* A result from this aggregator's parent in a tree: ETHP_AGG_COMPLETE (send
+ * it to every member), ETHP_AGG_DUP (had it already) or ETHP_AGG_STALE. */
+int ethp_agg_down(struct ethp_agg *agg, const struct ethp_parsed *ps, const uint8_t *payload,
+                  uint64_t now, struct ethp_agg_out *out);
+/* Trees, set from the control thread: group's partial results go to
+ * aggregator parent_id, as its child parent_index of parent_members. */
+int ethp_agg_join(struct ethp_agg *agg, uint32_t group, uint32_t parent_id, uint32_t parent_index,
+                  uint32_t parent_members);
+int ethp_agg_leave(struct ethp_agg *agg, uint32_t group);
 
 /* The live counters of a port (ETHP_PORT_NCOUNTERS), for its owner thread. */
 const uint64_t *ethp_port_counters_ref(const struct ethp_port *port);

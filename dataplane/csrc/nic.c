@@ -155,6 +155,7 @@ struct nic_port {
  * is reused only once its last chunk's result is in. */
 struct inc_agg {
     uint32_t id, plane;
+    uint32_t group, members, index; /* this stream's group, and our place in it there */
     uint32_t una_psn, next_psn; /* results missing for [una, next) */
     uint32_t resend_psn;        /* after a timeout: resend from here up to next */
     uint64_t next_chunk;        /* the running call's next chunk for this aggregator */
@@ -164,7 +165,7 @@ struct inc_agg {
 };
 
 struct nic_inc {
-    uint32_t group, members, index, window, n_aggs;
+    uint32_t window, n_aggs;
     struct inc_agg agg[ETHP_NIC_MAX_PLANES];
     struct nic_msg *head, *tail; /* posted calls; the head is running */
     uint32_t elem_bytes, chunk_bytes;
@@ -1160,8 +1161,8 @@ static void inc_send(struct ethp_nic *n, struct inc_agg *a, uint32_t psn, uint64
     struct ethp_hdr_fields h = {
         .opcode = ETHP_OP_AGG, .flags = retx ? ETHP_F_RETX : 0, .entropy = ev,
         .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)(ETHP_AGG_EP_BASE + a->id),
-        .msg_id = g->group, .psn = psn, .offset_bytes = (uint32_t)off,
-        .tag = g->members << 16 | g->index, .len_bytes = (uint16_t)len, .tos = 0x02,
+        .msg_id = a->group, .psn = psn, .offset_bytes = (uint32_t)off,
+        .tag = a->members << 16 | a->index, .len_bytes = (uint16_t)len, .tos = 0x02,
         .ts_ns = (uint32_t)m->dtype << 24 | (uint32_t)m->op << 16 | g->window};
     if (emit(n, a->plane, &l, &h, m->buf + off, len) == 0) {
         n->c[ETHP_NC_inc_tx_pkts]++;
@@ -1205,9 +1206,9 @@ static void on_agg_result(struct ethp_nic *n, const struct ethp_parsed *ps, cons
     struct nic_inc *g = &n->inc;
     struct inc_agg *a = NULL;
     for (uint32_t i = 0; i < g->n_aggs && !a; i++)
-        if (ETHP_AGG_EP_BASE + g->agg[i].id == ps->hdr.src_ep)
+        if (g->agg[i].group == ps->hdr.msg_id)
             a = &g->agg[i];
-    if (!a || ps->hdr.msg_id != g->group) {
+    if (!a || ps->hdr.src_ep != ETHP_AGG_EP_BASE + a->id) {
         n->c[ETHP_NC_rx_malformed]++;
         return;
     }
@@ -1755,7 +1756,7 @@ static int64_t post(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *bu
 int64_t ethp_nic_post_allreduce(struct ethp_nic *n, uint8_t *buf, uint64_t count, uint32_t dtype,
                                 uint32_t op)
 {
-    if (!n->inc.members)
+    if (!n->inc.window)
         return ETHP_NIC_ERR_NO_GROUP;
     if (dtype > ETHP_AGG_BF16 || op > ETHP_AGG_MIN || (count && !buf))
         return -EINVAL;
@@ -1771,30 +1772,30 @@ int64_t ethp_nic_post_allreduce(struct ethp_nic *n, uint8_t *buf, uint64_t count
     return queue_msg(n, m);
 }
 
-int ethp_nic_inc_setup(struct ethp_nic *n, uint32_t group, uint32_t members, uint32_t index,
-                       const struct ethp_nic_agg *aggs, uint32_t n_aggs, uint32_t window)
+int ethp_nic_inc_setup(struct ethp_nic *n, const struct ethp_nic_agg *aggs, uint32_t n_aggs,
+                       uint32_t window)
 {
-    if (n->started || n->cfg.roce || n->inc.members || !members ||
-        members > ETHP_AGG_MAX_MEMBERS || index >= members || !n_aggs ||
-        n_aggs > ETHP_NIC_MAX_PLANES || !window || window > ETHP_AGG_MAX_WINDOW)
+    if (n->started || n->cfg.roce || n->inc.n_aggs || !n_aggs || n_aggs > ETHP_NIC_MAX_PLANES ||
+        !window || window > ETHP_AGG_MAX_WINDOW)
         return -EINVAL;
     struct nic_inc *g = &n->inc;
     for (uint32_t i = 0; i < n_aggs; i++) {
-        if (aggs[i].plane >= n->n_ports || aggs[i].id >= ETHP_AGG_MAX_IDS)
+        const struct ethp_nic_agg *x = &aggs[i];
+        if (x->plane >= n->n_ports || x->id >= ETHP_AGG_MAX_IDS || !x->members ||
+            x->members > ETHP_AGG_MAX_MEMBERS || x->index >= x->members)
             return -EINVAL;
-        g->agg[i] = (struct inc_agg){.id = aggs[i].id, .plane = aggs[i].plane,
+    }
+    for (uint32_t i = 0; i < n_aggs; i++) {
+        const struct ethp_nic_agg *x = &aggs[i];
+        g->agg[i] = (struct inc_agg){.id = x->id, .plane = x->plane, .group = x->group,
+                                     .members = x->members, .index = x->index,
                                      .rto_ns = n->cfg.rto_ns,
                                      .chunk = calloc(window, sizeof(uint64_t))};
-        if (!g->agg[i].chunk) {
-            g->n_aggs = i + 1;
+        g->n_aggs = i + 1;
+        if (!g->agg[i].chunk)
             return -ENOMEM;
-        }
     }
-    g->group = group;
-    g->members = members;
-    g->index = index;
     g->window = window;
-    g->n_aggs = n_aggs;
     return 0;
 }
 

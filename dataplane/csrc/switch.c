@@ -401,23 +401,26 @@ static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now);
 
 /* ---------------------------------------------------------------- aggregation */
 
-/* One result frame of a finished (or resent) chunk to member i, into the
- * pipeline as if it had arrived on port in_port. */
-static void agg_send(struct ethp_switch *sw, const struct ethp_agg_out *o, uint32_t i, int kind,
-                     uint16_t in_port, uint64_t now)
+/* A frame the aggregator originates, into the pipeline as if it had arrived
+ * on port in_port: the result of a finished (or resent) chunk to member i,
+ * or (up) the partial result of an inner node of a tree to its parent. */
+static void agg_emit(struct ethp_switch *sw, const struct ethp_agg_out *o, uint32_t i, int up,
+                     int kind, uint16_t in_port, uint64_t now)
 {
     struct ethp_pkt *r;
     if (ethp_pool_get(sw->pool, &r, 1) != 1)
         return; /* the member times out and asks again */
-    const struct ethp_agg_member *m = &o->member[i];
-    struct ethp_l2l3 a = {.src_ip = sw->agg_ip, .dst_ip = m->ip,
-                          .src_port = (uint16_t)(0xC000 | (m->ev & 0x3fff)),
+    const struct ethp_agg_member *m = up ? NULL : &o->member[i];
+    uint16_t ev = m ? m->ev : (uint16_t)(ethp_mix64((uint64_t)o->group << 32 | o->psn) & 0xfff0);
+    struct ethp_l2l3 a = {.src_ip = sw->agg_ip, .dst_ip = m ? m->ip : ETHP_AGG_NET + o->parent_id,
+                          .src_port = (uint16_t)(0xC000 | (ev & 0x3fff)),
                           .dst_port = ETHP_UDP_PORT, .tos = 0x02, .ttl = 64};
-    struct ethp_hdr_fields h = {.opcode = ETHP_OP_AGG_RESULT, .entropy = m->ev,
-                                .src_ep = sw->agg_ep, .dst_ep = m->ep, .msg_id = o->group,
-                                .psn = o->psn, .offset_bytes = o->offset_bytes,
-                                .tag = o->members << 16 | i, .len_bytes = (uint16_t)o->len_bytes,
-                                .tos = 0x02, .ts_ns = o->word};
+    struct ethp_hdr_fields h = {
+        .opcode = up ? ETHP_OP_AGG : ETHP_OP_AGG_RESULT, .entropy = ev, .src_ep = sw->agg_ep,
+        .dst_ep = m ? m->ep : (uint16_t)(ETHP_AGG_EP_BASE + o->parent_id), .msg_id = o->group,
+        .psn = o->psn, .offset_bytes = o->offset_bytes,
+        .tag = up ? o->parent_tag : o->members << 16 | i, .len_bytes = (uint16_t)o->len_bytes,
+        .tos = 0x02, .ts_ns = o->word};
     int len = kind == ETHP_KIND_ETHP_COMPACT
                   ? ethp_build_compact(r->data, r->cap, &a, &h, o->payload, o->len_bytes)
                   : ethp_build_udp(r->data, r->cap, &a, &h, o->payload, o->len_bytes);
@@ -432,31 +435,45 @@ static void agg_send(struct ethp_switch *sw, const struct ethp_agg_out *o, uint3
     forward(sw, r, now);
 }
 
+static void agg_multicast(struct ethp_switch *sw, const struct ethp_agg_out *o, int kind,
+                          uint16_t in_port, uint64_t now)
+{
+    for (uint32_t i = 0; i < o->members; i++)
+        agg_emit(sw, o, i, 0, kind, in_port, now);
+}
+
+static const int8_t agg_dropped[] = {
+    [ETHP_AGG_BAD] = ETHP_SC_drop_malformed,
+    [ETHP_AGG_FULL] = ETHP_SC_drop_agg_full,
+    [ETHP_AGG_STALE] = ETHP_SC_drop_agg_stale,
+};
+
+/* A contribution (op agg) or, at an inner node of a tree, the parent's
+ * result (op agg result), addressed to this switch's aggregator. */
 static void aggregate(struct ethp_switch *sw, struct sw_port *in, struct ethp_pkt *p,
                       const struct ethp_parsed *ps, int kind, uint64_t now)
 {
     struct ethp_agg_out o;
-    int act = ethp_agg_add(sw->agg, ps, p->data + ps->payload_off, now, &o);
-    static const int8_t dropped[] = {
-        [ETHP_AGG_BAD] = ETHP_SC_drop_malformed,
-        [ETHP_AGG_FULL] = ETHP_SC_drop_agg_full,
-        [ETHP_AGG_STALE] = ETHP_SC_drop_agg_stale,
-    };
+    const uint8_t *payload = p->data + ps->payload_off;
+    int down = ps->hdr.opcode == ETHP_OP_AGG_RESULT;
+    int act = down ? ethp_agg_down(sw->agg, ps, payload, now, &o)
+                   : ethp_agg_add(sw->agg, ps, payload, now, &o);
     if (act >= ETHP_AGG_STALE) {
-        drop(sw, in, p, dropped[act]);
+        drop(sw, in, p, agg_dropped[act]);
         return;
     }
     uint16_t in_port = p->port;
     drop(sw, in, p, ETHP_SC_agg_consumed);
-    if (act == ETHP_AGG_DUP) {
+    if (!down && (act == ETHP_AGG_DUP || o.again))
         in->c[ETHP_SC_agg_dup]++;
-    } else if (act == ETHP_AGG_REPLY) {
-        in->c[ETHP_SC_agg_dup]++;
+    if (!down && o.again && act != ETHP_AGG_DUP)
         in->c[ETHP_SC_agg_replies]++;
-        agg_send(sw, &o, o.to, kind, in_port, now);
+    if (act == ETHP_AGG_REPLY) {
+        agg_emit(sw, &o, o.to, 0, kind, in_port, now);
+    } else if (act == ETHP_AGG_UP) {
+        agg_emit(sw, &o, 0, 1, kind, in_port, now);
     } else if (act == ETHP_AGG_COMPLETE) {
-        for (uint32_t i = 0; i < o.members; i++)
-            agg_send(sw, &o, i, kind, in_port, now);
+        agg_multicast(sw, &o, kind, in_port, now);
     }
 }
 
@@ -474,7 +491,8 @@ static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
         drop(sw, in, p, ETHP_SC_ctl_consumed);
         return;
     }
-    if (sw->agg && is_ethp(kind) && ps.hdr.opcode == ETHP_OP_AGG &&
+    if (sw->agg && is_ethp(kind) &&
+        (ps.hdr.opcode == ETHP_OP_AGG || ps.hdr.opcode == ETHP_OP_AGG_RESULT) &&
         (kind == ETHP_KIND_ETHP_COMPACT ? ps.hdr.dst_ep == sw->agg_ep
                                         : ps.addr.dst_ip == sw->agg_ip)) {
         aggregate(sw, in, p, &ps, kind, now);
@@ -997,6 +1015,19 @@ void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up)
 {
     __atomic_store_n(&sw->up, up ? 1u : 0u, __ATOMIC_RELEASE);
     ethp_kick(sw->evfd);
+}
+
+int ethp_switch_agg_join(struct ethp_switch *sw, uint32_t group, uint32_t parent_id,
+                         uint32_t parent_index, uint32_t parent_members)
+{
+    if (!sw->agg || ethp_agg_join(sw->agg, group, parent_id, parent_index, parent_members) < 0)
+        return -EINVAL;
+    return 0;
+}
+
+int ethp_switch_agg_leave(struct ethp_switch *sw, uint32_t group)
+{
+    return sw->agg ? ethp_agg_leave(sw->agg, group) : -EINVAL;
 }
 
 uint32_t ethp_switch_port_count(const struct ethp_switch *sw) { return sw->n_ports; }
