@@ -43,6 +43,21 @@ def test_a_job_aggregates_at_the_switches_nearest_all_its_members():
     assert all(len(planes) == 1 for _, planes in hpn)
 
 
+def test_a_tree_has_the_leaves_with_two_or_more_members_inside():
+    topo = _topology("clos-16")
+    plan = routing.inc_plan(topo, ["h0", "h1", "h4", "h8", "h9", "h10"])
+    assert [st.root for st in plan] == [f"spine{i}" for i in range(4)]
+    st = plan[0]
+    # leaf1 has one member: it sends to the root itself
+    assert st.inner == {"leaf0": 1, "leaf2": 2} and st.root_members == 3
+    assert st.hop["h4"] == ("spine0", 0, 3, 0)
+    assert st.hop["h0"] == ("leaf0", 0, 2, 0) and st.hop["h10"] == ("leaf2", 0, 3, 2)
+    flat = routing.inc_plan(topo, ["h0", "h1", "h4"], tree=False)
+    assert all(not s.inner and s.root_members == 3 for s in flat)
+    # single tier: no inner nodes
+    assert all(not s.inner for s in routing.inc_plan(_topology("erack-8x4"), ["h0", "h1"]))
+
+
 def test_every_switch_routes_to_every_other_aggregator():
     topo = _topology("clos-16")
     ids = routing.agg_ids(topo)
