@@ -151,6 +151,10 @@ class Job:
                 raise JobError(f"--algo in-network: {why}")
             # unique per job (switches key slots on it); the low 4 bits number its streams
             plan.inc_group = secrets.randbits(32) & ~0xF
+        try:
+            self.trees = self._inc_trees()
+        except transport.TransportError as e:
+            raise JobError(f"--algo in-network: {e}") from None
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
@@ -197,7 +201,7 @@ class Job:
         busy0 = cpu.machine_s()
         before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         tasks: list[asyncio.Task] = []
-        trees = self._inc_trees()
+        trees = self.trees
         try:
             if trees:
                 await loop.run_in_executor(None, _fabric_inc, self.plan.lab, {"join": trees})

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from dataplane import bench, faults, transport
 from dataplane import labfile as lf
-from dataplane.collectives import COLLECTIVES, bus_factor, canonical
+from dataplane.collectives import ALGORITHMS, COLLECTIVES, bus_factor, canonical
 from dataplane.job import JobError
 from dataplane.labfile import LABS_DIR, LabFileError, resolve_path
 
@@ -206,6 +206,10 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
     if not isinstance(faults_raw, list):
         raise _err(path, "fault", "[[fault]] tables")
     fl = [_fault(path, i, f, scale, rng) for i, f in enumerate(faults_raw)]
+    inc = [j.name for j in jobs if j.algo == "in-network"]
+    if inc and sc["transports"] != ["ethplus"]:
+        raise _err(path, "scenario.transports", f'["ethplus"] only (job {inc[0]} is in-network)',
+                   sc["transports"])  # fmt: skip
     return Scenario(
         name=p.stem,
         path=path,
@@ -239,9 +243,13 @@ def _job(path: str, i: int, j, overrides: dict) -> JobSpec:
         raise LabFileError(
             path, f"{where}.sizes", "sizes such as 8K, 64M", detail=str(exc)
         ) from None
+    collective = canonical(v["collective"])
+    algos = ALGORITHMS.get(collective, ("ring",))
+    if v["algo"] not in algos:
+        raise _err(path, f"{where}.algo", f"one of {', '.join(algos)} for {collective}", v["algo"])
     return JobSpec(
         name=name,
-        collective=canonical(v["collective"]),
+        collective=collective,
         nodes=v["nodes"],
         sizes=sizes,
         iters=v["iters"],

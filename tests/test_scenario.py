@@ -128,6 +128,16 @@ BAD = {
         "fault[0].at_s",
     ),
     "not-toml": ("[scenario\n", "file"),
+    "bad-algo": (
+        '[scenario]\nlab = "erack-8x4"\n[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n'
+        'algo = "butterfly"\n',
+        "job.job0.algo",
+    ),
+    "in-network-over-roce": (
+        '[scenario]\nlab = "erack-8x4"\ntransports = ["ethplus", "roce"]\n[[job]]\n'
+        'collective = "all-reduce"\nsizes = ["1M"]\nalgo = "in-network"\n',
+        "scenario.transports",
+    ),
 }
 
 
