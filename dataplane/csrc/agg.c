@@ -283,12 +283,21 @@ static AGG_HOT void narrow_bf16(uint16_t *out, const float *in, uint32_t n)
     }
 }
 
-#define AGG_F16_BODY(out, in, n) for (uint32_t i = 0; i < (n); i++) (out)[i] = (in)[i]
-static AGG_HOT __attribute__((target("f16c"))) void widen_f16_hw(float *o, const _Float16 *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
-static AGG_HOT void widen_f16_sw(float *o, const _Float16 *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
-static AGG_HOT __attribute__((target("f16c"))) void narrow_f16_hw(_Float16 *o, const float *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
-static AGG_HOT void narrow_f16_sw(_Float16 *o, const float *x, uint32_t n) { AGG_F16_BODY(o, x, n); }
-#undef AGG_F16_BODY
+/* float16 <-> float32: the same loops, built with F16C (used when the CPU
+ * has it) and without (a library call per element). */
+#define AGG_CONVERT(name, attrs, T_OUT, T_IN)                                    \
+    static AGG_HOT attrs void name(T_OUT *o, const T_IN *x, uint32_t n)          \
+    {                                                                            \
+        for (uint32_t i = 0; i < n; i++)                                         \
+            o[i] = (T_OUT)x[i];                                                  \
+    }
+#define AGG_F16C __attribute__((target("f16c")))
+AGG_CONVERT(widen_f16_hw, AGG_F16C, float, _Float16)
+AGG_CONVERT(widen_f16_sw, , float, _Float16)
+AGG_CONVERT(narrow_f16_hw, AGG_F16C, _Float16, float)
+AGG_CONVERT(narrow_f16_sw, , _Float16, float)
+#undef AGG_CONVERT
+#undef AGG_F16C
 
 static int have_f16c(void)
 {
@@ -380,7 +389,10 @@ static void finish(uint8_t *out, const uint8_t *acc, uint32_t n, int dtype)
     memcpy(out, r.h, 2 * (size_t)n);
 }
 
-static uint32_t elem_bytes(int dtype) { return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4; }
+static uint32_t elem_bytes(int dtype)
+{
+    return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4;
+}
 
 /* ---------------------------------------------------------------- contributions */
 
@@ -401,8 +413,8 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
     uint32_t window = h->ts_ns & 0xffff, len = h->len_bytes;
     if (!members || members > ETHP_AGG_MAX_MEMBERS || index >= members || !window ||
         window > ETHP_AGG_MAX_WINDOW || dtype > ETHP_AGG_BF16 || op > ETHP_AGG_MIN || !len ||
-        len > a->payload_cap || len / elem_bytes(dtype) > AGG_MAX_ELEMS || len % elem_bytes(dtype) || ps->payload_bytes != len ||
-        (h->flags & ETHP_F_TRIMMED))
+        len > a->payload_cap || len / elem_bytes(dtype) > AGG_MAX_ELEMS ||
+        len % elem_bytes(dtype) || ps->payload_bytes != len || (h->flags & ETHP_F_TRIMMED))
         return ETHP_AGG_BAD;
     int action = ETHP_AGG_ABSORBED;
     struct agg_group *g = group_of(a, h->msg_id, members, window, dtype, op, now, &action);
