@@ -51,9 +51,10 @@ _ERRORS = {
 }
 
 
-# In-network all-reduce: element types and operators the switches reduce.
-INC_DTYPES = {"float32": lib.ETHP_AGG_F32, "int32": lib.ETHP_AGG_I32,
-              "float16": lib.ETHP_AGG_F16, "bfloat16": lib.ETHP_AGG_BF16}  # fmt: skip
+# In-network all-reduce: element types (their code, their bytes) and
+# operators the switches reduce.
+INC_DTYPES = {"float32": (lib.ETHP_AGG_F32, 4), "int32": (lib.ETHP_AGG_I32, 4),
+              "float16": (lib.ETHP_AGG_F16, 2), "bfloat16": (lib.ETHP_AGG_BF16, 2)}  # fmt: skip
 INC_OPS = {"sum": lib.ETHP_AGG_SUM, "max": lib.ETHP_AGG_MAX, "min": lib.ETHP_AGG_MIN}
 INC_WINDOW_BDPS = 4  # chunks in flight per aggregator: this many BDPs of one plane
 INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
@@ -211,15 +212,9 @@ class Endpoint:
     ) -> None:
         planes = [p["plane"] for p in ports]
         aggs = ffi.new("struct ethp_nic_agg[]", len(inc.streams))
-        for i, (group, agg_id, plane, members, index) in enumerate(inc.streams):
-            a = aggs[i]
-            a.group, a.id, a.plane, a.members, a.index = (
-                group,
-                agg_id,
-                planes.index(plane),
-                members,
-                index,
-            )
+        for a, (group, agg_id, plane, members, index) in zip(aggs, inc.streams, strict=True):
+            a.group, a.id, a.plane = group, agg_id, planes.index(plane)
+            a.members, a.index = members, index
         bdp_chunks = rate_real * base_rtt_real // 8 // 1_000_000_000 // PAYLOAD_BYTES
         window = min(INC_MAX_WINDOW, max(INC_MIN_WINDOW, INC_WINDOW_BDPS * bdp_chunks))
         # A straggler's chunk holds a window of results back, then lets them
@@ -236,9 +231,8 @@ class Endpoint:
     def all_reduce(self, buf, dtype: str, op: str) -> int:
         """Post an in-network all-reduce of buf (in place); wait() on the handle."""
         c = ffi.from_buffer(buf, require_writable=True)
-        item = 2 if dtype in ("float16", "bfloat16") else 4
-        n = len(c) // item
-        h = lib.ethp_nic_post_allreduce(self._nic, c, n, INC_DTYPES[dtype], INC_OPS[op])
+        code, item = INC_DTYPES[dtype]
+        h = lib.ethp_nic_post_allreduce(self._nic, c, len(c) // item, code, INC_OPS[op])
         return self._posted(h, c)
 
     def close(self) -> None:

@@ -26,6 +26,10 @@ class TransportError(RuntimeError):
     """A transfer failed (peer unreachable, buffer too small, connection lost)."""
 
 
+def _needs_ethplus(name: str) -> TransportError:
+    return TransportError(f"in-network all-reduce needs the ethplus transport, not {name}")
+
+
 @dataclass
 class Options:
     """What a run may tune about its transport (all have defaults)."""
@@ -69,7 +73,7 @@ class Transport(ABC):
 
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         """All-reduce buf in place in the switches (in-network computing)."""
-        raise TransportError(f"in-network all-reduce needs the ethplus transport, not {self.name}")
+        raise _needs_ethplus(self.name)
 
     @abstractmethod
     def _isend(self, peer: int, tag: int, view: memoryview) -> object: ...
@@ -117,7 +121,7 @@ class NicTransport(Transport):
         inc = None
         if opts.inc_group is not None:
             if name != "ethplus":
-                super().all_reduce_in_network(None, "sum", "float32")
+                raise _needs_ethplus(name)
             inc = inc_group(rec, opts.inc_group, opts.members, node)
         try:
             self.ep = nic.Endpoint(
@@ -140,7 +144,10 @@ class NicTransport(Transport):
 
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         if not self.ep.inc_window:
-            super().all_reduce_in_network(buf, op, dtype)  # pragma: no cover - Job sets it up
+            raise TransportError(
+                "in-network all-reduce: this endpoint joined no aggregation group"
+                " (Options.inc_group; a job with algo in-network sets one)"
+            )
         try:
             self.ep.wait(self.ep.all_reduce(memoryview(buf).cast("B"), dtype, op))
         except self._errors as e:
