@@ -5,6 +5,7 @@ import pytest
 
 from dataplane import reference as ref
 from dataplane.collectives import bus_factor, canonical
+from dataplane.transport import TransportError
 from dataplane.workload import Case
 from tests.localtransport import run_ranks
 
@@ -100,3 +101,10 @@ def test_uneven_all_to_all_with_some_pairs_above_the_rendezvous_size():
     # every pair must agree on whether it waits (a rank deciding for all its
     # peers at once deadlocked here).
     assert _wrong(8, "all-to-all", "ring", 131072, uneven=True) == [0] * 8
+
+
+def test_in_network_all_reduce_needs_a_transport_that_offers_it():
+    with pytest.raises(TransportError, match="needs the ethplus transport, not local"):
+        _wrong(2, "all-reduce", "in-network", 10)
+    with pytest.raises(ValueError, match="ring, halving-doubling, in-network"):
+        _wrong(2, "all-reduce", "butterfly", 10)
