@@ -168,8 +168,11 @@ def report(result: dict, rec: dict) -> dict:
             "saturated": busy > BUSY_MAX,
         },
         "drops": drops(before, after),
+        # packets resent: messages' and in-network all-reduce chunks'
         "nic_retransmissions": sum(
-            r.get("counters", {}).get("retx_pkts", 0) for r in result["ranks"]
+            r.get("counters", {}).get(k, 0)
+            for r in result["ranks"]
+            for k in ("retx_pkts", "inc_retx_pkts")
         ),
         "fell_behind_sizes": fell,
         "clean": not fell and busy <= BUSY_MAX,
