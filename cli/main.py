@@ -345,12 +345,12 @@ def _announce(rec: dict) -> None:
     )
 
 
-def _run_one(spec, rec: dict, echo_rows: bool = True) -> dict:
+def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True) -> dict:
     from cli.progress import Reporter
     from dataplane import bench
 
     with Reporter(spec.sizes, f"{spec.collective} over {bench.run_name(spec)}", echo_rows) as rep:
-        return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress)
+        return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress, nodes=nodes)
 
 
 def cmd_bench(args) -> int:
@@ -359,8 +359,9 @@ def cmd_bench(args) -> int:
     spec = _bench_spec(args, args.transport)
     lab.require_root("ethplus bench")
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
-        print(bench.header(bench.meta(spec, rec)), flush=True)
-        result = _run_one(spec, rec)
+        nodes = bench.check_nodes(args.nodes, rec)
+        print(bench.header(bench.meta(spec, rec, nodes)), flush=True)
+        result = _run_one(spec, rec, nodes)
     print(bench.footer(result))
     print(fidelity.render(result["fidelity"]))
     if args.json:
@@ -392,9 +393,10 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
                 raise BenchError(f"--in-network: {why}")
             print(f"(no in-network all-reduce: {why})", flush=True)
             specs = [s for s in specs if s.algo != "in-network"]
+        nodes = bench.check_nodes(getattr(args, "nodes", None), rec)
         for spec in specs:
-            print(bench.header(bench.meta(spec, rec)), flush=True)
-            res = _run_one(spec, rec)
+            print(bench.header(bench.meta(spec, rec, nodes)), flush=True)
+            res = _run_one(spec, rec, nodes)
             print(bench.footer(res))
             if not res["fidelity"]["clean"]:
                 print(fidelity.render(res["fidelity"]))
@@ -525,6 +527,11 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         " labs with [switch] inc = true, transport ethplus)",
     )
     p.add_argument("--root", type=int, default=0, help="broadcast root rank (0)")
+    p.add_argument(
+        "--nodes",
+        metavar="h0,h3,...",
+        help="run on these accelerators only, ranks in this order (default: all of the lab's)",
+    )
     p.add_argument("--uneven", action="store_true", help="all-to-all with MoE-like uneven sizes")
     p.add_argument(
         "--tcp-streams",

@@ -272,9 +272,24 @@ class Run:
         }
 
 
-def run(spec: Spec, rec: dict, on_row=None, on_progress=None) -> dict:
-    """Run the bench on every accelerator of a running lab."""
-    return Run(spec, rec, on_row=on_row, on_progress=on_progress).execute()
+def run(spec: Spec, rec: dict, on_row=None, on_progress=None, nodes=None) -> dict:
+    """Run the bench on every accelerator of a running lab (or on nodes)."""
+    return Run(spec, rec, nodes=nodes, on_row=on_row, on_progress=on_progress).execute()
+
+
+def check_nodes(text: str | None, rec: dict) -> list[str] | None:
+    """--nodes h0,h3,...: the job's accelerators, in rank order (None: all)."""
+    if text is None:
+        return None
+    nodes = [x.strip() for x in text.split(",") if x.strip()]
+    hosts = [n["name"] for n in rec["topology"]["nodes"] if n["role"] == "host"]
+    bad = [x for x in nodes if x not in hosts]
+    if bad or len(set(nodes)) != len(nodes) or len(nodes) < 2:
+        raise BenchError(
+            f"--nodes: expected two or more distinct accelerators of lab {rec['name']}"
+            f" ({hosts[0]}..{hosts[-1]}), got {text!r}"
+        )
+    return nodes
 
 
 def _sum_counters(ranks: list[dict]) -> dict[str, int]:

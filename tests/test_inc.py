@@ -247,6 +247,21 @@ def test_clos_aggregates_in_a_tree_leaves_first(clos):
     assert _nic(res)["inc_rx_results"] == calls * chunks * n
 
 
+def test_bench_on_some_nodes_shows_where_it_aggregated(clos):
+    r = ethplus("bench", "all-reduce", "--lab", clos.name, "--algo", "in-network",
+                "--nodes", "h4,h5,h8,h9", "--sizes", "256K", "--iters", "1",
+                "--warmup", "0")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "in-network all-reduce (the switches reduce)) on lab" in r.stdout
+    assert ": 4 ranks," in r.stdout
+    # the fidelity report: the two leaves reduce first, the spines finish
+    lines = {ln.split(":")[0].strip(): ln for ln in r.stdout.splitlines() if "agg_consumed=" in ln}
+    assert set(lines) == {"leaf1", "leaf2", "spine0", "spine1", "spine2", "spine3"}, r.stdout
+    bad = ethplus("bench", "all-reduce", "--lab", clos.name, "--nodes", "h0,h99")
+    assert bad.returncode != 0 and "--nodes: expected two or more distinct" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_a_tree_recovers_from_loss_above_and_below(clos):
     st0 = clos.stats()
     clos.link_set("leaf1-spine2", "loss", "5%")
