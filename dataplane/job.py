@@ -71,7 +71,7 @@ class Plan(Workload):
     nodes: list[str] | None = None  # a job on these accelerators only, in rank order
     members: list[int] | None = None  # their lab ranks (filled in by Job)
     sample: bool = True  # sample the fabric's counters (one job of several is enough)
-    inc_group: int | None = None  # algo in-network: the job's aggregation group (filled in by Job)
+    inc: dict | None = None  # algo in-network: the job's aggregation plan (filled in by Job)
     stall_s: float = 300.0  # no message from any rank for this long fails the job
 
 
@@ -145,16 +145,22 @@ class Job:
                 raise JobError(f"a job needs two or more distinct accelerators, not {plan.nodes}")
             hosts = [by_name[x] for x in plan.nodes]
             plan.members = [h["index"] for h in hosts]
+        self.trees: list[list] = []
         if plan.algo == "in-network":
             why = transport.inc_problem(rec)
             if why:
                 raise JobError(f"--algo in-network: {why}")
-            # unique per job (switches key slots on it); the low 4 bits number its streams
-            plan.inc_group = secrets.randbits(32) & ~0xF
-        try:
-            self.trees = self._inc_trees()
-        except transport.TransportError as e:
-            raise JobError(f"--algo in-network: {e}") from None
+            try:
+                st = fabric_stats(plan.lab)
+            except (OSError, ValueError) as e:
+                raise JobError(f"--algo in-network: no answer from the fabric: {e}") from None
+            down = {name for name, sw in st["switches"].items() if not sw["up"]}
+            # the group is unique per job: switches key their slots on it
+            try:
+                plan.inc = transport.inc_plan(rec, plan.members, secrets.randbits(32), down)
+            except transport.TransportError as e:
+                raise JobError(f"--algo in-network: {e}") from None
+            self.trees = transport.inc_trees(plan.inc)
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
@@ -172,20 +178,6 @@ class Job:
         self.failed: asyncio.Future | None = None
         self.handlers: set[asyncio.Task] = set()
         self.last_msg = time.monotonic()
-
-    def _inc_trees(self) -> list[list]:
-        """In-network all-reduce: the inner nodes of the job's aggregation
-        trees, as the fabric's inc request wants them."""
-        if self.plan.inc_group is None:
-            return []
-        from dataplane import routing
-
-        ids = routing.agg_ids(self.rec["topology"])
-        return [
-            [sw, transport.stream_group(self.plan.inc_group, i), ids[st.root], idx, st.root_members]
-            for i, st in enumerate(transport.inc_plan(self.rec, self.plan.members))
-            for sw, idx in st.inner.items()
-        ]
 
     # -- the run
     def run(self) -> dict:

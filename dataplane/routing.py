@@ -30,12 +30,16 @@ class SwitchTable:
     ep: dict[int, list[int]] = field(default_factory=dict)  # endpoint -> port indexes
 
 
-def _switch_graph(nodes: dict[str, dict]) -> dict[str, list[tuple[int, str]]]:
-    """switch -> [(port index, neighbour switch)]"""
+def _switch_graph(nodes: dict[str, dict], down=frozenset()) -> dict[str, list[tuple[int, str]]]:
+    """switch -> [(port index, neighbour switch)], without the switches in down"""
     return {
-        name: [(p["index"], p["peer"]) for p in n["ports"] if nodes[p["peer"]]["role"] == "switch"]
+        name: [
+            (p["index"], p["peer"])
+            for p in n["ports"]
+            if nodes[p["peer"]]["role"] == "switch" and p["peer"] not in down
+        ]
         for name, n in nodes.items()
-        if n["role"] == "switch"
+        if n["role"] == "switch" and name not in down
     }
 
 
@@ -57,14 +61,17 @@ def agg_ids(topology: dict) -> dict[str, int]:
     return {name: i for i, name in enumerate(switches)}
 
 
-def aggregators(topology: dict, members: list[str]) -> list[tuple[str, dict[str, int]]]:
+def aggregators(
+    topology: dict, members: list[str], down=frozenset()
+) -> list[tuple[str, dict[str, int]]]:
     """The switches a job of these hosts aggregates at: those whose farthest
     member is the fewest hops away (every plane switch of a single-tier
     fabric, the spines of a Clos, the one leaf a job inside a leaf shares),
     at most MAX_AGGREGATORS.  With each, the plane of the port through which
-    each member reaches it (nearest first, then the lowest plane)."""
+    each member reaches it (nearest first, then the lowest plane).  Switches
+    in down are neither aggregators nor on the way to one."""
     nodes = {n["name"]: n for n in topology["nodes"]}
-    graph = _switch_graph(nodes)
+    graph = _switch_graph(nodes, down)
     reach: dict[str, dict[str, tuple[int, int]]] = {}  # switch -> member -> (hops, plane)
     for s in graph:
         dist = _distances(graph, s)
@@ -101,17 +108,19 @@ class IncStream:
     inner: dict[str, int]
 
 
-def inc_plan(topology: dict, members: list[str], tree: bool = True) -> list[IncStream]:
+def inc_plan(
+    topology: dict, members: list[str], tree: bool = True, down=frozenset()
+) -> list[IncStream]:
     """The streams of a job (one per aggregators() root).  With tree, a
     member's first switch, when it is next to the root and has two or more
     of the job's members, reduces theirs first (SHARP's aggregation tree):
     the root's links from it then carry one partial per chunk instead of
     one contribution per member."""
     nodes = {n["name"]: n for n in topology["nodes"]}
-    graph = _switch_graph(nodes)
+    graph = _switch_graph(nodes, down)
     ids = agg_ids(topology)
     out = []
-    for root, planes in aggregators(topology, members):
+    for root, planes in aggregators(topology, members, down):
         dist = _distances(graph, root)
         first = {}  # member -> its switch towards the root
         for m in members:

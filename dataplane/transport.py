@@ -39,7 +39,7 @@ class Options:
     seed: int = 1
     roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)
     members: list[int] | None = None  # the lab ranks of this job (None: every accelerator)
-    inc_group: int | None = None  # ethplus: join this in-network aggregation group
+    inc: dict | None = None  # ethplus: this job's in-network all-reduce (inc_plan)
 
 
 class Transport(ABC):
@@ -119,10 +119,10 @@ class NicTransport(Transport):
         self.name = name
         self._errors, self._unreachable = nic.NicError, nic.Unreachable
         inc = None
-        if opts.inc_group is not None:
+        if opts.inc is not None:
             if name != "ethplus":
                 raise _needs_ethplus(name)
-            inc = inc_group(rec, opts.inc_group, opts.members, node)
+            inc = inc_group(opts.inc, node)
         try:
             self.ep = nic.Endpoint(
                 lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
@@ -146,7 +146,7 @@ class NicTransport(Transport):
         if not self.ep.inc_window:
             raise TransportError(
                 "in-network all-reduce: this endpoint joined no aggregation group"
-                " (Options.inc_group; a job with algo in-network sets one)"
+                " (Options.inc; a job with algo in-network sets one)"
             )
         try:
             self.ep.wait(self.ep.all_reduce(memoryview(buf).cast("B"), dtype, op))
@@ -222,9 +222,12 @@ def inc_problem(rec: dict) -> str | None:
     return None
 
 
-def inc_plan(rec: dict, members: list[int] | None) -> list:
-    """The streams of a job's in-network all-reduce on this lab
-    (routing.inc_plan); members are lab ranks (None: every accelerator)."""
+def inc_plan(rec: dict, members: list[int] | None, group: int, down=frozenset()) -> dict:
+    """A job's in-network all-reduce on this lab, made once by the job and
+    handed to every rank (JSON): its streams (routing.inc_plan; members are
+    lab ranks, None: every accelerator; switches in down are left out), each
+    with its group id (group, with the stream's number in the low 4 bits),
+    its root and inner nodes by aggregator id, and each member's hop."""
     from dataplane import routing
 
     why = inc_problem(rec)
@@ -232,33 +235,51 @@ def inc_plan(rec: dict, members: list[int] | None) -> list:
         raise TransportError(why)
     hosts = {n["index"]: n["name"] for n in rec["topology"]["nodes"] if n["role"] == "host"}
     ranks = list(members) if members is not None else sorted(hosts)
-    plan = routing.inc_plan(
-        rec["topology"], [hosts[r] for r in ranks], bool(rec["switch"].get("inc_tree", True))
+    streams = routing.inc_plan(
+        rec["topology"], [hosts[r] for r in ranks], bool(rec["switch"].get("inc_tree", True)), down
     )
-    if not plan:
-        raise TransportError("no switch reaches every member of the job")
-    return plan
-
-
-def stream_group(group: int, stream: int) -> int:
-    """The group id of one stream: a job draws group with its low 4 bits clear."""
-    return (group & ~0xF) | stream
-
-
-def inc_group(rec: dict, group: int, members: list[int] | None, me: str):
-    """Accelerator me's part in a job's in-network all-reduce (nic.IncGroup)."""
-    from dataplane import nic, routing
-
-    plan = inc_plan(rec, members)
+    if not streams:
+        raise TransportError(
+            "no switch that is up reaches every member of the job"
+            + (f" ({', '.join(sorted(down))} down)" if down else "")
+        )
     ids = routing.agg_ids(rec["topology"])
-    streams = tuple(
-        (stream_group(group, i), ids[st.hop[me][0]], *st.hop[me][1:]) for i, st in enumerate(plan)
-    )
     meets: dict[str, int] = {}  # aggregator -> streams of the job that use it
-    for st in plan:
+    for st in streams:
         for sw in {st.root, *st.inner}:
             meets[sw] = meets.get(sw, 0) + 1
-    return nic.IncGroup(streams, int(rec["switch"].get("inc_slots", 1024)), max(meets.values()))
+    return {
+        "slots": int(rec["switch"].get("inc_slots", 1024)),
+        "share": max(meets.values()),
+        "streams": [
+            {
+                "group": (group & ~0xF) | i,
+                "root": ids[st.root],
+                "root_members": st.root_members,
+                "inner": {sw: [ids[sw], idx] for sw, idx in st.inner.items()},
+                "hop": {m: [ids[h[0]], *h[1:]] for m, h in st.hop.items()},
+            }
+            for i, st in enumerate(streams)
+        ],
+    }
+
+
+def inc_group(plan: dict, me: str):
+    """Accelerator me's part in a job's in-network all-reduce (nic.IncGroup)."""
+    from dataplane import nic
+
+    streams = tuple((st["group"], *st["hop"][me]) for st in plan["streams"])
+    return nic.IncGroup(streams, plan["slots"], plan["share"])
+
+
+def inc_trees(plan: dict) -> list[list]:
+    """The inner nodes of a job's trees, as the fabric's inc request wants
+    them: [switch, group, root id, index at the root, the root's members]."""
+    return [
+        [sw, st["group"], st["root"], idx, st["root_members"]]
+        for st in plan["streams"]
+        for sw, (_id, idx) in st["inner"].items()
+    ]
 
 
 def available() -> list[str]:

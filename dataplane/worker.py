@@ -68,7 +68,7 @@ def run(link: Link, plan: dict, node: str) -> None:
         adaptive=plan.get("adaptive", False),
         roce_qps=plan.get("qps"),
         members=plan.get("members"),
-        inc_group=plan.get("inc_group"),
+        inc=plan.get("inc"),
     )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])

@@ -184,6 +184,23 @@ def test_in_network_all_reduce_recovers_from_loss(erack):
     assert _per_switch(st0, st1, "drop_agg_stale")["plane1"] == 0
 
 
+def test_a_plane_down_before_the_job_is_left_out(erack):
+    """plane1 is down when the job starts: its chunks go to the three other
+    planes' switches, and the result is exact.  (A plane that fails during a
+    call fails the call: chunks do not move.)"""
+    st0 = erack.stats()
+    ethplus("node", "set", erack.name, "plane1", "down", check=True)
+    try:
+        res = _job(erack, [MiB + 8])
+    finally:
+        ethplus("node", "set", erack.name, "plane1", "up", check=True)
+    assert res["rows"][0]["wrong"] == 0
+    assert res["ranks"][0]["transport"]["inc_aggregators"] == [0, 2, 3]
+    erack.quiesce()
+    absorbed = _per_switch(st0, erack.stats(), "agg_consumed")
+    assert absorbed["plane1"] == 0 and min(absorbed[f"plane{i}"] for i in (0, 2, 3)) > 0
+
+
 def test_two_jobs_aggregate_side_by_side(erack):
     """Two 4-rank jobs at once, each its own group at the same switches."""
     out: dict[str, dict] = {}
