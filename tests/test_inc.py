@@ -10,7 +10,7 @@ import pytest
 from conftest import ethplus
 from labtools import Lab, if_stats, shipped_lab
 
-from dataplane import bench, labfile, registry, routing, stats
+from dataplane import bench, core, labfile, registry, routing, stats
 from dataplane.job import Job, JobError, Plan
 
 MiB = 1 << 20
@@ -123,6 +123,7 @@ def _host_tx_bytes(lab: Lab, host: str) -> int:
     return sum(if_stats(ns, p["ifname"])["tx_bytes"] for p in lab.nodes[host]["ports"])
 
 
+@pytest.mark.root
 @pytest.mark.parametrize(
     "dtype,op", [("float32", "sum"), ("bfloat16", "max"), ("float16", "sum"), ("int32", "min")]
 )
@@ -132,6 +133,7 @@ def test_in_network_all_reduce_is_exact(erack, dtype, op):
     assert [r["wrong"] for r in res["rows"]] == [0, 0, 0]
 
 
+@pytest.mark.root
 def test_the_switches_do_the_reduction_and_each_byte_crosses_a_link_once(erack):
     """8 ranks, 16 MiB, two calls: every chunk of every rank is absorbed by
     its plane's switch, each rank sends its buffer once (a ring sends it
@@ -164,6 +166,7 @@ def test_the_switches_do_the_reduction_and_each_byte_crosses_a_link_once(erack):
     assert re.search(r"\nplane0: .*; aggregated \d+ contributions \(\d+ resent\), sent", out), out
 
 
+@pytest.mark.root
 def test_in_network_all_reduce_recovers_from_loss(erack):
     """5% loss each way on one rank's link to one plane: lost contributions
     are sent again, lost results are sent again by the aggregator, and the
@@ -184,6 +187,7 @@ def test_in_network_all_reduce_recovers_from_loss(erack):
     assert _per_switch(st0, st1, "drop_agg_stale")["plane1"] == 0
 
 
+@pytest.mark.root
 def test_a_plane_down_before_the_job_is_left_out(erack):
     """plane1 is down when the job starts: its chunks go to the three other
     planes' switches, and the result is exact.  (A plane that fails during a
@@ -201,6 +205,7 @@ def test_a_plane_down_before_the_job_is_left_out(erack):
     assert absorbed["plane1"] == 0 and min(absorbed[f"plane{i}"] for i in (0, 2, 3)) > 0
 
 
+@pytest.mark.root
 def test_two_jobs_aggregate_side_by_side(erack):
     """Two 4-rank jobs at once, each its own group at the same switches."""
     out: dict[str, dict] = {}
@@ -220,6 +225,7 @@ def test_two_jobs_aggregate_side_by_side(erack):
     assert [out[k]["rows"][0]["wrong"] for k in "ab"] == [0, 0]
 
 
+@pytest.mark.root
 def test_clos_aggregates_at_the_spines_over_udp(clos):
     st0 = clos.stats()
     res = _job(clos, [MiB + 4], nodes=["h0", "h5", "h10", "h15"])
@@ -235,6 +241,7 @@ def test_clos_aggregates_at_the_spines_over_udp(clos):
     assert absorbed["leaf1"] == absorbed["leaf2"] == absorbed["leaf3"] == 0
 
 
+@pytest.mark.root
 def test_clos_aggregates_in_a_tree_leaves_first(clos):
     """Two members under each of three leaves: each leaf reduces its two
     members' chunks and sends one partial up; the spines reduce the three
@@ -264,6 +271,7 @@ def test_clos_aggregates_in_a_tree_leaves_first(clos):
     assert _nic(res)["inc_rx_results"] == calls * chunks * n
 
 
+@pytest.mark.root
 def test_bench_on_some_nodes_shows_where_it_aggregated(clos):
     r = ethplus("bench", "all-reduce", "--lab", clos.name, "--algo", "in-network",
                 "--nodes", "h4,h5,h8,h9", "--sizes", "256K", "--iters", "1",
@@ -279,6 +287,7 @@ def test_bench_on_some_nodes_shows_where_it_aggregated(clos):
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.root
 def test_a_tree_recovers_from_loss_above_and_below(clos):
     st0 = clos.stats()
     clos.link_set("leaf1-spine2", "loss", "5%")
@@ -296,6 +305,7 @@ def test_a_tree_recovers_from_loss_above_and_below(clos):
     assert replies["leaf0"] > 0 and replies["leaf1"] + replies["spine2"] > 0
 
 
+@pytest.mark.root
 def test_a_lab_without_inc_is_a_one_line_error(erack, tmp_path):
     rec = registry.load_lab(erack.name)
     rec["switch"]["inc"] = False
@@ -310,6 +320,7 @@ def test_a_lab_without_inc_is_a_one_line_error(erack, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.root
 def test_a_full_aggregator_waits_for_an_idle_group_to_give_its_slots_up(tmp_path, lab_name):
     """8 slots per switch, 4 per group (half): two groups fit, a third finds
     the switch full (its chunks are dropped and resent) until the first group
@@ -332,6 +343,7 @@ def test_a_full_aggregator_waits_for_an_idle_group_to_give_its_slots_up(tmp_path
     assert _nic(res)["inc_timeouts"] > 0
 
 
+@pytest.mark.root
 def test_results_pause_no_member_of_a_lossless_fabric(tmp_path, lab_name):
     """With PFC on, result frames are the aggregator's own: no member's
     ingress account is charged for them, so the multicast of results never
@@ -353,3 +365,17 @@ def test_results_pause_no_member_of_a_lossless_fabric(tmp_path, lab_name):
     assert sum(_per_switch(st0, st1, "agg_consumed").values()) > 0
     assert sum(_per_switch(st0, st1, "pause_tx").values()) == 0
     assert _nic(res)["pauses_rx"] == 0
+
+
+def test_a_switch_refuses_a_tree_it_cannot_be_part_of():
+    """Joining a tree under itself (its partials would come straight back)
+    or with a place out of range is refused; so is any join without an
+    aggregator."""
+    cfg = core.SwitchConfig(agg_id=3, agg_slots=16)
+    sw = core.Switch(cfg, 4)
+    sw.agg_join(0x1230, 2, 1, 4)
+    for args in ((0x1230, 3, 0, 4), (0x1230, 2, 4, 4), (0x1230, 2, 0, 0)):
+        with pytest.raises(OSError):
+            sw.agg_join(*args)
+    with pytest.raises(OSError):
+        core.Switch(core.SwitchConfig(), 4).agg_join(0x1230, 2, 1, 4)

@@ -419,7 +419,8 @@ void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint
 /* In-network aggregation trees (an aggregator that is not the root of a
  * group's tree): group's partial results go to aggregator parent_id, where
  * this switch is child parent_index of parent_members.  Set before the
- * group's first frame.  0, -EINVAL (no aggregator here, or out of range). */
+ * group's first frame.  0, -EINVAL (no aggregator here, this switch as its
+ * own parent, or out of range). */
 int ethp_switch_agg_join(struct ethp_switch *sw, uint32_t group, uint32_t parent_id,
                          uint32_t parent_index, uint32_t parent_members);
 int ethp_switch_agg_leave(struct ethp_switch *sw, uint32_t group);

@@ -1020,7 +1020,9 @@ void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up)
 int ethp_switch_agg_join(struct ethp_switch *sw, uint32_t group, uint32_t parent_id,
                          uint32_t parent_index, uint32_t parent_members)
 {
-    if (!sw->agg || ethp_agg_join(sw->agg, group, parent_id, parent_index, parent_members) < 0)
+    /* (a switch that were its own parent would send its partials to itself) */
+    if (!sw->agg || parent_id == sw->cfg.agg_id ||
+        ethp_agg_join(sw->agg, group, parent_id, parent_index, parent_members) < 0)
         return -EINVAL;
     return 0;
 }
