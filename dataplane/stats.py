@@ -129,14 +129,15 @@ def render(st: dict, show_all: bool = False) -> str:
     return "\n".join(lines)
 
 
-RATE_KEYS = ("ecn_marked", "trimmed", "llr_replays", "pause_tx")
+RATE_KEYS = ("ecn_marked", "trimmed", "llr_replays", "pause_tx", "agg_consumed")
 
 
 def rates(before: dict, after: dict, dt_s: float) -> dict[str, dict[str, dict]]:
     """What each switch port did between two stats snapshots dt_s apart
     (real seconds): rates in nominal bit/s (real x the time scale), link
-    utilisation of what it sent, counts of drops, marks, trims, replays and
-    pauses, and its queue now.  Ports that did nothing are left out."""
+    utilisation of what it sent, counts of drops, marks, trims, replays,
+    pauses and frames its aggregator took in (in-network all-reduce), and its
+    queue now.  Ports that did nothing are left out."""
     k = float(after["time_scale"])
     link_bps = {name: lk["rate_bps"] for name, lk in after["links"].items()}
     out: dict[str, dict[str, dict]] = {}
@@ -169,7 +170,7 @@ def rates(before: dict, after: dict, dt_s: float) -> dict[str, dict[str, dict]]:
 def render_rates(r: dict[str, dict[str, dict]], t_s: float) -> str:
     """One interval of `lab stats --watch` as text."""
     header = ["PORT", "PEER", "RX Gb/s", "TX Gb/s", "TX UTIL", "DROPS", "ECN", "TRIM", "LLR",
-              "PAUSE", "QUEUE B"]  # fmt: skip
+              "PAUSE", "AGG", "QUEUE B"]  # fmt: skip
     title = f"-- {t_s:7.1f} s (nominal rates)"
     rows = [
         [
@@ -183,6 +184,7 @@ def render_rates(r: dict[str, dict[str, dict]], t_s: float) -> str:
             c["trimmed"],
             c["llr_replays"],
             c["pause_tx"],
+            c["agg_consumed"],
             c["q_bytes"],
         ]  # fmt: skip
         for sw, ports in r.items()

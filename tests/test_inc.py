@@ -3,8 +3,10 @@ contributions and places results (nic.c).  Results are checked bit for bit
 against numpy; what crossed the links is checked against the kernel's
 interface counters and the NICs' own, not only the switches'."""
 
+import json
 import re
 import threading
+import time
 
 import pytest
 from conftest import ethplus
@@ -164,6 +166,29 @@ def test_the_switches_do_the_reduction_and_each_byte_crosses_a_link_once(erack):
     assert stats.conservation(stats.totals(st1))["difference"] == 0
     out = ethplus("lab", "stats", erack.name, check=True).stdout
     assert re.search(r"\nplane0: .*; aggregated \d+ contributions \(\d+ resent\), sent", out), out
+
+
+@pytest.mark.root
+def test_stats_watch_shows_the_aggregators_at_work(erack):
+    """`lab stats --watch --json` during an in-network all-reduce: every
+    plane switch's ports to the ranks take contributions in."""
+    done: list[dict] = []
+    t = threading.Thread(target=lambda: done.append(_job(erack, [64 * MiB])))
+    t.start()
+    try:
+        time.sleep(1.5)
+        r = ethplus("lab", "stats", erack.name, "--watch", "1", "--count", "2", "--json",
+                    check=True)  # fmt: skip
+    finally:
+        t.join()
+    assert done and done[0]["rows"][0]["wrong"] == 0
+    busy = {
+        sw
+        for line in r.stdout.splitlines()
+        for sw, ports in json.loads(line)["switches"].items()
+        if any(c["agg_consumed"] > 0 for c in ports.values())
+    }
+    assert busy == {f"plane{i}" for i in range(4)}, r.stdout
 
 
 @pytest.mark.root
