@@ -404,3 +404,19 @@ def test_a_switch_refuses_a_tree_it_cannot_be_part_of():
             sw.agg_join(*args)
     with pytest.raises(OSError):
         core.Switch(core.SwitchConfig(), 4).agg_join(0x1230, 2, 1, 4)
+
+
+@pytest.mark.root
+def test_hpn_aggregates_in_trees_on_both_planes():
+    """Rail-optimised dual plane: each rail's ToR in a plane reduces its two
+    hosts' accelerators first; each plane's spines finish their streams."""
+    with shipped_lab("ic", "hpn-16") as name:
+        lab = Lab(name)
+        st0 = lab.stats()
+        res = _job(lab, [MiB + 8])
+        assert res["world"] == 16 and res["rows"][0]["wrong"] == 0
+        lab.quiesce()
+        absorbed = _per_switch(st0, lab.stats(), "agg_consumed")
+    tors = [sw for sw in absorbed if sw.startswith("tor")]
+    assert len(tors) == 16 and all(absorbed[sw] > 0 for sw in tors), absorbed
+    assert all(absorbed[f"spine{i}"] > 0 for i in range(4)), absorbed
