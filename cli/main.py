@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -381,9 +382,7 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
         args.collective = c
         specs += [_bench_spec(args, t) for t in transports]
         if in_network and c == "all-reduce" and args.algo != "in-network":
-            args.algo, ring = "in-network", args.algo
-            specs.append(_bench_spec(args, "ethplus"))
-            args.algo = ring
+            specs.append(dataclasses.replace(_bench_spec(args, "ethplus"), algo="in-network"))
     lab.require_root(f"ethplus {args.command}")
     results = []
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:

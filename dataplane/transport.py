@@ -256,7 +256,7 @@ def inc_plan(rec: dict, members: list[int] | None, group: int, down=frozenset())
                 "group": (group & ~0xF) | i,
                 "root": ids[st.root],
                 "root_members": st.root_members,
-                "inner": {sw: [ids[sw], idx] for sw, idx in st.inner.items()},
+                "inner": st.inner,  # switch -> its index at the root
                 "hop": {m: [ids[h[0]], *h[1:]] for m, h in st.hop.items()},
             }
             for i, st in enumerate(streams)
@@ -278,7 +278,7 @@ def inc_trees(plan: dict) -> list[list]:
     return [
         [sw, st["group"], st["root"], idx, st["root_members"]]
         for st in plan["streams"]
-        for sw, (_id, idx) in st["inner"].items()
+        for sw, idx in st["inner"].items()
     ]
 
 

@@ -275,6 +275,7 @@ def test_clos_aggregates_in_a_tree_leaves_first(clos):
     size, calls, n = 2 * MiB, 2, 6
     chunks = size // PAYLOAD
     st0 = clos.stats()
+    up0 = _uplink_tx_packets(clos, "leaf0")
     res = _job(clos, [size], nodes=["h0", "h1", "h4", "h5", "h8", "h9"])
     assert res["rows"][0]["wrong"] == 0
     clos.quiesce()
@@ -294,6 +295,18 @@ def test_clos_aggregates_in_a_tree_leaves_first(clos):
     # leaves: one partial up per chunk, and one result per member down
     assert total("leaf", "agg_results") == calls * chunks * (3 + n)
     assert _nic(res)["inc_rx_results"] == calls * chunks * n
+    # the kernel: leaf0's links to the spines carried one frame per chunk,
+    # not one per member (flat, h0's and h1's would both go up)
+    assert _uplink_tx_packets(clos, "leaf0") - up0 == calls * chunks
+
+
+def _uplink_tx_packets(lab: Lab, switch: str) -> int:
+    ns = lab.rec["namespaces"][switch]
+    return sum(
+        if_stats(ns, p["ifname"])["tx_packets"]
+        for p in lab.nodes[switch]["ports"]
+        if p["peer"].startswith("spine")
+    )
 
 
 @pytest.mark.root

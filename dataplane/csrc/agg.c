@@ -176,18 +176,26 @@ static struct agg_group *idle_group(struct ethp_agg *a, uint64_t now)
     return best;
 }
 
+/* The live group id, or NULL (the previous frame's group first). */
+static struct agg_group *find_group(struct ethp_agg *a, uint32_t id)
+{
+    if (a->last && a->last->live && a->last->id == id)
+        return a->last;
+    for (int i = 0; i < AGG_MAX_GROUPS; i++)
+        if (a->groups[i].live && a->groups[i].id == id)
+            return a->last = &a->groups[i];
+    return NULL;
+}
+
 static struct agg_group *group_of(struct ethp_agg *a, uint32_t id, uint32_t members,
                                   uint32_t window, uint8_t dtype, uint8_t op, uint64_t now,
                                   int *action)
 {
-    struct agg_group *g = a->last && a->last->id == id && a->last->live ? a->last : NULL;
+    struct agg_group *g = find_group(a, id);
     struct agg_group *empty = NULL;
-    for (int i = 0; !g && i < AGG_MAX_GROUPS; i++) {
-        if (a->groups[i].live && a->groups[i].id == id)
-            g = &a->groups[i];
-        else if (!a->groups[i].live && !empty)
+    for (int i = 0; !g && !empty && i < AGG_MAX_GROUPS; i++)
+        if (!a->groups[i].live)
             empty = &a->groups[i];
-    }
     if (g) {
         if (g->members != members || g->window != window || g->dtype != dtype || g->op != op) {
             *action = ETHP_AGG_BAD;
@@ -389,10 +397,6 @@ static void finish(uint8_t *out, const uint8_t *acc, uint32_t n, int dtype)
     memcpy(out, r.h, 2 * (size_t)n);
 }
 
-static uint32_t elem_bytes(int dtype)
-{
-    return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4;
-}
 
 /* ---------------------------------------------------------------- contributions */
 
@@ -413,8 +417,8 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
     uint32_t window = h->ts_ns & 0xffff, len = h->len_bytes;
     if (!members || members > ETHP_AGG_MAX_MEMBERS || index >= members || !window ||
         window > ETHP_AGG_MAX_WINDOW || dtype > ETHP_AGG_BF16 || op > ETHP_AGG_MIN || !len ||
-        len > a->payload_cap || len / elem_bytes(dtype) > AGG_MAX_ELEMS ||
-        len % elem_bytes(dtype) || ps->payload_bytes != len || (h->flags & ETHP_F_TRIMMED))
+        len > a->payload_cap || len / ethp_agg_elem_bytes(dtype) > AGG_MAX_ELEMS ||
+        len % ethp_agg_elem_bytes(dtype) || ps->payload_bytes != len || (h->flags & ETHP_F_TRIMMED))
         return ETHP_AGG_BAD;
     int action = ETHP_AGG_ABSORBED;
     struct agg_group *g = group_of(a, h->msg_id, members, window, dtype, op, now, &action);
@@ -481,10 +485,10 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
         return s->up_sent ? up(g, out) : ETHP_AGG_DUP;
     }
     s->seen[index / 64] |= bit;
-    combine(s->acc, payload, len / elem_bytes(dtype), dtype, op, s->count == 0);
+    combine(s->acc, payload, len / ethp_agg_elem_bytes(dtype), dtype, op, s->count == 0);
     if (++s->count < members)
         return ETHP_AGG_ABSORBED;
-    finish(s->res, s->acc, len / elem_bytes(dtype), dtype);
+    finish(s->res, s->acc, len / ethp_agg_elem_bytes(dtype), dtype);
     if (g->up.live) {
         s->up_sent = 1;
         return up(g, out);
@@ -497,10 +501,7 @@ int ethp_agg_down(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_
                   uint64_t now, struct ethp_agg_out *out)
 {
     const struct ethp_hdr_fields *h = &ps->hdr;
-    struct agg_group *g = a->last && a->last->live && a->last->id == h->msg_id ? a->last : NULL;
-    for (int i = 0; !g && i < AGG_MAX_GROUPS; i++)
-        if (a->groups[i].live && a->groups[i].id == h->msg_id)
-            g = &a->groups[i];
+    struct agg_group *g = find_group(a, h->msg_id);
     if (!g || !g->up.live || h->src_ep != ETHP_AGG_EP_BASE + g->up.parent_id)
         return ETHP_AGG_STALE;
     g->touched_ns = now;

@@ -164,6 +164,11 @@ struct ethp_agg_out {
     uint32_t parent_id, parent_tag; /* ETHP_AGG_UP: where the partial goes, and its tag */
     uint8_t again; /* sent because a member resent its contribution */
 };
+/* Bytes of one element of an enum ethp_agg_dtype. */
+static inline uint32_t ethp_agg_elem_bytes(uint32_t dtype)
+{
+    return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4;
+}
 struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes);
 void ethp_agg_free(struct ethp_agg *agg);
 /* One contribution (ps parsed, its payload at payload).  now: monotonic ns. */

@@ -296,19 +296,27 @@ static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
     return 0;
 }
 
-static void addr_for(struct ethp_nic *n, uint32_t plane, const struct nic_peer *p, uint16_t ev,
-                     struct ethp_l2l3 *a)
+/* A frame's addresses out of a plane's port to dst_ip (a peer's port on
+ * that plane, or an aggregator). */
+static void addr_to(struct ethp_nic *n, uint32_t plane, uint32_t dst_ip, uint16_t ev,
+                    struct ethp_l2l3 *a)
 {
     const struct nic_port *pt = &n->ports[plane];
     memset(a, 0, sizeof(*a));
     memcpy(a->dst_mac, pt->gw_mac, 6);
     memcpy(a->src_mac, pt->mac, 6);
     a->src_ip = pt->ip;
-    a->dst_ip = p->ip[plane];
+    a->dst_ip = dst_ip;
     a->src_port = (uint16_t)(0xC000 | (ev & 0x3fff)); /* entropy in the UDP source port */
     a->dst_port = n->cfg.roce ? ETHP_ROCE_UDP_PORT : ETHP_UDP_PORT;
     a->tos = 0x02; /* ECT(0) */
     a->ttl = 64;
+}
+
+static void addr_for(struct ethp_nic *n, uint32_t plane, const struct nic_peer *p, uint16_t ev,
+                     struct ethp_l2l3 *a)
+{
+    addr_to(n, plane, p->ip[plane], ev, a);
 }
 
 static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_t psn,
@@ -1116,15 +1124,10 @@ static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifi
 
 static uint64_t free_at(const struct ethp_nic *n, uint32_t plane);
 
-static uint32_t agg_elem_bytes(uint32_t dtype)
-{
-    return dtype == ETHP_AGG_F16 || dtype == ETHP_AGG_BF16 ? 2 : 4;
-}
-
 static void inc_start(struct ethp_nic *n, struct nic_msg *m)
 {
     struct nic_inc *g = &n->inc;
-    g->elem_bytes = agg_elem_bytes(m->dtype);
+    g->elem_bytes = ethp_agg_elem_bytes(m->dtype);
     g->chunk_bytes = n->cfg.payload_bytes / g->elem_bytes * g->elem_bytes;
     g->n_chunks = (m->len + g->chunk_bytes - 1) / g->chunk_bytes;
     g->done_chunks = 0;
@@ -1151,13 +1154,9 @@ static void inc_send(struct ethp_nic *n, struct inc_agg *a, uint32_t psn, uint64
     const struct nic_msg *m = g->head;
     uint64_t off = chunk * g->chunk_bytes;
     uint32_t len = (uint32_t)(m->len - off < g->chunk_bytes ? m->len - off : g->chunk_bytes);
-    const struct nic_port *pt = &n->ports[a->plane];
     uint16_t ev = (uint16_t)((rnd64(n) % n->cfg.n_evs) << 4 | a->plane);
-    struct ethp_l2l3 l = {.src_ip = pt->ip, .dst_ip = ETHP_AGG_NET + a->id,
-                          .src_port = (uint16_t)(0xC000 | (ev & 0x3fff)),
-                          .dst_port = ETHP_UDP_PORT, .tos = 0x02, .ttl = 64};
-    memcpy(l.dst_mac, pt->gw_mac, 6);
-    memcpy(l.src_mac, pt->mac, 6);
+    struct ethp_l2l3 l;
+    addr_to(n, a->plane, ETHP_AGG_NET + a->id, ev, &l);
     struct ethp_hdr_fields h = {
         .opcode = ETHP_OP_AGG, .flags = retx ? ETHP_F_RETX : 0, .entropy = ev,
         .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)(ETHP_AGG_EP_BASE + a->id),
@@ -1763,7 +1762,7 @@ int64_t ethp_nic_post_allreduce(struct ethp_nic *n, uint8_t *buf, uint64_t count
     struct nic_msg *m = calloc(1, sizeof(*m));
     if (!m)
         return -ENOMEM;
-    uint64_t len = count * agg_elem_bytes(dtype);
+    uint64_t len = count * ethp_agg_elem_bytes(dtype);
     *m = (struct nic_msg){.buf = buf, .len = len, .is_send = 1, .inc = 1, .dtype = (uint8_t)dtype,
                           .op = (uint8_t)op, .status = ETHP_NIC_PENDING, .total = len};
     if (!len) {
