@@ -1113,8 +1113,9 @@ static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifi
 /* ---------------------------------------------------------------- in-network all-reduce
  *
  * The member's side of agg.c's scheme.  A call's buffer is cut into chunks of
- * one packet; chunk c goes to aggregator c mod n_aggs, at most window chunks
- * at a time per aggregator.  The aggregator's result for a chunk overwrites
+ * one packet; chunk c goes to stream c mod n_aggs (a group at the aggregator
+ * this member sends to: the stream's root, or its tree's inner node here),
+ * at most window chunks at a time per stream.  The aggregator's result for a chunk overwrites
  * it in place, and frees its slot for the next chunk.  A chunk whose result
  * has not come within the aggregator's timeout is sent again (the
  * aggregator counts each member once, and answers a resent chunk it has
