@@ -318,7 +318,7 @@ def cmd_clean(args) -> int:
 # ---------------------------------------------------------------- bench
 
 
-def _bench_spec(args, transport: str):
+def _bench_spec(args, transport: str, cc: str | None = None):
     from dataplane import bench
 
     return bench.Spec(
@@ -334,6 +334,7 @@ def _bench_spec(args, transport: str):
         uneven=args.uneven,
         tcp_streams=args.tcp_streams,
         adaptive=args.adaptive,
+        cc=cc,
         check=not args.no_check,
         seed=args.seed,
     ).validate()
@@ -357,7 +358,7 @@ def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True) -> dict:
 def cmd_bench(args) -> int:
     from dataplane import bench, fidelity, lab
 
-    spec = _bench_spec(args, args.transport)
+    spec = _bench_spec(args, args.transport, args.cc)
     lab.require_root("ethplus bench")
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
         nodes = bench.check_nodes(args.nodes, rec)
@@ -377,10 +378,17 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
     the lab can."""
     from dataplane import bench, fidelity, lab, report, transport
 
+    if args.cc and "ethplus" not in transports:
+        raise BenchError("--cc: chooses the ethplus transport's congestion control;"
+                         " add ethplus to --transports")  # fmt: skip
     specs = []
     for c in collectives:
         args.collective = c
-        specs += [_bench_spec(args, t) for t in transports]
+        for t in transports:
+            if t == "ethplus" and args.cc:
+                specs += [_bench_spec(args, t, cc) for cc in _split(args.cc)]
+            else:
+                specs.append(_bench_spec(args, t))
         if in_network and c == "all-reduce" and args.algo != "in-network":
             specs.append(dataclasses.replace(_bench_spec(args, "ethplus"), algo="in-network"))
     lab.require_root(f"ethplus {args.command}")
@@ -542,6 +550,12 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         "--qps", type=int, metavar="N", help="roce: queue pairs per pair of ranks (one per plane)"
     )
     p.add_argument("--adaptive", action="store_true", help="ethplus: adaptive spraying")
+    p.add_argument(
+        "--cc",
+        metavar="NAME",
+        help="ethplus: congestion control, nscc (ECN and delay) or hpcc (INT from each switch);"
+        " compare takes a comma list and runs ethplus once per name (default: the lab file's)",
+    )
     p.add_argument("--no-check", action="store_true", help="skip the check against numpy")
     p.add_argument("--seed", type=int, default=1, help="seed of the test data (1)")
     p.add_argument("--time-scale", type=float, help="time scale for a lab brought up from a file")
@@ -671,6 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
         uneven=False,
         tcp_streams=None,
         adaptive=False,
+        cc=None,
         no_check=False,
         seed=1,
         time_scale=None,

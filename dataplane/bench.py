@@ -106,6 +106,18 @@ class Spec(Workload):
             )
         if self.iters < 1 or self.warmup < 0:
             raise BenchError("--iters must be at least 1 and --warmup at least 0")
+        if self.cc is not None:
+            from dataplane.nic import CC_ALGOS
+
+            if self.cc not in CC_ALGOS:
+                raise BenchError(
+                    f"--cc: unknown congestion control {self.cc!r}"
+                    f" (expected one of {', '.join(CC_ALGOS)})"
+                )
+            if self.transport != "ethplus":
+                raise BenchError(
+                    f"--cc: chooses the congestion control of ethplus, not of {self.transport}"
+                )
         if self.qps is not None and not 1 <= self.qps <= 16:
             raise BenchError(f"--qps: expected 1 to 16 queue pairs, got {self.qps}")
         if self.tcp_streams is not None and self.tcp_streams < 1:
@@ -192,12 +204,16 @@ def footer(result: dict) -> str:
 
 
 def run_name(spec: Workload) -> str:
-    """How reports name a run: its transport, and its algorithm unless the ring."""
-    return spec.transport if spec.algo == "ring" else f"{spec.transport}/{spec.algo}"
+    """How reports name a run: its transport, its congestion control when
+    chosen, and its algorithm unless the ring."""
+    name = spec.transport if spec.cc is None else f"{spec.transport}/{spec.cc}"
+    return name if spec.algo == "ring" else f"{name}/{spec.algo}"
 
 
 def run_label(spec: Workload) -> str:
     label = transport.LABELS[spec.transport]
+    if spec.cc is not None:
+        label = f"{label}, {spec.cc.upper()}-like congestion control"
     if spec.algo == "in-network":
         return f"{label}, in-network all-reduce (the switches reduce)"
     return label if spec.algo == "ring" else f"{label}, {spec.algo}"
@@ -296,7 +312,9 @@ def _sum_counters(ranks: list[dict]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in ranks:
         for key, v in r.get("counters", {}).items():
-            if not key.endswith(("_ns", "cwnd_bytes")):
+            if key.endswith("_max"):  # the most any rank saw
+                out[key] = max(out.get(key, 0), v)
+            elif not key.endswith(("_ns", "cwnd_bytes")):
                 out[key] = out.get(key, 0) + v
     return out
 

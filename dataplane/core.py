@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 20
+ABI_VERSION = 21
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -46,6 +46,7 @@ FLAGS = {
     "ecn_echo": lib.ETHP_F_ECN_ECHO,
     "trimmable": lib.ETHP_F_TRIMMABLE,
     "retx": lib.ETHP_F_RETX,
+    "int": lib.ETHP_F_INT,
 }
 KINDS = {
     lib.ETHP_KIND_OTHER: "other",
@@ -136,10 +137,13 @@ class Parsed:
     payload: bytes
     header: Header | None = None
     offsets: dict[str, int] = field(default_factory=dict)
+    # INT records (flag "int"): one per switch the packet left, in path order
+    int_hops: list[dict[str, int]] | None = None
 
 
 _ADDR_FIELDS = ("src_ip", "dst_ip", "src_port", "dst_port", "tos", "ttl", "ip_id")
 _HDR_FIELDS = tuple(Header.__dataclass_fields__)
+_INT_FIELDS = ("port_id", "qlen_64b", "ts_ns", "tx_bytes", "rate_kbps")
 
 
 def _c_addr(a: Addr):
@@ -185,6 +189,12 @@ def parse_frame(frame: bytes) -> Parsed:
     if rc in (lib.ETHP_KIND_ETHP_UDP, lib.ETHP_KIND_ETHP_COMPACT, lib.ETHP_KIND_ROCE_UDP):
         header = Header(**{name: getattr(p.hdr, name) for name in _HDR_FIELDS})
     off = p.payload_off
+    int_hops, offsets = None, {"l3": p.l3_off, "l4": p.l4_off, "hdr": p.hdr_off, "payload": off}
+    if p.int_off:
+        offsets["int"] = p.int_off
+        hops = ffi.new("struct ethp_int_hop[]", lib.ETHP_INT_MAX_HOPS)
+        n = lib.ethp_int_decode(ffi.from_buffer(frame), p.int_off, hops)
+        int_hops = [{k: getattr(h, k) for k in _INT_FIELDS} for h in hops[0:n]]
     return Parsed(
         kind=KINDS[rc],
         ethertype=p.ethertype,
@@ -193,7 +203,8 @@ def parse_frame(frame: bytes) -> Parsed:
         ip_proto=p.ip_proto,
         payload=bytes(frame[off : off + p.payload_bytes]),
         header=header,
-        offsets={"l3": p.l3_off, "l4": p.l4_off, "hdr": p.hdr_off, "payload": off},
+        offsets=offsets,
+        int_hops=int_hops,
     )
 
 
@@ -446,6 +457,7 @@ class SwitchConfig:
     dt_alpha: float = 1.0
     agg_id: int = 0  # this switch's aggregator number (routing.agg_ids)
     agg_slots: int = 0  # in-network aggregation: chunks held at once; 0: none
+    int_id: int = 0  # this switch's number in INT records (HPCC)
 
 
 class Switch:
@@ -458,7 +470,7 @@ class Switch:
             "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
             "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
-            "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots",
+            "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots", "int_id",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))
         sw = lib.ethp_switch_new(c, max_ports)

@@ -154,6 +154,7 @@ class Fabric:
                 shared_buffer_bytes=sw_cfg.get("shared_buffer_bytes", 0),
                 dt_alpha=sw_cfg.get("dt_alpha", 1.0),
                 agg_id=agg_ids[name],
+                int_id=i,
                 agg_slots=sw_cfg.get("inc_slots", 1024) if sw_cfg.get("inc") else 0,
                 seed=seed * 1_000_003 + i,
                 pool_pkts=min(65536, max(4096, n_ports * 512)),

@@ -58,6 +58,7 @@ class Workload:
     tcp_streams: int | None = None
     qps: int | None = None
     adaptive: bool = False
+    cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
     check: bool = True
     seed: int = 1
 

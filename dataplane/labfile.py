@@ -237,6 +237,11 @@ _NIC_SCHEMA = {
     "encapsulation": one_of(
         ("udp", "compact"), "udp", "ETH+ over IPv4/UDP, or the compact EtherType form"
     ),
+    "cc": one_of(
+        ("nscc", "hpcc"),
+        "nscc",
+        "ETH+ congestion control: NSCC-like (ECN and delay) or HPCC-like (INT from each switch)",
+    ),
     # The emulated RoCEv2 transport (`roce`), nominal units; DCQCN defaults are
     # the paper's (PROTOCOLS.md), increase steps 0.1% / 1% of a 400G port.
     "roce_qps": nonneg_int(0, "queue pairs per pair of ranks; 0: one per plane"),

@@ -19,6 +19,9 @@ NIC_COUNTERS: tuple[str, ...] = tuple(
 )
 PAYLOAD_BYTES = 4096  # PROTOCOLS.md: 4096 B of payload per packet (RoCE convention)
 EVS = 256  # entropy values per peer (UEC)
+# The ETH+ transport's congestion control, by the names lab files and the
+# command line use.
+CC_ALGOS = {"nscc": lib.ETHP_CCA_NSCC, "hpcc": lib.ETHP_CCA_HPCC}
 UNSCALED_RTT_NS = 2_000_000
 
 
@@ -119,13 +122,15 @@ class Endpoint:
         roce_spray: bool = False,
         drop_psn: int | None = None,
         inc: IncGroup | None = None,
+        cc: str | None = None,
     ):
         """roce=True runs the emulated RoCEv2 mode: go-back-N, one path per
         queue pair (qps, default one per plane), DCQCN (dcqcn, default the lab
         file's [nic] dcqcn); roce_spray sprays every packet (to show why RoCE
         does not).  drop_psn drops the first transmission of that PSN once
         (fault injection for tests).  inc joins an aggregation group, for
-        all_reduce()."""
+        all_reduce().  cc: the ETH+ congestion control, a CC_ALGOS name
+        (default the lab file's [nic] cc); roce mode always runs DCQCN."""
         rec = rec or registry.load_lab(lab)
         if rec is None:
             raise NicError(f"no lab named {lab!r}")
@@ -158,6 +163,10 @@ class Endpoint:
         # (ring retire timers, scheduling) is a few ms on this machine.
         cfg.rto_ns = max(4 * base_rtt_real, 20_000_000)
         cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
+        cc = cc or rec["nic"].get("cc", "nscc")
+        if cc not in CC_ALGOS:
+            raise NicError(f"unknown congestion control {cc!r} (expected {', '.join(CC_ALGOS)})")
+        cfg.cc = CC_ALGOS[cc]
         cfg.seed = seed
         cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
         if roce:
@@ -197,6 +206,7 @@ class Endpoint:
             "max_cwnd_bytes": cfg.max_cwnd_bytes,
             "planes": len(ports),
             "mode": "roce" if roce else "ethplus",
+            "cc": "dcqcn" if roce else cc,
         }
         if inc is not None:
             self.config.update(inc_groups=[x[0] for x in inc.streams],

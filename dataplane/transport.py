@@ -40,6 +40,7 @@ class Options:
     roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)
     members: list[int] | None = None  # the lab ranks of this job (None: every accelerator)
     inc: dict | None = None  # ethplus: this job's in-network all-reduce (inc_plan)
+    cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
 
 
 class Transport(ABC):
@@ -126,7 +127,7 @@ class NicTransport(Transport):
         try:
             self.ep = nic.Endpoint(
                 lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
-                roce=name == "roce", qps=opts.roce_qps, inc=inc,
+                roce=name == "roce", qps=opts.roce_qps, inc=inc, cc=opts.cc,
             )  # fmt: skip
         except nic.NicError as e:
             raise TransportError(str(e)) from e

@@ -69,6 +69,7 @@ def run(link: Link, plan: dict, node: str) -> None:
         roce_qps=plan.get("qps"),
         members=plan.get("members"),
         inc=plan.get("inc"),
+        cc=plan.get("cc"),
     )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])

@@ -179,6 +179,11 @@ def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
     (["bench", "all-reduce", "--lab", "x", "--sizes", "2"], "smaller than one float32"),
     (["bench", "all-to-all", "--lab", "x", "--algo", "halving-doubling"], "no algorithm"),
     (["bench", "all-reduce", "--lab", "ethp-no-such-lab"], "neither a running lab"),
+    (["bench", "all-reduce", "--lab", "x", "--cc", "cubic"], "unknown congestion control 'cubic'"),
+    (["bench", "all-reduce", "--lab", "x", "--transport", "tcp", "--cc", "hpcc"], "not of tcp"),
+    (["compare", "all-reduce", "--lab", "x", "--transports", "tcp", "--cc", "hpcc"],
+     "add ethplus to --transports"),
+    (["compare", "all-reduce", "--lab", "x", "--cc", "nscc,reno"], "unknown congestion control"),
 ])  # fmt: skip
 def test_bad_arguments_are_one_line_errors(args, expect):
     r = ethplus(*args)

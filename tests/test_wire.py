@@ -179,3 +179,43 @@ def test_pfc_frame_layout():
     assert f[16:18] == b"\x00\x02"  # class-enable vector: class 1 only
     assert f[18:20] == b"\x00\x00" and f[20:22] == b"\x12\x34"  # quanta per class
     assert parse_frame(f).kind == "macctl"
+
+
+@pytest.mark.parametrize("compact,int_off", [(False, 74), (True, 46)])
+def test_int_block_sits_between_header_and_payload(compact, int_off):
+    hdr = Header(**{**HDR.__dict__, "flags": HDR.flags | core.FLAGS["int"]})
+    frame = build_frame(ADDR, hdr, PAYLOAD, compact=compact)
+    plain = build_frame(ADDR, HDR, PAYLOAD, compact=compact)
+    assert len(frame) == len(plain) + core.lib.ETHP_INT_BYTES == len(plain) + 84
+    p = parse_frame(frame)
+    assert p.offsets["int"] == int_off and p.offsets["payload"] == int_off + 84
+    assert p.payload == PAYLOAD and p.header.len_bytes == len(PAYLOAD)  # len: payload only
+    assert p.int_hops == []  # empty until a switch writes a record
+    assert frame[int_off : int_off + 2] == bytes([0, 5])  # records written, room for
+    if not compact:  # IPv4 and UDP lengths count the block
+        assert struct.unpack("!H", frame[16:18])[0] == len(frame) - 14
+        assert struct.unpack("!H", frame[38:40])[0] == len(frame) - 34
+    assert "int" not in parse_frame(plain).offsets
+
+
+def test_int_block_cut_short_is_rejected_and_kept_when_trimmed():
+    flags = core.FLAGS["int"] | core.FLAGS["trimmed"]
+    trimmed = build_frame(ADDR, Header(flags=flags, len_bytes=4000), compact=True)
+    p = parse_frame(trimmed)  # a trimmed packet keeps its INT block: switches still stamp it
+    assert p.payload == b"" and p.offsets["int"] == 46 and p.int_hops == []
+    with pytest.raises(WireError):
+        parse_frame(trimmed[:-1])
+
+
+def test_int_records_decode_in_network_order():
+    hdr = Header(flags=core.FLAGS["int"], len_bytes=4)
+    frame = bytearray(build_frame(ADDR, hdr, b"abcd", compact=True))
+    frame[46] = 2  # two records, as two switches would write them
+    frame[50:66] = struct.pack("!HHIII", 1025, 3, 0xFFFFFFF0, 123456, 400_000_000)
+    frame[66:82] = struct.pack("!HHIII", 2050, 0, 7, 9, 62_500)
+    hops = parse_frame(bytes(frame)).int_hops
+    assert hops == [
+        {"port_id": 1025, "qlen_64b": 3, "ts_ns": 0xFFFFFFF0, "tx_bytes": 123456,
+         "rate_kbps": 400_000_000},
+        {"port_id": 2050, "qlen_64b": 0, "ts_ns": 7, "tx_bytes": 9, "rate_kbps": 62_500},
+    ]  # fmt: skip

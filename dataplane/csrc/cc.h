@@ -1,14 +1,15 @@
 /* cc.h - the congestion-control interface of the NIC (private to the core).
  *
  * An algorithm is a set of callbacks over one window's state, one file per
- * algorithm (cc_nscc.c, cc_dcqcn.c; an INT-based HPCC-like one goes beside
- * them).  The engine calls them per plane towards each peer; the state is
+ * algorithm (cc_nscc.c, cc_dcqcn.c, cc_hpcc.c).  The engine calls them per plane towards each peer; the state is
  * opaque to it except for cwnd_bytes, the window it enforces.
  */
 #ifndef ETHP_CC_H
 #define ETHP_CC_H
 
 #include <stdint.h>
+
+#include "ethp.h"
 
 struct ethp_cc_params {
     uint64_t mss_bytes;
@@ -25,7 +26,7 @@ struct ethp_cc_state {
     uint64_t rate_bps; /* a rate-based algorithm's sending rate; 0: window only */
     uint64_t rtt_ns; /* last sample */
     uint64_t rtt_epoch_ns, acked_epoch_bytes, acked_last_rtt_bytes, last_decrease_ns;
-    uint64_t algo[8]; /* the algorithm's own */
+    uint64_t algo[24]; /* the algorithm's own (an algorithm may lay a struct over it) */
 };
 
 struct ethp_cc_ops {
@@ -45,9 +46,16 @@ struct ethp_cc_ops {
     int (*on_cnp)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, uint64_t now_ns);
     void (*on_tick)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, uint64_t now_ns,
                     uint64_t sent_bytes);
+    /* INT-driven only (NULL otherwise): an ack echoed the n_hops INT records
+     * of the data packet that drew it, which this window sent at sent_ts_ns
+     * (the sender's clock, mod 2^32). */
+    void (*on_int)(struct ethp_cc_state *s, const struct ethp_cc_params *pp,
+                   const struct ethp_int_hop *hops, uint32_t n_hops, uint32_t sent_ts_ns,
+                   uint64_t now_ns);
 };
 
 extern const struct ethp_cc_ops ethp_cc_nscc;
 extern const struct ethp_cc_ops ethp_cc_dcqcn;
+extern const struct ethp_cc_ops ethp_cc_hpcc;
 
 #endif

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 20
+#define ETHP_ABI_VERSION 21
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -71,7 +71,31 @@ enum ethp_flag {
     ETHP_F_ECN_ECHO = 0x04,  /* ack: the acked packet arrived CE-marked */
     ETHP_F_TRIMMABLE = 0x08, /* a switch may trim this packet */
     ETHP_F_RETX = 0x10,      /* a retransmission */
+    ETHP_F_INT = 0x20,       /* an INT block follows the header (HPCC-like congestion control) */
 };
+
+/* In-band network telemetry (docs/wire-format.md): a block of
+ * ETHP_INT_BYTES right after the ETH+ header of a data packet flagged
+ * ETHP_F_INT, before the payload (len_bytes does not count it).  Each switch
+ * the packet leaves appends one record of its egress port (up to
+ * ETHP_INT_MAX_HOPS); an ack flagged ETHP_F_INT echoes the block of the data
+ * packet that drew it. */
+enum {
+    ETHP_INT_MAX_HOPS = 5,
+    ETHP_INT_HOP_BYTES = 16,
+    ETHP_INT_BYTES = 4 + ETHP_INT_MAX_HOPS * ETHP_INT_HOP_BYTES,
+};
+/* One record, host byte order. */
+struct ethp_int_hop {
+    uint16_t port_id;    /* switch id x 1024 + port index, mod 2^16 */
+    uint16_t qlen_64b;   /* egress queue behind the packet as it left, 64-byte units */
+    uint32_t ts_ns;      /* when it finished leaving (the port's pacer clock), mod 2^32 */
+    uint32_t tx_bytes;   /* wire bytes the port has sent, this packet included, mod 2^32 */
+    uint32_t rate_kbps;  /* the port's real rate */
+};
+/* Decode the INT block at frame + int_off (ethp_parsed.int_off) into
+ * hops[ETHP_INT_MAX_HOPS]; returns the number of records. */
+uint32_t ethp_int_decode(const uint8_t *frame, uint32_t int_off, struct ethp_int_hop *hops);
 
 /* What ethp_parse found.  Negative values are errors. */
 enum ethp_kind {
@@ -131,6 +155,7 @@ struct ethp_parsed {
     uint16_t l3_off;
     uint16_t l4_off;
     uint16_t hdr_off;        /* ETH+ header offset, or 0 */
+    uint16_t int_off;        /* ETHP_F_INT: the INT block's offset, else 0 */
     uint16_t payload_off;
     uint16_t payload_bytes;  /* payload actually present in the frame */
     uint8_t ip_proto;
@@ -168,6 +193,7 @@ struct ethp_pkt {
     uint8_t in_pool;     /* 1 while owned by the pool: catches double frees */
     int32_t ifindex;     /* interface it arrived on (a port bound to all of them) */
     uint8_t origin;      /* 1: made by its owner (a switch's result frame), not received */
+    uint16_t int_off;    /* a switch's queued data packet: its INT block, or 0 */
 };
 
 struct ethp_pool;
@@ -311,6 +337,7 @@ struct ethp_switch_cfg {
      * for agg_slots chunks at once, over every group (0: no aggregator). */
     uint32_t agg_id;
     uint32_t agg_slots;
+    uint32_t int_id;           /* this switch's number in INT records (port_id's high bits) */
 };
 
 /* One port's link, in real (time-scaled) units; both directions of the link. */
@@ -364,7 +391,8 @@ struct ethp_link_state {
     X(agg_results, "result (or partial) frames the aggregator originated (then sent, dropped or queued)") \
     X(agg_replies, "results (or partials, up a tree) sent again after a member resent its contribution") \
     X(drop_agg_full, "contributions dropped: the aggregator had no free slot")   \
-    X(drop_agg_stale, "contributions for a chunk the aggregator no longer holds")
+    X(drop_agg_stale, "contributions for a chunk the aggregator no longer holds") \
+    X(int_stamped, "INT records written into data packets leaving this port")
 
 /* Per-port, per-class counters.  X(name, help) */
 #define ETHP_SW_CLASS_COUNTERS(X)                                               \
@@ -474,7 +502,9 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(inc_retx_pkts, "in-network all-reduce: contributions resent on a timeout") \
     X(inc_rx_results, "in-network all-reduce: result packets placed")          \
     X(inc_dup_results, "in-network all-reduce: results already placed, discarded") \
-    X(inc_timeouts, "in-network all-reduce: aggregator timeouts")
+    X(inc_timeouts, "in-network all-reduce: aggregator timeouts")             \
+    X(int_acks, "hpcc: acks whose INT records drove the window")               \
+    X(int_hops_max, "hpcc: most switch hops seen in one INT block")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
@@ -493,6 +523,12 @@ enum {
     ETHP_NIC_ERR_NO_GROUP = -104,    /* in-network all-reduce without ethp_nic_inc_setup */
 };
 
+/* The ETH+ transport's congestion control. */
+enum ethp_cc_algo {
+    ETHP_CCA_NSCC = 0, /* NSCC-like: ECN and delay, window (UEC) */
+    ETHP_CCA_HPCC = 1, /* HPCC-like: INT from every switch hop, window */
+};
+
 struct ethp_nic_cfg {
     uint32_t ep;                /* this endpoint (its rank) */
     uint32_t compact;           /* compact EtherType form instead of IPv4/UDP */
@@ -504,6 +540,7 @@ struct ethp_nic_cfg {
     uint64_t base_rtt_ns;       /* real */
     uint64_t rto_ns;            /* real, initial */
     uint64_t max_cwnd_bytes;    /* 1.5 x BDP over all planes */
+    uint32_t cc;                /* enum ethp_cc_algo (ignored in roce mode: DCQCN) */
     uint64_t seed;
     /* The emulated RoCEv2 mode (roce != 0): go-back-N, one path per queue
      * pair, DCQCN; always IPv4/UDP to port 4791. */

@@ -57,6 +57,24 @@ struct ethp_wire_hdr {
     uint32_t ts_ns;
 } ETHP_PACKED;
 
+/* The INT block (ETHP_F_INT): a count, then one record per switch hop. */
+struct ethp_wire_int_hop {
+    uint16_t port_id;
+    uint16_t qlen_64b;
+    uint32_t ts_ns;
+    uint32_t tx_bytes;
+    uint32_t rate_kbps;
+} ETHP_PACKED;
+
+struct ethp_wire_int {
+    uint8_t n_hops;   /* records written */
+    uint8_t max_hops; /* ETHP_INT_MAX_HOPS */
+    uint16_t reserved;
+    struct ethp_wire_int_hop hop[ETHP_INT_MAX_HOPS];
+} ETHP_PACKED;
+
+static_assert(sizeof(struct ethp_wire_int_hop) == ETHP_INT_HOP_BYTES, "int hop layout");
+static_assert(sizeof(struct ethp_wire_int) == ETHP_INT_BYTES, "int layout");
 static_assert(sizeof(struct ethp_wire_eth) == ETHP_ETH_HDR_BYTES, "eth layout");
 static_assert(sizeof(struct ethp_wire_ipv4) == ETHP_IPV4_HDR_BYTES, "ipv4 layout");
 static_assert(sizeof(struct ethp_wire_udp) == ETHP_UDP_HDR_BYTES, "udp layout");

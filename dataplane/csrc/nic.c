@@ -1,6 +1,7 @@
 /* nic.c - the ETH+ software NIC: a transport engine in one thread.
  *
- * Sender: messages are cut into packets of payload_bytes, each with its own
+ * Sender: messages are cut into packets of payload_bytes (less the INT block
+ * when the packets carry one, so that frames stay within the MTU), each with its own
  * PSN (per peer), sprayed over the planes (ports) and entropy values, paced
  * per port at the link's real rate and limited by a congestion window per
  * peer.  Loss is inferred from SACKs (a packet 3 PSNs below the highest
@@ -14,7 +15,9 @@
  * timestamp, entropy value and CE marks, and are coalesced per burst.
  *
  * Congestion control: one window per plane towards each peer, run by the
- * algorithm behind struct ethp_cc_ops (cc.h; NSCC-like in cc_nscc.c).
+ * algorithm behind struct ethp_cc_ops (cc.h): NSCC-like (cc_nscc.c) or
+ * HPCC-like (cc_hpcc.c), for which data packets carry an INT block the
+ * switches fill and acks echo it.
  *
  * RoCE mode (cfg.roce, the emulated RoCEv2 baseline): the same engine with
  * RoCE's semantics.  Packet i of a peer belongs to queue pair i mod qps; a QP
@@ -90,6 +93,7 @@ struct tx_pkt {
 struct nic_cc {
     struct ethp_cc_state st;
     uint64_t inflight;
+    uint64_t next_tx_ns; /* its rate pacer, when the algorithm sets a rate (st.rate_bps) */
 };
 
 /* roce: one queue pair towards a peer */
@@ -97,7 +101,6 @@ struct nic_qp {
     uint32_t rcv_nxt;     /* recv: the next PSN expected on this QP */
     int nak_sent;         /* recv: a NAK for rcv_nxt is out */
     uint64_t last_cnp_ns; /* recv */
-    uint64_t next_tx_ns;  /* send: DCQCN's rate pacer */
     uint64_t sent_bytes;  /* send: since the last DCQCN tick */
     uint16_t ev;          /* send: fixed entropy (UDP source port), plane in the low bits */
 };
@@ -132,6 +135,8 @@ struct nic_peer {
     uint32_t last_psn; /* the newest data PSN placed */
     uint32_t ack_count, ts_echo;
     uint16_t ev_echo;
+    int int_have;                    /* hpcc: int_echo holds the newest packet's INT block */
+    uint8_t int_echo[ETHP_INT_BYTES];
     struct nic_qp qp[ETHP_NIC_MAX_PLANES]; /* roce */
     uint32_t qp_ack_mask;                  /* roce: QPs owing a cumulative ack */
     uint64_t c[ETHP_NIC_NCOUNTERS];
@@ -176,6 +181,7 @@ struct ethp_nic {
     struct ethp_nic_cfg cfg;
     struct nic_inc inc;
     const struct ethp_cc_ops *cc;
+    uint32_t data_bytes; /* payload per data packet */
     char netns_path[256];
     struct ethp_port *io;
     struct ethp_pool *pool;
@@ -268,8 +274,11 @@ static void flush_port(struct ethp_nic *n, struct nic_port *pt)
     pt->ntx = 0;
 }
 
+/* Build and queue one frame.  int_block: the INT block to carry (an ack's
+ * echo), or NULL for an empty one (a data packet's, with ETHP_F_INT). */
 static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
-                const struct ethp_hdr_fields *h, const uint8_t *payload, uint32_t len)
+                const struct ethp_hdr_fields *h, const uint8_t *payload, uint32_t len,
+                const uint8_t *int_block)
 {
     struct nic_port *pt = &n->ports[plane];
     struct ethp_pkt *k;
@@ -282,6 +291,8 @@ static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
         return fl;
     }
     k->len = (uint32_t)fl;
+    if (int_block && (h->flags & ETHP_F_INT))
+        memcpy(k->data + fl - len - ETHP_INT_BYTES, int_block, ETHP_INT_BYTES);
     /* The port's pacer, with the switch's bounded burst: a late thread may
      * make up NIC_CATCHUP_NS of link time while it has packets waiting. */
     uint64_t now = ethp_now_ns();
@@ -332,7 +343,7 @@ static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
                                 .psn = psn, .offset_bytes = aux, .len_bytes = (uint16_t)len,
                                 .tos = 0x02, .ts_ns = ts};
-    emit(n, plane, &a, &h, body, len);
+    emit(n, plane, &a, &h, body, len, p->int_echo);
 }
 
 static void add_inflight(struct nic_peer *p, const struct tx_pkt *t)
@@ -460,6 +471,18 @@ static uint32_t pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_
 
 #define NIC_LOOKAHEAD_NS 20000ull
 
+/* A sub-flow's rate pacer: when it lets the next packet go, a lookahead early. */
+static uint64_t sub_free_at(const struct nic_peer *p, uint32_t sub)
+{
+    uint64_t t = p->cc[sub].next_tx_ns;
+    return t > NIC_LOOKAHEAD_NS ? t - NIC_LOOKAHEAD_NS : 0;
+}
+
+static int sub_free(const struct nic_peer *p, uint32_t sub, uint64_t now)
+{
+    return sub_free_at(p, sub) <= now;
+}
+
 static int port_free(const struct ethp_nic *n, uint32_t plane, uint64_t now)
 {
     const struct nic_port *pt = &n->ports[plane];
@@ -508,7 +531,7 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
     struct ethp_l2l3 a;
     addr_for(n, plane, p, t->ev, &a);
     uint8_t flags = (n->cfg.roce ? 0 : ETHP_F_TRIMMABLE) | (t->last ? ETHP_F_LAST : 0) |
-                    (t->retx ? ETHP_F_RETX : 0);
+                    (t->retx ? ETHP_F_RETX : 0) | (n->cc->on_int ? ETHP_F_INT : 0);
     struct ethp_hdr_fields h = {.opcode = ETHP_OP_DATA, .flags = flags, .entropy = t->ev,
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
                                 .msg_id = t->m->msg_id, .psn = psn, .offset_bytes = t->off,
@@ -519,21 +542,23 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
         n->cfg.drop_psn_plus1 = 0; /* lost on the wire, once */
         count(n, p, ETHP_NC_tx_injected_drops, 1);
     } else {
-        rc = emit(n, plane, &a, &h, t->m->buf + t->off, t->len);
+        rc = emit(n, plane, &a, &h, t->m->buf + t->off, t->len, NULL);
     }
     if (rc)
         return rc;
     count(n, p, ETHP_NC_tx_data_pkts, 1);
     count(n, p, ETHP_NC_tx_data_bytes, t->len);
-    if (n->cfg.roce) {
-        struct nic_qp *qp = &p->qp[psn % n->cfg.qps];
-        uint64_t rate = p->cc[psn % n->cfg.qps].st.rate_bps;
-        uint64_t start = qp->next_tx_ns > now ? qp->next_tx_ns : now;
-        uint32_t frame = t->len + ETHP_ETH_HDR_BYTES + ETHP_IPV4_HDR_BYTES + ETHP_UDP_HDR_BYTES +
-                         ETHP_HDR_BYTES; /* RoCE mode is always the UDP form */
-        qp->next_tx_ns = rate ? start + ser_ns(n, frame) * n->cfg.rate_bps / rate : now;
-        qp->sent_bytes += t->len;
+    /* the sub-flow's rate pacer: DCQCN's rate, HPCC's W / T */
+    struct nic_cc *c = &p->cc[t->sub];
+    if (c->st.rate_bps) {
+        uint32_t frame = t->len + ETHP_ETH_HDR_BYTES + ETHP_HDR_BYTES +
+                         (n->cfg.compact ? 0 : ETHP_IPV4_HDR_BYTES + ETHP_UDP_HDR_BYTES) +
+                         (flags & ETHP_F_INT ? ETHP_INT_BYTES : 0);
+        uint64_t start = c->next_tx_ns > now ? c->next_tx_ns : now;
+        c->next_tx_ns = start + ser_ns(n, frame) * n->cfg.rate_bps / c->st.rate_bps;
     }
+    if (n->cfg.roce)
+        p->qp[psn % n->cfg.qps].sent_bytes += t->len;
     if (!p->rto_deadline)
         p->rto_deadline = now + p->rto_ns;
     return 0;
@@ -545,8 +570,8 @@ static void send_new(struct ethp_nic *n, struct nic_peer *p, uint32_t plane, uin
                      uint64_t now)
 {
     struct nic_msg *m = p->sq_head;
-    uint32_t len = (uint32_t)(m->len - m->next_off < n->cfg.payload_bytes ? m->len - m->next_off
-                                                                          : n->cfg.payload_bytes);
+    uint32_t len = (uint32_t)(m->len - m->next_off < n->data_bytes ? m->len - m->next_off
+                                                                   : n->data_bytes);
     uint32_t psn = p->snd_nxt++;
     struct tx_pkt *t = &p->win[psn % NIC_WIN];
     *t = (struct tx_pkt){.m = m, .off = (uint32_t)m->next_off, .len = (uint16_t)len,
@@ -596,7 +621,7 @@ static int qp_ready(const struct ethp_nic *n, const struct nic_peer *p, uint32_t
                     uint64_t now)
 {
     uint32_t q = psn % n->cfg.qps;
-    return port_free(n, roce_plane(n, psn), now) && p->qp[q].next_tx_ns <= now + NIC_LOOKAHEAD_NS &&
+    return port_free(n, roce_plane(n, psn), now) && sub_free(p, q, now) &&
            p->cc[q].inflight < p->cc[q].st.cwnd_bytes;
 }
 
@@ -654,7 +679,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
     /* new packets, each on its plane when that plane's pacer is free */
     while (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
         uint32_t plane = pick_plane(n, p, p->snd_nxt, 1);
-        if (plane == UINT32_MAX || !port_free(n, plane, now))
+        if (plane == UINT32_MAX || !port_free(n, plane, now) || !sub_free(p, plane, now))
             return;
         send_new(n, p, plane, plane, now);
     }
@@ -717,7 +742,8 @@ static void send_ack(struct ethp_nic *n, struct nic_peer *p)
     for (int i = 0; i < 8; i++)
         body[i] = (uint8_t)(bits >> (56 - 8 * i));
     /* RETX on an ack: a duplicate arrived, the sender's loss guess was wrong */
-    uint8_t flags = (p->ce_seen ? ETHP_F_ECN_ECHO : 0) | (p->dup_seen ? ETHP_F_RETX : 0);
+    uint8_t flags = (p->ce_seen ? ETHP_F_ECN_ECHO : 0) | (p->dup_seen ? ETHP_F_RETX : 0) |
+                    (p->int_have ? ETHP_F_INT : 0);
     send_ctl(n, p, ETHP_OP_ACK, p->rcv_nxt, base, flags, p->ts_echo, p->ev_echo, body, 8);
     count(n, p, ETHP_NC_tx_acks, 1);
     p->ack_pending = 0;
@@ -854,6 +880,9 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     int dup = d >= 0x80000000u || (p->rbits[(h->psn % NIC_RWIN) / 8] & (1u << (h->psn % 8)));
     p->ts_echo = h->ts_ns;
     p->ev_echo = h->entropy;
+    p->int_have = ps->int_off != 0;
+    if (p->int_have) /* the ack echoes this packet's INT records */
+        memcpy(p->int_echo, payload - ps->payload_off + ps->int_off, ETHP_INT_BYTES);
     p->ack_pending = 1;
     activate(n, p);
     if (dup) {
@@ -979,6 +1008,16 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
         n->ports[echo_plane].avoid_until = 0;
     }
     struct ethp_cc_params pp = cc_params(n);
+    if (ps->int_off && n->cc->on_int && echo_plane < n->n_ports) {
+        struct ethp_int_hop hops[ETHP_INT_MAX_HOPS];
+        uint32_t nh = ethp_int_decode(payload - ps->payload_off, ps->int_off, hops);
+        n->cc->on_int(&p->cc[echo_plane].st, &pp, hops, nh, h->ts_ns, now);
+        count(n, p, ETHP_NC_int_acks, 1);
+        if (nh > p->c[ETHP_NC_int_hops_max])
+            p->c[ETHP_NC_int_hops_max] = nh;
+        if (nh > n->c[ETHP_NC_int_hops_max])
+            n->c[ETHP_NC_int_hops_max] = nh;
+    }
     for (uint32_t i = 0; i < n->n_ports; i++)
         if (bytes[i])
             n->cc->on_ack(&p->cc[i].st, &pp, bytes[i],
@@ -1164,7 +1203,7 @@ static void inc_send(struct ethp_nic *n, struct inc_agg *a, uint32_t psn, uint64
         .msg_id = a->group, .psn = psn, .offset_bytes = (uint32_t)off,
         .tag = a->members << 16 | a->index, .len_bytes = (uint16_t)len, .tos = 0x02,
         .ts_ns = (uint32_t)m->dtype << 24 | (uint32_t)m->op << 16 | g->window};
-    if (emit(n, a->plane, &l, &h, m->buf + off, len) == 0) {
+    if (emit(n, a->plane, &l, &h, m->buf + off, len, NULL) == 0) {
         n->c[ETHP_NC_inc_tx_pkts]++;
         if (retx)
             n->c[ETHP_NC_inc_retx_pkts]++;
@@ -1483,8 +1522,7 @@ static uint64_t next_due(struct ethp_nic *n)
         if (n->cfg.roce && (p->n_lost || p->sq_head) && ethp_now_ns() >= p->rnr_until) {
             for (uint32_t q = 0; q < n->cfg.qps; q++) {
                 uint64_t f = free_at(n, (q % n->n_ports));
-                uint64_t r = p->qp[q].next_tx_ns > NIC_LOOKAHEAD_NS
-                                 ? p->qp[q].next_tx_ns - NIC_LOOKAHEAD_NS : 0;
+                uint64_t r = sub_free_at(p, q);
                 if ((r > f ? r : f) < t)
                     t = r > f ? r : f;
             }
@@ -1495,8 +1533,13 @@ static uint64_t next_due(struct ethp_nic *n)
                 t = p->rnr_until;
         } else if (p->n_lost)
             plane = retx_plane(n, UINT32_MAX);
-        else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN)
-            plane = pick_plane(n, p, p->snd_nxt, 0);
+        else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN &&
+                 (plane = pick_plane(n, p, p->snd_nxt, 0)) != UINT32_MAX &&
+                 sub_free_at(p, plane) > free_at(n, plane)) {
+            if (sub_free_at(p, plane) < t) /* new packets wait for the sub-flow's pacer */
+                t = sub_free_at(p, plane);
+            continue;
+        }
         if (plane != UINT32_MAX && free_at(n, plane) < t)
             t = free_at(n, plane);
     }
@@ -1585,8 +1628,8 @@ static int quiet_udp_port(const char *netns_path, uint16_t port)
 struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_path,
                               uint32_t max_peers, int *err)
 {
-    if (!cfg->rate_bps || !cfg->payload_bytes || cfg->payload_bytes > 9000 || !cfg->n_evs ||
-        !max_peers || max_peers > 65536) {
+    if (!cfg->rate_bps || cfg->payload_bytes <= ETHP_INT_BYTES || cfg->payload_bytes > 9000 ||
+        !cfg->n_evs || cfg->cc > ETHP_CCA_HPCC || !max_peers || max_peers > 65536) {
         *err = -EINVAL;
         return NULL;
     }
@@ -1596,7 +1639,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
         return NULL;
     }
     n->cfg = *cfg;
-    n->cc = &ethp_cc_nscc;
+    n->cc = cfg->cc == ETHP_CCA_HPCC ? &ethp_cc_hpcc : &ethp_cc_nscc;
     if (cfg->roce) {
         if (!cfg->qps || cfg->qps > ETHP_NIC_MAX_PLANES || !cfg->dcqcn_g_inv ||
             !cfg->dcqcn_timer_ns || !cfg->dcqcn_byte_counter_bytes) {
@@ -1607,6 +1650,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
         n->cc = &ethp_cc_dcqcn;
         n->cfg.compact = 0; /* RoCEv2 is IPv4/UDP */
     }
+    n->data_bytes = cfg->payload_bytes - (n->cc->on_int ? ETHP_INT_BYTES : 0);
     snprintf(n->netns_path, sizeof(n->netns_path), "%s", netns_path ? netns_path : "");
     n->max_peers = max_peers;
     n->udp_fd = -1;

@@ -84,6 +84,7 @@ struct sw_port {
     struct pktq wire;             /* egress delay line: ts_ns = due at the peer */
     struct pktq in_wire;          /* ingress delay line (peer is a host) */
     uint64_t next_tx_ns;          /* the link is busy until then */
+    uint64_t sched_wire_bytes;    /* wire bytes put on the link so far (INT's tx_bytes) */
     uint64_t paused_until[ETHP_NCLASSES];
     uint64_t paused_since[ETHP_NCLASSES];
     uint64_t pfc_in_bytes[ETHP_NCLASSES]; /* buffered here, came in on this port */
@@ -346,6 +347,7 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
         __atomic_store_n(&sw->buffer_hwm_bytes, used, __ATOMIC_RELAXED);
     p->cls = (uint8_t)cls;
     p->ts_ns = now; /* when it joined the queue: it cannot start on the link before */
+    p->int_off = is_ethp(kind) && ps->hdr.opcode == ETHP_OP_DATA ? ps->int_off : 0;
     q_push(&e->q[cls], p);
     activate(sw, e);
     e->cc[cls][ETHP_CC_enq_frames]++;
@@ -659,6 +661,26 @@ static int next_class(const struct sw_port *e, uint64_t now)
     return -1;
 }
 
+/* INT (HPCC): this port's record, appended to the packet's block as the
+ * packet leaves the queue: the link's clock when its last bit is out, the
+ * port's wire bytes so far, the queue left behind it, the link's rate. */
+static void int_stamp(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *p)
+{
+    struct ethp_wire_int *b = (struct ethp_wire_int *)(p->data + p->int_off);
+    if (b->n_hops >= ETHP_INT_MAX_HOPS)
+        return;
+    uint64_t q64 = (e->q[0].bytes + e->q[1].bytes) / 64;
+    struct ethp_wire_int_hop *h = &b->hop[b->n_hops++];
+    h->port_id = htons((uint16_t)(sw->cfg.int_id * 1024 + (uint32_t)(e - sw->ports)));
+    h->qlen_64b = htons((uint16_t)(q64 > 0xffff ? 0xffff : q64));
+    h->ts_ns = htonl((uint32_t)e->next_tx_ns);
+    h->tx_bytes = htonl((uint32_t)e->sched_wire_bytes);
+    h->rate_kbps = htonl((uint32_t)(e->link.rate_bps / 1000 > 0xffffffffu
+                                        ? 0xffffffffu
+                                        : e->link.rate_bps / 1000));
+    e->c[ETHP_SC_int_stamped]++;
+}
+
 static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 {
     int c;
@@ -687,12 +709,15 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
             start = floor;
         }
         e->next_tx_ns = start + ser_ns(&e->link, p->len);
+        e->sched_wire_bytes += ethp_wire_bytes(p->len);
         int why = fault(sw, &e->link);
         e->next_tx_ns += llr_replay(sw, e, p->len, &why);
         if (why >= 0) {
             drop(sw, e, p, why);
             continue;
         }
+        if (p->int_off)
+            int_stamp(sw, e, p);
         wire_push(&e->wire, p, e->next_tx_ns + frame_delay_ns(sw, &e->link));
         e->c[ETHP_SC_wire_frames]++;
     }

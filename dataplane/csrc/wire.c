@@ -71,6 +71,38 @@ static void get_hdr(const uint8_t *in, struct ethp_hdr_fields *h)
     h->ts_ns = ntohl(w->ts_ns);
 }
 
+/* Bytes between the ETH+ header and the payload. */
+static size_t int_bytes(const struct ethp_hdr_fields *h)
+{
+    return (h->flags & ETHP_F_INT) ? ETHP_INT_BYTES : 0;
+}
+
+/* An empty INT block, for the switches on the way to fill. */
+static void put_int(uint8_t *out, const struct ethp_hdr_fields *h)
+{
+    if (!int_bytes(h))
+        return;
+    memset(out, 0, ETHP_INT_BYTES);
+    ((struct ethp_wire_int *)out)->max_hops = ETHP_INT_MAX_HOPS;
+}
+
+uint32_t ethp_int_decode(const uint8_t *frame, uint32_t int_off, struct ethp_int_hop *hops)
+{
+    const struct ethp_wire_int *b = (const struct ethp_wire_int *)(frame + int_off);
+    uint32_t n = b->n_hops < ETHP_INT_MAX_HOPS ? b->n_hops : ETHP_INT_MAX_HOPS;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct ethp_wire_int_hop *w = &b->hop[i];
+        hops[i] = (struct ethp_int_hop){
+            .port_id = ntohs(w->port_id),
+            .qlen_64b = ntohs(w->qlen_64b),
+            .ts_ns = ntohl(w->ts_ns),
+            .tx_bytes = ntohl(w->tx_bytes),
+            .rate_kbps = ntohl(w->rate_kbps),
+        };
+    }
+    return n;
+}
+
 static int check_build(size_t cap, size_t hdrs, size_t payload_bytes,
                        const uint8_t *payload)
 {
@@ -87,8 +119,8 @@ int ethp_build_udp(uint8_t *out, size_t cap, const struct ethp_l2l3 *a,
                    const struct ethp_hdr_fields *h, const uint8_t *payload,
                    size_t payload_bytes)
 {
-    const size_t hdrs = ETHP_ETH_HDR_BYTES + ETHP_IPV4_HDR_BYTES +
-                        ETHP_UDP_HDR_BYTES + ETHP_HDR_BYTES;
+    const size_t hdrs = ETHP_ETH_HDR_BYTES + ETHP_IPV4_HDR_BYTES + ETHP_UDP_HDR_BYTES +
+                        ETHP_HDR_BYTES + int_bytes(h);
     int rc = check_build(cap, hdrs, payload_bytes, payload);
     if (rc)
         return rc;
@@ -115,6 +147,7 @@ int ethp_build_udp(uint8_t *out, size_t cap, const struct ethp_l2l3 *a,
     udp->csum = 0; /* optional in IPv4; the ETH+ payload is not checksummed */
 
     put_hdr((uint8_t *)udp + ETHP_UDP_HDR_BYTES, h);
+    put_int((uint8_t *)udp + ETHP_UDP_HDR_BYTES + ETHP_HDR_BYTES, h);
     if (payload_bytes)
         memcpy(out + hdrs, payload, payload_bytes);
     return (int)(hdrs + payload_bytes);
@@ -124,12 +157,13 @@ int ethp_build_compact(uint8_t *out, size_t cap, const struct ethp_l2l3 *a,
                        const struct ethp_hdr_fields *h, const uint8_t *payload,
                        size_t payload_bytes)
 {
-    const size_t hdrs = ETHP_ETH_HDR_BYTES + ETHP_HDR_BYTES;
+    const size_t hdrs = ETHP_ETH_HDR_BYTES + ETHP_HDR_BYTES + int_bytes(h);
     int rc = check_build(cap, hdrs, payload_bytes, payload);
     if (rc)
         return rc;
     put_eth(out, a, ETHP_ETHERTYPE_COMPACT);
     put_hdr(out + ETHP_ETH_HDR_BYTES, h);
+    put_int(out + ETHP_ETH_HDR_BYTES + ETHP_HDR_BYTES, h);
     if (payload_bytes)
         memcpy(out + hdrs, payload, payload_bytes);
     return (int)(hdrs + payload_bytes);
@@ -143,8 +177,13 @@ static int parse_ethp(const uint8_t *frame, size_t end, size_t off, struct ethp_
         return ETHP_ERR_VERSION;
     get_hdr(frame + off, &p->hdr);
     p->hdr_off = (uint16_t)off;
-    p->payload_off = (uint16_t)(off + ETHP_HDR_BYTES);
-    p->payload_bytes = (uint16_t)(end - off - ETHP_HDR_BYTES);
+    size_t hdrs = ETHP_HDR_BYTES + int_bytes(&p->hdr);
+    if (end < off + hdrs)
+        return ETHP_ERR_TRUNCATED;
+    if (hdrs > ETHP_HDR_BYTES)
+        p->int_off = (uint16_t)(off + ETHP_HDR_BYTES);
+    p->payload_off = (uint16_t)(off + hdrs);
+    p->payload_bytes = (uint16_t)(end - off - hdrs);
     /* A trimmed packet carries less than len_bytes; an intact one exactly that. */
     if (p->payload_bytes > p->hdr.len_bytes)
         return ETHP_ERR_OVERSIZE;
