@@ -22,12 +22,6 @@
  * filling the pipe.  The window stays between one MSS and 1.5 BDP (of that
  * T); it starts at one BDP.
  *
- * A hop's two records are at least T / 2 apart (a record closer to the last
- * one kept is skipped): the emulator moves frames in bursts of up to a
- * millisecond (ring blocks), so over a few packets a link looks either idle
- * or saturated, and HPCC, which cuts at once above eta but grows only after
- * maxStage rounds below it, settled far below eta on such samples.
- *
  * Spraying: a sub-flow's packets cross different switches (a Clos spine
  * per entropy value), so the previous record is kept per egress port (by
  * its id, in a small direct-mapped table), not per position on the path.
@@ -107,8 +101,6 @@ static int measure(struct hpcc *h, double T, const struct ethp_int_hop *hops, ui
         const struct ethp_int_hop *r = &hops[i];
         struct hpcc_link *l = &h->link[r->port_id % HPCC_SLOTS];
         int32_t dt = (int32_t)(r->ts_ns - l->ts_ns);
-        if (l->valid && l->id == r->port_id && dt >= 0 && dt < T / 2)
-            continue; /* too close to the last record: wait for a longer baseline */
         if (l->valid && l->id == r->port_id && dt > 0 && r->rate_kbps) {
             double B = (double)r->rate_kbps / 8e6; /* bytes per ns */
             double rate = (double)(uint32_t)(r->tx_bytes - l->tx_bytes) / dt;
