@@ -261,7 +261,7 @@ def cmd_capture(args) -> int:
         t0 or t0.append(fr.t_ns)
         print(
             f"{(fr.t_ns - t0[0]) / 1e9:10.6f}  {fr.src} > {fr.dst}  {len(fr.data):5d} B  "
-            f"{capture.describe(fr.data)}",
+            f"{capture.describe(fr.data, cap.switches)}",
             flush=True,
         )
 

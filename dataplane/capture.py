@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dataplane import core, lab, registry
+from dataplane import core, lab, registry, routing
 
 PCAP_MAGIC_NS = 0xA1B23C4D  # pcap with nanosecond timestamps
 LINKTYPE_ETHERNET = 1
@@ -40,6 +40,7 @@ FLAGS = {
     core.lib.ETHP_F_ECN_ECHO: "ecn-echo",
     core.lib.ETHP_F_TRIMMABLE: "trimmable",
     core.lib.ETHP_F_RETX: "retx",
+    core.lib.ETHP_F_INT: "int",
 }
 IP_PROTOS = {1: "ICMP", 6: "TCP", 17: "UDP"}
 
@@ -84,8 +85,22 @@ def read_pcap(path: str) -> list[tuple[int, bytes]]:
     return out
 
 
-def describe(data: bytes) -> str:
-    """One line on what a frame is: ETH+ fields, or IP addresses and ports."""
+def _int_hops(hops: list[dict[str, int]], switches: dict[int, str]) -> str:
+    """INT records: the port each hop's switch sent the packet from, and the
+    queue it left behind there."""
+    return " int " + (
+        ", ".join(
+            f"{switches.get(h['port_id'] >> 10, h['port_id'] >> 10)}/{h['port_id'] & 1023}"
+            f" q {h['qlen_64b'] * 64} B"
+            for h in hops
+        )
+        or "(none yet)"
+    )
+
+
+def describe(data: bytes, switches: dict[int, str] | None = None) -> str:
+    """One line on what a frame is: ETH+ fields, or IP addresses and ports.
+    switches (INT switch id -> name) names the hops of INT records."""
     try:
         p = core.parse_frame(data)
     except core.WireError as exc:
@@ -105,6 +120,7 @@ def describe(data: bytes) -> str:
             f"{name} {OPCODES.get(h.opcode, h.opcode)} {where} psn {h.psn} msg {h.msg_id} "
             f"ev {h.entropy} len {h.len_bytes}" + (f" [{flags}]" if flags else "")
             + (" CE" if p.ecn == 3 else "")
+            + ("" if p.int_hops is None else _int_hops(p.int_hops, switches or {}))
         )  # fmt: skip
     if p.kind == "ipv4":
         a = p.addr
@@ -132,6 +148,8 @@ class LinkCapture:
             raise lab.LabError(f"no link {link!r} in lab {lab_name} (see `ethplus lab show`)")
         lk = links[link]
         nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
+        # INT switch id -> name, for describe()
+        self.switches = {i: s for s, i in routing.switch_ids(rec["topology"]).items()}
         self.ends: list[tuple[str, str, core.Port]] = []  # (receiver, sender, port)
         self.pool = core.Pool(4096, 9300)
         try:

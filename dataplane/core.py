@@ -455,7 +455,7 @@ class SwitchConfig:
     buf_bytes: int = 9300
     shared_buffer_bytes: int = 0  # 0: each port has its link's buffer alone
     dt_alpha: float = 1.0
-    agg_id: int = 0  # this switch's aggregator number (routing.agg_ids)
+    agg_id: int = 0  # this switch's aggregator number (routing.switch_ids)
     agg_slots: int = 0  # in-network aggregation: chunks held at once; 0: none
     int_id: int = 0  # this switch's number in INT records (HPCC)
 

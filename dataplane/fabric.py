@@ -134,11 +134,10 @@ class Fabric:
         sw_cfg = self.rec["switch"]
         mtu = max(lk["params"]["mtu_bytes"] for lk in self.links.values())
         tables = routing.tables(self.rec["topology"])
-        agg_ids = routing.agg_ids(self.rec["topology"])
+        ids = routing.switch_ids(self.rec["topology"])
         seed = int(self.rec.get("seed", 1))
-        for i, (name, node) in enumerate(
-            (n, x) for n, x in self.nodes.items() if x["role"] == "switch"
-        ):
+        for name, node in ((n, x) for n, x in self.nodes.items() if x["role"] == "switch"):
+            i = ids[name]
             n_ports = len(node["ports"])
             cfg = core.SwitchConfig(
                 forwarding=sw_cfg["forwarding"],
@@ -153,7 +152,7 @@ class Fabric:
                 pfc_xon_bytes=sw_cfg["pfc_xon_bytes"],
                 shared_buffer_bytes=sw_cfg.get("shared_buffer_bytes", 0),
                 dt_alpha=sw_cfg.get("dt_alpha", 1.0),
-                agg_id=agg_ids[name],
+                agg_id=i,
                 int_id=i,
                 agg_slots=sw_cfg.get("inc_slots", 1024) if sw_cfg.get("inc") else 0,
                 seed=seed * 1_000_003 + i,

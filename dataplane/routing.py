@@ -55,8 +55,9 @@ def _distances(graph: dict[str, list[tuple[int, str]]], target: str) -> dict[str
     return dist
 
 
-def agg_ids(topology: dict) -> dict[str, int]:
-    """switch name -> its aggregator number"""
+def switch_ids(topology: dict) -> dict[str, int]:
+    """switch name -> its number: its aggregator number (in-network
+    computing) and its switch id in INT records (HPCC)"""
     switches = [n["name"] for n in topology["nodes"] if n["role"] == "switch"]
     return {name: i for i, name in enumerate(switches)}
 
@@ -89,7 +90,7 @@ def aggregators(
         return []
     worst = {s: max(h for h, _ in r.values()) for s, r in usable.items()}
     best = min(worst.values())
-    ids = agg_ids(topology)
+    ids = switch_ids(topology)
     chosen = sorted((s for s in usable if worst[s] == best), key=ids.__getitem__)
     return [(s, {m: usable[s][m][1] for m in members}) for s in chosen[:MAX_AGGREGATORS]]
 
@@ -118,7 +119,7 @@ def inc_plan(
     one contribution per member."""
     nodes = {n["name"]: n for n in topology["nodes"]}
     graph = _switch_graph(nodes, down)
-    ids = agg_ids(topology)
+    ids = switch_ids(topology)
     out = []
     for root, planes in aggregators(topology, members, down):
         dist = _distances(graph, root)
@@ -154,7 +155,7 @@ def tables(topology: dict) -> dict[str, SwitchTable]:
     graph = _switch_graph(nodes)
     out = {s: SwitchTable(s) for s in graph}
     dist_cache: dict[str, dict[str, int]] = {}
-    for target, k in agg_ids(topology).items():
+    for target, k in switch_ids(topology).items():
         dist = dist_cache[target] = _distances(graph, target)
         for s, d in dist.items():
             if d:

@@ -244,7 +244,7 @@ def inc_plan(rec: dict, members: list[int] | None, group: int, down=frozenset())
             "no switch that is up reaches every member of the job"
             + (f" ({', '.join(sorted(down))} down)" if down else "")
         )
-    ids = routing.agg_ids(rec["topology"])
+    ids = routing.switch_ids(rec["topology"])
     meets: dict[str, int] = {}  # aggregator -> streams of the job that use it
     for st in streams:
         for sw in {st.root, *st.inner}:

@@ -6,6 +6,8 @@ kernel-delivered bytes, checked byte for byte."""
 
 import itertools
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -187,3 +189,20 @@ def test_hpcc_keeps_an_incast_queue_short_where_nscc_fills_it(erack, record_prop
     assert hpcc["queue_mean_bytes"] < 0.35 * nscc["queue_mean_bytes"], (nscc, hpcc)
     assert hpcc["trimmed"] < 0.6 * nscc["trimmed"], (nscc, hpcc)
     assert hpcc["goodput_bps"] > 0.65 * nscc["goodput_bps"], (nscc, hpcc)
+
+
+def test_capture_names_the_hops_of_the_records(erack):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "capture", erack.name, "h0-plane0", "--seconds", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert p.stderr.readline().startswith("capturing h0-plane0"), p.communicate()
+    s, d = erack.port("h1"), erack.port("h0")
+    frames = [ethp_frame(s, d, psn=i, size=200, flags=INT) for i in range(3)]
+    send_paced(core.Port(s.ifname, s.ns), core.Pool(64, 9300), frames, 20e6)
+    out, err = p.communicate(timeout=40)
+    lines = [ln for ln in out.splitlines() if "ETH+" in ln]  # h0's kernel answers in ICMP
+    assert p.returncode == 0 and len(lines) == 3, (out, err)
+    port = next(q for q in erack.nodes["plane0"]["ports"] if q["peer"] == "h0")["index"]
+    for ln in lines:
+        assert "plane0 > h0" in ln and "[int]" in ln and f" int plane0/{port} q " in ln, ln

@@ -62,7 +62,7 @@ def test_a_tree_has_the_leaves_with_two_or_more_members_inside():
 
 def test_every_switch_routes_to_every_other_aggregator():
     topo = _topology("clos-16")
-    ids = routing.agg_ids(topo)
+    ids = routing.switch_ids(topo)
     tables = routing.tables(topo)
     for sw, table in tables.items():
         for other, k in ids.items():

@@ -702,7 +702,7 @@ def test_switch_survives_100k_malformed_frames_and_keeps_forwarding(erack):
     aggregator contributions with fields out of range."""
     src = erack.port("h4", plane=1)
     rng = random.Random(3)
-    agg_id = routing.agg_ids(erack.rec["topology"])["plane1"]
+    agg_id = routing.switch_ids(erack.rec["topology"])["plane1"]
     frames = [_garbage(rng, src, agg_id) for _ in range(100_000)]
     before_tx = if_stats(src.ns, src.ifname)["tx_packets"]
     st0 = stats.totals(erack.stats())
