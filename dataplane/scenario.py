@@ -11,6 +11,7 @@ A scenario file (TOML, in netns-labs/scenarios/):
     seed = 7                             # data, uneven sizes, fault jitter
     transports = ["ethplus", "roce", "tcp"]
     adaptive = false                     # ethplus: adaptive spraying
+    cc = "hpcc"                          # ethplus: congestion control (default: the lab's)
     alone = false                        # also run each job alone (slowdowns)
     metric = "jct"                       # jct | slowdown | busbw | phases
 
@@ -52,6 +53,7 @@ from dataplane import labfile as lf
 from dataplane.collectives import ALGORITHMS, COLLECTIVES, bus_factor, canonical
 from dataplane.job import JobError
 from dataplane.labfile import LABS_DIR, LabFileError, resolve_path
+from dataplane.nic import CC_ALGOS
 
 SCENARIO_DIR = LABS_DIR / "scenarios"
 METRICS = ("jct", "slowdown", "busbw", "phases")
@@ -91,6 +93,7 @@ class Scenario:
     seed: int
     transports: list[str]
     adaptive: bool
+    cc: str | None
     alone: bool
     metric: str
     jobs: list[JobSpec]
@@ -165,6 +168,7 @@ def _scenario_fields() -> dict[str, lf.Field]:
             avail,
         ),
         "adaptive": lf.boolean(False),
+        "cc": lf.one_of(tuple(CC_ALGOS)),
         "alone": lf.boolean(False),
         "metric": lf.one_of(METRICS, "jct"),
     }
@@ -219,6 +223,7 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
         seed=sc["seed"],
         transports=sc["transports"],
         adaptive=sc["adaptive"],
+        cc=sc["cc"],
         alone=sc["alone"],
         metric=sc["metric"],
         jobs=jobs,
@@ -323,6 +328,7 @@ def _spec(sc: Scenario, j: JobSpec, transport_name: str) -> bench.Spec:
         root=j.root,
         uneven=j.uneven,
         adaptive=sc.adaptive,
+        cc=sc.cc if transport_name == "ethplus" else None,
         seed=sc.seed,
     ).validate()
 

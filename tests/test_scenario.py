@@ -9,7 +9,7 @@ import pytest
 from conftest import ethplus
 from labtools import shipped_lab
 
-from dataplane import report, scenario
+from dataplane import bench, report, scenario
 
 KiB, MiB = 1024, 1 << 20
 
@@ -133,6 +133,11 @@ BAD = {
         'algo = "butterfly"\n',
         "job.job0.algo",
     ),
+    "bad-cc": (
+        '[scenario]\nlab = "erack-8x4"\ncc = "dctcp"\n[[job]]\ncollective = "all-reduce"\n'
+        'sizes = ["1M"]\n',
+        "scenario.cc",
+    ),
     "in-network-over-roce": (
         '[scenario]\nlab = "erack-8x4"\ntransports = ["ethplus", "roce"]\n[[job]]\n'
         'collective = "all-reduce"\nsizes = ["1M"]\nalgo = "in-network"\n',
@@ -151,6 +156,16 @@ def test_bad_scenario_files_are_one_line_errors(case, tmp_path):
     line = r.stderr.strip()
     assert "\n" not in line and str(f) in line and f"{key}:" in line and "expected" in line, line
     assert "Traceback" not in r.stderr
+
+
+def test_a_scenario_chooses_the_congestion_control_of_ethplus_only(tmp_path):
+    f = tmp_path / "cc.toml"
+    f.write_text('[scenario]\nlab = "erack-8x4"\ncc = "hpcc"\n[[job]]\ncollective = "all-reduce"\n'
+                 'sizes = ["1M"]\n')  # fmt: skip
+    sc = scenario.load(str(f))
+    assert scenario._spec(sc, sc.jobs[0], "ethplus").cc == "hpcc"
+    assert scenario._spec(sc, sc.jobs[0], "roce").cc is None  # DCQCN is RoCE's own
+    assert bench.run_name(scenario._spec(sc, sc.jobs[0], "ethplus")) == "ethplus/hpcc"
 
 
 def test_every_shipped_scenario_loads_in_both_forms():
