@@ -142,6 +142,11 @@ class NicTransport(Transport):
                 if lossless
                 else "fabric LOSSY (no PFC): go-back-N recovers",
             )
+        elif self.ep.config["cc"] == "hpcc":
+            self.notes = (
+                "congestion control HPCC-like: every data packet carries an 84-byte INT block"
+                " (4012 payload bytes, not 4096) that each switch hop fills",
+            )
 
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         if not self.ep.inc_window:

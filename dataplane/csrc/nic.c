@@ -1533,12 +1533,14 @@ static uint64_t next_due(struct ethp_nic *n)
                 t = p->rnr_until;
         } else if (p->n_lost)
             plane = retx_plane(n, UINT32_MAX);
-        else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN &&
-                 (plane = pick_plane(n, p, p->snd_nxt, 0)) != UINT32_MAX &&
-                 sub_free_at(p, plane) > free_at(n, plane)) {
-            if (sub_free_at(p, plane) < t) /* new packets wait for the sub-flow's pacer */
-                t = sub_free_at(p, plane);
-            continue;
+        else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
+            plane = pick_plane(n, p, p->snd_nxt, 0);
+            /* a new packet also waits for its sub-flow's pacer */
+            if (plane != UINT32_MAX && sub_free_at(p, plane) > free_at(n, plane)) {
+                if (sub_free_at(p, plane) < t)
+                    t = sub_free_at(p, plane);
+                continue;
+            }
         }
         if (plane != UINT32_MAX && free_at(n, plane) < t)
             t = free_at(n, plane);
