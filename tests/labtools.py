@@ -204,3 +204,23 @@ def shipped_lab(tag: str, file: str):
     unique to this run and to the module's `tag`.  Gives the name."""
     with lab_up_down(f"{RUN_ID}-{tag}-{file.split('-')[0]}", file) as name:
         yield name
+
+
+def running_lab(tag: str, file: str):
+    """The body of a module fixture: shipped lab `file` as a Lab, removed
+    afterwards (see shipped_lab)."""
+    with shipped_lab(tag, file) as name:
+        yield Lab(name)
+
+
+def ethp_frames(frames: list[bytes]) -> list[core.Parsed]:
+    """The ETH+ frames among frames (captured, say), parsed; the rest left out."""
+    out = []
+    for f in frames:
+        try:
+            p = core.parse_frame(f)
+        except core.WireError:
+            continue
+        if p.header is not None:
+            out.append(p)
+    return out

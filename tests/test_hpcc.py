@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from labtools import Capture, Lab, ethp_frame, send_paced, shipped_lab
+from labtools import Capture, Lab, ethp_frame, ethp_frames, running_lab, send_paced
 
 from dataplane import core, job
 from dataplane.nic import Endpoint
@@ -26,14 +26,12 @@ INT = core.FLAGS["int"]
 
 @pytest.fixture(scope="module")
 def erack():
-    with shipped_lab("hpcc", "erack-8x4") as name:
-        yield Lab(name)
+    yield from running_lab("hpcc", "erack-8x4")
 
 
 @pytest.fixture(scope="module")
 def clos():
-    with shipped_lab("hpcc", "clos-16") as name:
-        yield Lab(name)
+    yield from running_lab("hpcc", "clos-16")
 
 
 def _switch_ids(lab: Lab) -> dict[int, str]:
@@ -51,15 +49,7 @@ def _send_and_capture(lab: Lab, src: str, dst: str, frames_of, plane: int = 0) -
         got = cap.drain()
     finally:
         cap.close()
-    out = []
-    for f in got:
-        try:
-            p = core.parse_frame(f)
-        except core.WireError:
-            continue
-        if p.header is not None and p.header.dst_ep == d.ep:
-            out.append(p)
-    return out
+    return [p for p in ethp_frames(got) if p.header.dst_ep == d.ep]
 
 
 def _stamped(lab: Lab) -> int:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from conftest import ethplus
-from labtools import Lab, if_stats, shipped_lab
+from labtools import Lab, if_stats, running_lab, shipped_lab
 
 from dataplane import bench, core, labfile, registry, routing, stats
 from dataplane.job import Job, JobError, Plan
@@ -92,14 +92,12 @@ def test_in_network_needs_the_ethplus_transport():
 
 @pytest.fixture(scope="module")
 def erack():
-    with shipped_lab("ic", "erack-8x4") as name:
-        yield Lab(name)
+    yield from running_lab("ic", "erack-8x4")
 
 
 @pytest.fixture(scope="module")
 def clos():
-    with shipped_lab("ic", "clos-16") as name:
-        yield Lab(name)
+    yield from running_lab("ic", "clos-16")
 
 
 def _job(lab: Lab, sizes: list[int], **kw) -> dict:

@@ -16,7 +16,15 @@ import time
 
 import pytest
 from conftest import ethplus
-from labtools import Capture, Lab, ethp_frame, if_stats, send_paced, shipped_lab
+from labtools import (
+    Capture,
+    Lab,
+    ethp_frame,
+    ethp_frames,
+    if_stats,
+    running_lab,
+    send_paced,
+)
 
 from dataplane import capture, core, routing, stats
 
@@ -28,19 +36,14 @@ def _up(name: str, file: str, *extra: str) -> Lab:
     return Lab(name)
 
 
-def _module_lab(file: str):
-    with shipped_lab("sw", file) as name:
-        yield Lab(name)
-
-
 @pytest.fixture(scope="module")
 def erack():
-    yield from _module_lab("erack-8x4")
+    yield from running_lab("sw", "erack-8x4")
 
 
 @pytest.fixture(scope="module")
 def clos():
-    yield from _module_lab("clos-16")
+    yield from running_lab("sw", "clos-16")
 
 
 def assert_conserved(lab: Lab) -> dict:
@@ -257,21 +260,8 @@ def _incast(lab: Lab, senders: list[str], dst: str, plane: int, n_each: int, **f
         cap.close()
 
 
-def _parse_all(frames: list[bytes]) -> list[core.Parsed]:
-    """The ETH+ frames among frames, parsed."""
-    out = []
-    for f in frames:
-        try:
-            p = core.parse_frame(f)
-        except core.WireError:
-            continue
-        if p.header is not None:
-            out.append(p)
-    return out
-
-
 def _frames_to(frames: list[bytes], dst: int) -> list[core.Parsed]:
-    return [p for p in _parse_all(frames) if p.addr.dst_ip == dst]
+    return [p for p in ethp_frames(frames) if p.addr.dst_ip == dst]
 
 
 def test_congested_egress_marks_ce_and_receiver_sees_it(erack):
@@ -434,7 +424,7 @@ def test_link_jitter_spreads_delay_and_keeps_order(erack):
         erack.link_set(lk, "jitter", "1us")
         jittered = _ping_rtts_ms(erack, "h4", dst, 40)
         send_paced(core.Port(src_p.ifname, src_p.ns), core.Pool(512, 9300), frames, 20e6)
-        got = [p for p in _parse_all(cap.drain(quiet_s=1.0)) if p.header.dst_ep == dst_p.ep]
+        got = [p for p in ethp_frames(cap.drain(quiet_s=1.0)) if p.header.dst_ep == dst_p.ep]
     finally:
         cap.close()
         erack.link_set(lk, "jitter", "0")
@@ -467,7 +457,7 @@ def test_link_level_retry_repairs_corruption_in_order(erack):
         _llr_links(erack, links, "corrupt", "1%")
         send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 10e6)
         st = assert_conserved(erack)
-        got = [p for p in _parse_all(cap.drain(quiet_s=1.0)) if p.header.dst_ep == dst.ep]
+        got = [p for p in ethp_frames(cap.drain(quiet_s=1.0)) if p.header.dst_ep == dst.ep]
     finally:
         cap.close()
         _llr_links(erack, links, "corrupt", "0")
