@@ -174,7 +174,7 @@ def test_hpcc_keeps_an_incast_queue_short_where_nscc_fills_it(erack, record_prop
             record_property(f"{name}_{k}", round(v))
     assert nscc["int_stamped"] == nscc["int_acks"] == 0  # NSCC asks for no records
     assert hpcc["int_stamped"] > 0 and hpcc["int_acks"] > 0 and hpcc["int_hops_max"] == 1
-    # measured: mean queue 0.10x, trims 0.2x, goodput 0.78-0.83x NSCC's
+    # measured: mean queue 0.10-0.12x, trims 0.2x, goodput 0.82-0.86x NSCC's
     # (an INT block costs 2% of each packet, and eta leaves 5% of the link)
     assert hpcc["queue_mean_bytes"] < 0.35 * nscc["queue_mean_bytes"], (nscc, hpcc)
     assert hpcc["trimmed"] < 0.6 * nscc["trimmed"], (nscc, hpcc)
