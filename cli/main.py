@@ -147,7 +147,8 @@ def cmd_lab_show(args) -> int:
             if sw.get("inc")
             else "no in-network computing"
         )
-        + f"; nic encapsulation {rec['nic']['encapsulation']}"
+        + f"; nic encapsulation {rec['nic']['encapsulation']},"
+        f" congestion control {rec['nic'].get('cc', 'nscc')}"
     )
     print()
     rows = []

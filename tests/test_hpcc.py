@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import ethplus
 from labtools import Capture, Lab, ethp_frame, ethp_frames, running_lab, send_paced
 
 from dataplane import core, job
@@ -196,3 +197,27 @@ def test_capture_names_the_hops_of_the_records(erack):
     port = next(q for q in erack.nodes["plane0"]["ports"] if q["peer"] == "h0")["index"]
     for ln in lines:
         assert "plane0 > h0" in ln and "[int]" in ln and f" int plane0/{port} q " in ln, ln
+
+
+def test_a_lab_file_chooses_hpcc_for_every_endpoint(tmp_path, lab_name):
+    f = tmp_path / "hpcc.toml"
+    f.write_text('[lab]\nfamily = "erack"\n[topology]\naccelerators = 2\nplanes = 2\n'
+                 '[nic]\ncc = "hpcc"\n')  # fmt: skip
+    ethplus("lab", "up", str(f), "--name", lab_name, check=True)
+    show = ethplus("lab", "show", lab_name, check=True).stdout
+    assert "congestion control hpcc" in show, show
+    a, b = Endpoint(lab_name, "h0"), Endpoint(lab_name, "h1")
+    try:
+        assert a.config["cc"] == b.config["cc"] == "hpcc"
+        src = np.random.default_rng(5).integers(0, 256, 3 * MiB, dtype=np.uint8)
+        dst = np.zeros_like(src)
+        hr, hs = b.post_recv(a.rank, 1, dst), a.post_send(b.rank, 1, src)
+        assert a.wait(hs, 60) == b.wait(hr, 60) == src.size
+        assert np.array_equal(src, dst)
+        c = a.counters(b.rank)
+        assert c["int_acks"] > 0 and c["int_hops_max"] == 1
+        # 84 bytes of every packet are the INT block: 4012 payload bytes each
+        assert c["tx_data_pkts"] >= -(-src.size // 4012)
+    finally:
+        a.close()
+        b.close()
