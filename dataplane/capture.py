@@ -34,14 +34,7 @@ OPCODES = {
     core.lib.ETHP_OP_AGG: "agg",
     core.lib.ETHP_OP_AGG_RESULT: "agg-result",
 }
-FLAGS = {
-    core.lib.ETHP_F_TRIMMED: "trimmed",
-    core.lib.ETHP_F_LAST: "last",
-    core.lib.ETHP_F_ECN_ECHO: "ecn-echo",
-    core.lib.ETHP_F_TRIMMABLE: "trimmable",
-    core.lib.ETHP_F_RETX: "retx",
-    core.lib.ETHP_F_INT: "int",
-}
+FLAGS = {bit: name.replace("_", "-") for name, bit in core.FLAGS.items()}
 IP_PROTOS = {1: "ICMP", 6: "TCP", 17: "UDP"}
 
 

@@ -233,12 +233,15 @@ def _switch_schema(family: str) -> dict[str, Field]:
     }
 
 
+# The ETH+ transport's congestion controls (nic.CC_ALGOS maps them to the C core's).
+CC_NAMES = ("nscc", "hpcc")
+
 _NIC_SCHEMA = {
     "encapsulation": one_of(
         ("udp", "compact"), "udp", "ETH+ over IPv4/UDP, or the compact EtherType form"
     ),
     "cc": one_of(
-        ("nscc", "hpcc"),
+        CC_NAMES,
         "nscc",
         "ETH+ congestion control: NSCC-like (ECN and delay) or HPCC-like (INT from each switch)",
     ),

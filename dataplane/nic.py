@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dataplane import registry
 from dataplane.core import ffi, lib
+from dataplane.labfile import CC_NAMES
 
 NIC_COUNTERS: tuple[str, ...] = tuple(
     ffi.string(lib.ethp_nic_counter_name(i)).decode() for i in range(lib.ethp_nic_counter_count())
@@ -21,7 +22,7 @@ PAYLOAD_BYTES = 4096  # PROTOCOLS.md: 4096 B of payload per packet (RoCE convent
 EVS = 256  # entropy values per peer (UEC)
 # The ETH+ transport's congestion control, by the names lab files and the
 # command line use.
-CC_ALGOS = {"nscc": lib.ETHP_CCA_NSCC, "hpcc": lib.ETHP_CCA_HPCC}
+CC_ALGOS = dict(zip(CC_NAMES, (lib.ETHP_CCA_NSCC, lib.ETHP_CCA_HPCC), strict=True))
 UNSCALED_RTT_NS = 2_000_000
 
 

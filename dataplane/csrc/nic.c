@@ -275,7 +275,8 @@ static void flush_port(struct ethp_nic *n, struct nic_port *pt)
 }
 
 /* Build and queue one frame.  int_block: the INT block to carry (an ack's
- * echo), or NULL for an empty one (a data packet's, with ETHP_F_INT). */
+ * echo), or NULL for an empty one (a data packet's, with ETHP_F_INT).
+ * Returns the frame's length or a negative error. */
 static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
                 const struct ethp_hdr_fields *h, const uint8_t *payload, uint32_t len,
                 const uint8_t *int_block)
@@ -304,7 +305,7 @@ static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
     pt->txq[pt->ntx++] = k;
     if (pt->ntx == NIC_BURST)
         flush_port(n, pt);
-    return 0;
+    return fl;
 }
 
 /* A frame's addresses out of a plane's port to dst_ip (a peer's port on
@@ -537,25 +538,22 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
                                 .msg_id = t->m->msg_id, .psn = psn, .offset_bytes = t->off,
                                 .tag = t->m->tag, .len_bytes = t->len, .tos = 0x02,
                                 .ts_ns = (uint32_t)now};
-    int rc = 0;
+    int fl = 0; /* the frame's length; 0: dropped by fault injection */
     if (n->cfg.drop_psn_plus1 && psn + 1 == n->cfg.drop_psn_plus1 && !t->retx) {
         n->cfg.drop_psn_plus1 = 0; /* lost on the wire, once */
         count(n, p, ETHP_NC_tx_injected_drops, 1);
     } else {
-        rc = emit(n, plane, &a, &h, t->m->buf + t->off, t->len, NULL);
+        fl = emit(n, plane, &a, &h, t->m->buf + t->off, t->len, NULL);
     }
-    if (rc)
-        return rc;
+    if (fl < 0)
+        return fl;
     count(n, p, ETHP_NC_tx_data_pkts, 1);
     count(n, p, ETHP_NC_tx_data_bytes, t->len);
     /* the sub-flow's rate pacer: DCQCN's rate, HPCC's W / T */
     struct nic_cc *c = &p->cc[t->sub];
-    if (c->st.rate_bps) {
-        uint32_t frame = t->len + ETHP_ETH_HDR_BYTES + ETHP_HDR_BYTES +
-                         (n->cfg.compact ? 0 : ETHP_IPV4_HDR_BYTES + ETHP_UDP_HDR_BYTES) +
-                         (flags & ETHP_F_INT ? ETHP_INT_BYTES : 0);
+    if (c->st.rate_bps && fl) {
         uint64_t start = c->next_tx_ns > now ? c->next_tx_ns : now;
-        c->next_tx_ns = start + ser_ns(n, frame) * n->cfg.rate_bps / c->st.rate_bps;
+        c->next_tx_ns = start + ser_ns(n, (uint32_t)fl) * n->cfg.rate_bps / c->st.rate_bps;
     }
     if (n->cfg.roce)
         p->qp[psn % n->cfg.qps].sent_bytes += t->len;
@@ -1203,7 +1201,7 @@ static void inc_send(struct ethp_nic *n, struct inc_agg *a, uint32_t psn, uint64
         .msg_id = a->group, .psn = psn, .offset_bytes = (uint32_t)off,
         .tag = a->members << 16 | a->index, .len_bytes = (uint16_t)len, .tos = 0x02,
         .ts_ns = (uint32_t)m->dtype << 24 | (uint32_t)m->op << 16 | g->window};
-    if (emit(n, a->plane, &l, &h, m->buf + off, len, NULL) == 0) {
+    if (emit(n, a->plane, &l, &h, m->buf + off, len, NULL) > 0) {
         n->c[ETHP_NC_inc_tx_pkts]++;
         if (retx)
             n->c[ETHP_NC_inc_retx_pkts]++;

@@ -159,9 +159,10 @@ static double rnd(struct ethp_switch *sw)
     return (double)(ethp_rng_next(&sw->rng) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static uint64_t ser_ns(const struct ethp_link_state *l, uint32_t frame_bytes)
+/* Time on the link of wire_bytes (ethp_wire_bytes of a frame). */
+static uint64_t ser_ns(const struct ethp_link_state *l, uint32_t wire_bytes)
 {
-    return (uint64_t)ethp_wire_bytes(frame_bytes) * 8ull * 1000000000ull / l->rate_bps;
+    return (uint64_t)wire_bytes * 8ull * 1000000000ull / l->rate_bps;
 }
 
 /* Onto a delay line, due at ts_ns, or with the frame before it if that is
@@ -548,7 +549,7 @@ static uint64_t llr_replay(struct ethp_switch *sw, struct sw_port *port, uint32_
     for (int i = 0; i < SW_LLR_MAX_REPLAYS && port->link.llr &&
                     (*why == ETHP_SC_drop_corrupt || *why == ETHP_SC_drop_loss);
          i++) {
-        spent += 2 * port->link.delay_ns + ser_ns(&port->link, len);
+        spent += 2 * port->link.delay_ns + ser_ns(&port->link, ethp_wire_bytes(len));
         port->c[ETHP_SC_llr_replays]++;
         *why = fault(sw, &port->link);
     }
@@ -708,8 +709,9 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
             e->c[ETHP_SC_lost_link_ns] += floor - start;
             start = floor;
         }
-        e->next_tx_ns = start + ser_ns(&e->link, p->len);
-        e->sched_wire_bytes += ethp_wire_bytes(p->len);
+        uint32_t wire = ethp_wire_bytes(p->len);
+        e->next_tx_ns = start + ser_ns(&e->link, wire);
+        e->sched_wire_bytes += wire;
         int why = fault(sw, &e->link);
         e->next_tx_ns += llr_replay(sw, e, p->len, &why);
         if (why >= 0) {
