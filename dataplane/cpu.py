@@ -13,7 +13,12 @@ kernel bridge forwarding a frame in half the CPU it takes saturated.  So:
   would have its current period missed, and later counted inside the next
   interval (a measured TCP transfer showed a quarter of its real CPU time,
   once less than none).  Each CPU is therefore read from a thread moved
-  onto it: being woken to run it ends the CPU's idle period first;
+  onto it: being woken to run it ends the CPU's idle period first.
+  Where there is no cpuidle driver (a VM whose CPUs idle in the
+  hypervisor), the idle and iowait columns of ``/proc/stat``: a tick-less
+  kernel fills them from its own idle clock, the current idle period
+  included, in 10 ms units; the busy columns stay the tick's samples, so
+  busy time is the elapsed time less idle, not the sum of those;
 - a process: the sum of its threads' run time from ``schedstat``
   (nanoseconds); the tick's counts only where schedstat is missing.
 """
@@ -36,35 +41,51 @@ def machine_s() -> tuple[float, float]:
 
     Only differences between two readings mean anything."""
     cpus = glob.glob(_CPUIDLE)
-    if cpus:
-        try:
-            allowed = os.sched_getaffinity(0)
-        except OSError:
-            allowed = set()
-        busy = total = 0.0
-        try:
-            for c in cpus:
-                n = _cpu_number(c)
-                if n in allowed:
-                    try:
-                        os.sched_setaffinity(0, {n})  # now running there: not idle
-                    except OSError:
-                        pass  # read it from here, a little behind
-                idle_us = 0
-                for t in glob.glob(f"{c}/state*/time"):
-                    with open(t) as f:
-                        idle_us += int(f.read())
-                now = time.monotonic()
-                busy += now - idle_us / 1e6
-                total += now
-        finally:
-            if allowed:
-                os.sched_setaffinity(0, allowed)
-        return busy, total
+    return from_cpuidle(cpus) if cpus else from_proc_stat()
+
+
+def from_cpuidle(cpus: list[str]) -> tuple[float, float]:
+    """machine_s from the cpuidle directories cpus (see the module)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except OSError:
+        allowed = set()
+    busy = total = 0.0
+    try:
+        for c in cpus:
+            n = _cpu_number(c)
+            if n in allowed:
+                try:
+                    os.sched_setaffinity(0, {n})  # now running there: not idle
+                except OSError:
+                    pass  # read it from here, a little behind
+            idle_us = 0
+            for t in glob.glob(f"{c}/state*/time"):
+                with open(t) as f:
+                    idle_us += int(f.read())
+            now = time.monotonic()
+            busy += now - idle_us / 1e6
+            total += now
+    finally:
+        if allowed:
+            os.sched_setaffinity(0, allowed)
+    return busy, total
+
+
+def from_proc_stat() -> tuple[float, float]:
+    """machine_s from /proc/stat's idle and iowait per CPU (see the module)."""
+    idle = cpus = 0
     with open("/proc/stat") as f:
-        vals = [int(v) for v in f.readline().split()[1:8]]
-    tck = os.sysconf("SC_CLK_TCK")
-    return (sum(vals) - vals[3] - vals[4]) / tck, sum(vals) / tck
+        now = time.monotonic()
+        for line in f:
+            if not line.startswith("cpu"):
+                break
+            if line[3].isdigit():
+                cols = line.split()
+                idle += int(cols[4]) + int(cols[5])
+                cpus += 1
+    total = now * cpus
+    return total - idle / os.sysconf("SC_CLK_TCK"), total
 
 
 def machine_busy_s() -> float:

@@ -1,6 +1,7 @@
 """dataplane.cpu on this machine's real CPUs: busy time that a user's
 CPU-per-frame and CPU-per-GB figures are built on."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -21,14 +22,48 @@ def _spin_on(n: int, seconds: float) -> None:
     )
 
 
+CPUIDLE = glob.glob(cpu._CPUIDLE)
+# Both sources of the machine's busy time, where this machine has them:
+# the cpuidle driver's residency (bare metal, most VMs) and /proc/stat's
+# tick-less idle clock (every Linux; the only one on a VM without cpuidle).
+SOURCES = [
+    pytest.param(lambda: cpu.from_cpuidle(CPUIDLE), id="cpuidle",
+                 marks=pytest.mark.skipif(not CPUIDLE, reason="no cpuidle driver here")),
+    pytest.param(cpu.from_proc_stat, id="proc-stat"),
+]  # fmt: skip
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-def test_work_on_a_cpu_that_was_idle_at_the_first_reading_is_counted():
+@pytest.mark.parametrize("machine_s", SOURCES)
+def test_work_on_a_cpu_that_was_idle_at_the_first_reading_is_counted(machine_s):
     # A CPU idle since before the interval began, then busy inside it: its
     # idle time before the interval must not be credited to the interval.
     other = max(os.sched_getaffinity(0) - {os.sched_getaffinity(0).pop()})
     for _ in range(3):
         time.sleep(0.5)  # every CPU idles, likely the other one throughout
-        b0, t0 = cpu.machine_s()
+        b0, t0 = machine_s()
         _spin_on(other, 0.4)
-        b1, t1 = cpu.machine_s()
+        b1, t1 = machine_s()
         assert 0.38 <= b1 - b0 <= t1 - t0, (b1 - b0, t1 - t0)
+
+
+BURSTS = (
+    "import time\nend = time.monotonic() + 1.5\n"
+    "while time.monotonic() < end:\n"
+    "    t = time.monotonic() + 0.0002\n"
+    "    while time.monotonic() < t: pass\n"
+    "    time.sleep(0.0008)\n"
+    "print(time.process_time())\n"
+)
+
+
+@pytest.mark.parametrize("machine_s", SOURCES)
+def test_short_bursts_are_counted_as_the_process_itself_counts_them(machine_s):
+    # A paced sender's pattern: 0.2 ms of work, then a sleep, for 1.5 s.
+    # The machine's busy time over it is at least the CPU time the process
+    # ran (its scheduler's exact clock), plus little else on a quiet machine.
+    b0, _ = machine_s()
+    out = subprocess.run([sys.executable, "-c", BURSTS], capture_output=True, text=True, check=True)
+    b1, _ = machine_s()
+    own_s = float(out.stdout)
+    assert 0.9 * own_s <= b1 - b0 <= own_s + 0.5, (b1 - b0, own_s)
