@@ -44,6 +44,13 @@ def machine_s() -> tuple[float, float]:
     return from_cpuidle(cpus) if cpus else from_proc_stat()
 
 
+def source() -> str:
+    """Where machine_s reads this machine's busy time, for reports."""
+    if glob.glob(_CPUIDLE):
+        return "cpuidle residency"
+    return "/proc/stat idle clock (no cpuidle driver)"
+
+
 def from_cpuidle(cpus: list[str]) -> tuple[float, float]:
     """machine_s from the cpuidle directories cpus (see the module)."""
     try:

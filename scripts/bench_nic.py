@@ -242,6 +242,7 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=64)
     args = ap.parse_args()
     lab.require_root("scripts/bench_nic.py")
+    print(f"CPU time from: {cpu.source()}")
     size = args.size_mib << 20
     part_a(size)
     part_b(size)

@@ -211,6 +211,7 @@ def main() -> int:
     if args.runs < 1 or args.seconds <= 0:
         ap.error("--runs must be at least 1 and --seconds above 0")
     lab.require_root("scripts/bench_switch.py")
+    print(f"CPU time from: {cpu.source()}")
     runs = []
     for i in range(args.runs):
         if args.runs > 1:
@@ -227,7 +228,7 @@ def main() -> int:
             print(f"  {key}: {statistics.median(xs):.2f} ({xs[0]:.2f}-{xs[-1]:.2f})")
     idle = None if args.no_idle else idle_cpu(10.0)
     if args.json:
-        out: dict = {"seconds": args.seconds, "idle": idle, "runs": []}
+        out: dict = {"seconds": args.seconds, "cpu_source": cpu.source(), "idle": idle, "runs": []}
         for results, r in zip(runs, ratios, strict=True):
             run: dict = {"variants": {}, "ratios": r}
             for (name, size, how), m in results.items():
