@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 21
+ABI_VERSION = 22
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -69,6 +69,11 @@ PARSE_ERRORS = {
 PORT_COUNTERS: tuple[str, ...] = tuple(
     ffi.string(lib.ethp_port_counter_name(i)).decode() for i in range(lib.ethp_port_counter_count())
 )
+# A switch's receiving port, whole-switch (ethp_switch_ring_counters)
+RING_COUNTERS = (
+    "drop_ring", "drop_no_buf", "drop_foreign",
+    "rx_one_by_one", "ring_builds", "ring_parks", "ring_failures", "ring_up",
+)  # fmt: skip
 
 
 class WireError(ValueError):
@@ -258,6 +263,11 @@ class PortConfig:
     n_blocks: int = 16
     block_timeout_ms: int = 1
     sndbuf_bytes: int = 4 << 20
+    # 0: the RX ring is up for the port's life.  Otherwise frames come one by
+    # one until a run of traffic sets the ring up; it is taken down again
+    # after this many ms without a frame (no ring, no timer: an idle port
+    # costs nothing).
+    ring_idle_ms: int = 0
 
 
 class Port:
@@ -267,6 +277,7 @@ class Port:
         c = ffi.new("struct ethp_port_cfg *")
         c.block_bytes, c.n_blocks = cfg.block_bytes, cfg.n_blocks
         c.block_timeout_ms, c.sndbuf_bytes = cfg.block_timeout_ms, cfg.sndbuf_bytes
+        c.ring_idle_ms = cfg.ring_idle_ms
         err = ffi.new("int *")
         ns = netns_path.encode() if netns_path else ffi.NULL
         p = lib.ethp_port_open(ns, ifname.encode(), c, err)
@@ -340,6 +351,11 @@ class Port:
         out = ffi.new("uint64_t[]", len(PORT_COUNTERS))
         lib.ethp_port_counters(self._p, out)
         return dict(zip(PORT_COUNTERS, out, strict=True))
+
+    @property
+    def ring_up(self) -> bool:
+        """Whether frames go to the RX ring now (always, without ring_idle_ms)."""
+        return bool(lib.ethp_port_ring_up(self._p))
 
 
 # ---------------------------------------------------------------- netns
@@ -458,6 +474,9 @@ class SwitchConfig:
     agg_id: int = 0  # this switch's aggregator number (routing.switch_ids)
     agg_slots: int = 0  # in-network aggregation: chunks held at once; 0: none
     int_id: int = 0  # this switch's number in INT records (HPCC)
+    # the switch's receiving port: frames one by one while idle, the RX ring
+    # from a run of traffic until this long without a frame (PortConfig)
+    ring_idle_ms: int = 100
 
 
 class Switch:
@@ -470,7 +489,7 @@ class Switch:
             "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
             "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
-            "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots", "int_id",
+            "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots", "int_id", "ring_idle_ms",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))
         sw = lib.ethp_switch_new(c, max_ports)
@@ -517,11 +536,19 @@ class Switch:
     def set_up(self, up: bool) -> None:
         lib.ethp_switch_set_up(self._sw, 1 if up else 0)
 
-    def ring_counters(self) -> dict[str, int]:
-        """Frames lost before any port saw them (the switch's one ring)."""
-        out = ffi.new("uint64_t[3]")
+    def _ring(self) -> dict[str, int]:
+        out = ffi.new("uint64_t[]", len(RING_COUNTERS))
         lib.ethp_switch_ring_counters(self._sw, out)
-        return dict(zip(("drop_ring", "drop_no_buf", "drop_foreign"), out, strict=True))
+        return dict(zip(RING_COUNTERS, out, strict=True))
+
+    def ring_counters(self) -> dict[str, int]:
+        """Frames lost before any port saw them (the switch's one receiving port)."""
+        return {k: v for k, v in self._ring().items() if k.startswith("drop_")}
+
+    def rx_mode(self) -> dict[str, int]:
+        """How the switch receives: frames one by one (idle) or the RX ring (busy),
+        and how often it changed."""
+        return {k: v for k, v in self._ring().items() if not k.startswith("drop_")}
 
     @property
     def wakeups(self) -> int:

@@ -217,6 +217,7 @@ class Fabric:
                 "wakeups": sw.wakeups,
                 "buffer": sw.buffer(),
                 "ring": sw.ring_counters(),
+                "rx": sw.rx_mode(),
                 "ports": ports,
             }
         return {

@@ -107,11 +107,18 @@ def render(st: dict, show_all: bool = False) -> str:
         state = "" if sw["up"] else "  (DOWN)"
         lost = " ".join(f"{k.removeprefix('drop_')}={v}" for k, v in sw["ring"].items() if v)
         buf = sw.get("buffer")
+        rx = sw.get("rx")
         agg = {k: sum(c.get(k, 0) for c in sw["ports"].values()) for k in AGG_COUNTERS}
         lines.append(
             f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown"
             + (f"; queued {buf['used_bytes']} B, high-water {buf['hwm_bytes']} B" if buf else "")
             + (f"; lost before a port read them: {lost}" if lost else "")
+            + (
+                f"; receiving {'through its RX ring' if rx['ring_up'] else 'frame by frame'}"
+                f" (ring set up {rx['ring_builds']}x, parked {rx['ring_parks']}x)"
+                if rx
+                else ""
+            )
             + (
                 f"; aggregated {agg['agg_consumed']} contributions ({agg['agg_dup']} resent),"
                 f" sent {agg['agg_results']} results ({agg['agg_replies']} again)"

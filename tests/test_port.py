@@ -194,3 +194,64 @@ def test_the_relay_forwards_every_frame_unchanged_in_order():
         assert got == frames  # every byte, in order
         assert moved == [len(frames)]
         assert r_out.counters()["tx_frames"] == len(frames)
+
+
+def _numbered(first: int, n: int) -> list[bytes]:
+    return [
+        build_frame(Addr(), Header(psn=i, len_bytes=200), bytes(200), compact=True)
+        for i in range(first, first + n)
+    ]
+
+
+def _psns(frames: list[bytes]) -> list[int]:
+    return [parse_frame(f).header.psn for f in frames]
+
+
+def _receive_for(port: Port, pool: Pool, seconds: float) -> list[bytes]:
+    """Keep receiving (which is when the port changes mode) for a while."""
+    got: list[bytes] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        port.wait(5)
+        got += port.recv(pool, 64)
+    return got
+
+
+def test_an_idle_port_has_no_ring_and_a_run_of_traffic_sets_one_up_then_idling_parks_it(veth_ns):
+    path, a, b = veth_ns
+    pool = Pool(4096, 4096)
+    rx = Port(b, path, PortConfig(n_blocks=64, ring_idle_ms=50))
+    tx = Port(a, path)
+    assert not rx.ring_up
+    # a trickle: one frame at a time, no ring
+    got = []
+    for frame in _numbered(0, 10):
+        tx.send([frame], pool)
+        time.sleep(0.005)
+        got += rx.recv(pool, 64)
+    got += _drain(rx, pool, 10 - len(got))
+    assert _psns(got) == list(range(10))
+    c = rx.counters()
+    assert c["rx_one_by_one"] == 10 and c["ring_builds"] == 0 and not rx.ring_up
+    # a run of traffic: the ring comes up part way, nothing lost or doubled
+    run, sent, got = _numbered(10, 20_000), 0, []
+    end = time.monotonic() + 10
+    while sent < len(run) and time.monotonic() < end:
+        sent += tx.send(run[sent : sent + 64], pool)
+        got += rx.recv(pool, 64)
+    assert sent == len(run)
+    got += _drain(rx, pool, len(run) - len(got))
+    assert sorted(_psns(got)) == list(range(10, 10 + len(run)))
+    c = rx.counters()
+    assert c["ring_builds"] == 1 and c["ring_failures"] == 0 and rx.ring_up
+    assert 10 < c["rx_one_by_one"] < 10 + len(run)  # some came through the ring
+    assert c["rx_blocks"] > 0 and c["rx_ring_drops"] == 0
+    # idle: the ring is taken down, and frames come one by one again
+    assert _receive_for(rx, pool, 0.5) == []
+    c = rx.counters()
+    assert c["ring_parks"] == 1 and not rx.ring_up
+    tx.send(_numbered(30_000, 5), pool)
+    assert _psns(_drain(rx, pool, 5)) == list(range(30_000, 30_005))
+    assert rx.counters()["rx_one_by_one"] == c["rx_one_by_one"] + 5
+    assert rx.counters()["rx_frames"] == 10 + len(run) + 5
+    assert pool.available == 4096  # nothing leaked

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 21
+#define ETHP_ABI_VERSION 22
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -221,7 +221,11 @@ uint32_t ethp_pool_size(const struct ethp_pool *pool);
     X(rx_blocks, "ring blocks consumed")                               \
     X(tx_batches, "TX ring kicks (send calls)")                        \
     X(tx_again, "frames not sent yet: TX ring or socket buffer full")  \
-    X(tx_errors, "frames refused: too long or short, or interface down")
+    X(tx_errors, "frames refused: too long or short, or interface down") \
+    X(rx_one_by_one, "frames received one at a time while the ring was down") \
+    X(ring_builds, "times the RX ring was set up for a run of traffic")        \
+    X(ring_parks, "times the RX ring was taken down after idling")            \
+    X(ring_failures, "ring set-ups that failed (frames kept coming one by one)")
 
 #define ETHP_X_ENUM(name, help) ETHP_PC_##name,
 enum ethp_port_counter { ETHP_PORT_COUNTERS(ETHP_X_ENUM) ETHP_PORT_NCOUNTERS };
@@ -236,6 +240,14 @@ struct ethp_port_cfg {
     uint32_t n_blocks;
     uint32_t block_timeout_ms; /* retire a partly filled block after this */
     uint32_t sndbuf_bytes;     /* forced SO_SNDBUF; 0 keeps the default */
+    /* 0: the ring is up for the port's life.  Otherwise the port starts
+     * with no ring and takes frames one at a time (a wakeup each, and no
+     * timer: nothing runs while no frame comes).  A run of traffic sets the
+     * ring up, and it is taken down again after ring_idle_ms without a
+     * frame.  A helper thread does the set-up and take-down, which wait for
+     * the kernel's RCU grace periods; frames go to exactly one of the two
+     * sockets (a fanout group), so none is lost or seen twice. */
+    uint32_t ring_idle_ms;
 };
 
 struct ethp_port;
@@ -247,6 +259,16 @@ struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
                                  const struct ethp_port_cfg *cfg, int *err);
 void ethp_port_close(struct ethp_port *port);
 int ethp_port_fd(const struct ethp_port *port);
+/* Watch the port's sockets in epfd: each event's data.u64 carries tag in its
+ * low 32 bits.  Hand every such event to ethp_port_event before receiving.
+ * 0 or negative errno. */
+int ethp_port_watch(struct ethp_port *port, int epfd, uint32_t tag);
+void ethp_port_event(struct ethp_port *port, uint64_t data);
+/* When the port next needs a receive call though no frame came (to take an
+ * idle ring down), in ethp_now_ns time; UINT64_MAX if never. */
+uint64_t ethp_port_due_ns(const struct ethp_port *port);
+/* 1 while the port's RX ring is up, 0 while frames come one by one. */
+int ethp_port_ring_up(const struct ethp_port *port);
 int ethp_port_ifindex(const struct ethp_port *port);
 /* Wait until a ring block is ready or timeout_ms passes (-1: forever).
  * Returns 1 if frames are ready, 0 on timeout, negative errno on error. */
@@ -338,6 +360,7 @@ struct ethp_switch_cfg {
     uint32_t agg_id;
     uint32_t agg_slots;
     uint32_t int_id;           /* this switch's number in INT records (port_id's high bits) */
+    uint32_t ring_idle_ms;     /* the switch's port: see struct ethp_port_cfg */
 };
 
 /* One port's link, in real (time-scaled) units; both directions of the link. */
@@ -431,9 +454,12 @@ void ethp_switch_free(struct ethp_switch *sw);
 int ethp_switch_set_link(struct ethp_switch *sw, uint32_t port, const struct ethp_link_state *link);
 void ethp_switch_set_up(struct ethp_switch *sw, uint32_t up);
 uint32_t ethp_switch_port_count(const struct ethp_switch *sw);
-/* Frames lost before a port saw them, for the whole switch (its one ring):
- * out[0] kernel ring overflow, out[1] packet pool empty, out[2] from an
- * interface that is not a port. */
+/* The switch's one receiving port, for the whole switch.  Frames lost
+ * before a port saw them: out[0] kernel ring (or socket) overflow, out[1]
+ * packet pool empty, out[2] from an interface that is not a port.  Then
+ * out[3] frames received one by one (ring down), out[4] ring set-ups,
+ * out[5] ring take-downs, out[6] failed set-ups, out[7] 1 if the ring is
+ * up now. */
 void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out);
 /* Copy one port's counters: ETHP_SW_NCOUNTERS values into out, then
  * ETHP_NCLASSES x ETHP_SW_NCLASS_COUNTERS into cls_out. */

@@ -1,12 +1,17 @@
-/* port.c - an AF_PACKET port: TPACKET_V3 RX ring, TPACKET_V2 TX ring. */
+/* port.c - an AF_PACKET port: TPACKET_V3 RX ring (or, while idle, a socket
+ * read a frame at a time), TPACKET_V2 TX ring. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/filter.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <linux/virtio_net.h>
 #include <net/if.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -32,8 +37,34 @@
 #define ETHP_TX_SLOTS (ETHP_TX_SLOTS_PER_BLOCK * ETHP_TX_BLOCKS)
 #define ETHP_MTU_CACHE 16
 
+#ifndef PACKET_FANOUT_FLAG_IGNORE_OUTGOING
+#define PACKET_FANOUT_FLAG_IGNORE_OUTGOING 0x4000 /* Linux 6.9 */
+#endif
+/* A port with ring_idle_ms: frames first come one at a time.  This many
+ * within ETHP_RING_WINDOW_NS call for the ring. */
+#define ETHP_RING_AT_FRAMES 64
+#define ETHP_RING_WINDOW_NS 1000000ull
+#define ETHP_RING_RETRY_NS 1000000000ull /* after a failed set-up */
+#define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
+#define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
+/* data.u64 of a port's epoll events: the caller's tag | which socket << 32 */
+#define ETHP_EV_ONE_BY_ONE 1ull
+#define ETHP_EV_BELL 2ull
+
+/* Where a port with ring_idle_ms stands.  The forwarding thread moves it
+ * from FRAMES to BUILDING, RING to PARKING and PARKED to CLOSING, starting
+ * the helper thread that does the slow part and moves it on. */
+enum ethp_rx_state {
+    ETHP_RX_FRAMES,   /* no ring: frames one by one */
+    ETHP_RX_BUILDING, /* helper: set the ring up, join it, steer frames to it */
+    ETHP_RX_RING,     /* frames go to the ring */
+    ETHP_RX_PARKING,  /* helper: steer frames back, wait for the last block */
+    ETHP_RX_PARKED,   /* the thread reads the ring dry, then lets it go */
+    ETHP_RX_CLOSING,  /* helper: unmap and close the ring socket */
+};
+
 struct ethp_port {
-    int fd;                  /* receives (the ring); POLLIN */
+    int fd;                  /* receives (the ring); POLLIN; -1 while it is down */
     int tx_fd;               /* transmits; nobody sleeps on it */
     uint8_t *tx_ring;
     uint32_t tx_head;        /* next slot to fill: the kernel's next to send */
@@ -50,6 +81,23 @@ struct ethp_port {
     uint32_t left_in_block;  /* frames not yet read from it */
     struct tpacket3_hdr *next; /* next frame in it */
     uint64_t c[ETHP_PORT_NCOUNTERS];
+    struct ethp_port_cfg cfg;
+    /* With cfg.ring_idle_ms only: */
+    int one_fd;              /* frames one at a time; the fanout group's member 0 */
+    int bell_fd;             /* an eventfd the helper writes after each change */
+    int epfd;                /* where the sockets are watched (-1: nowhere) */
+    uint32_t tag;
+    int state;               /* enum ethp_rx_state; atomic */
+    int ring_watched;        /* the ring is the thread's to read */
+    int one_ready;           /* one_fd may hold frames */
+    int one_first;           /* read one_fd before the ring: it holds older frames */
+    uint32_t fanout_id;
+    uint32_t window_frames;
+    uint64_t window_ns, last_ring_ns, retry_ns, idle_ns;
+    pthread_t helper;
+    int helper_live;
+    pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
+    char netns_path[256];
 };
 
 #define ETHP_X_NAME(name, help) #name,
@@ -120,54 +168,164 @@ static int setup_tx_socket(struct ethp_port *p, const struct ethp_port_cfg *cfg)
     return 0;
 }
 
-static int setup_socket(struct ethp_port *p, const char *ifname,
-                        const struct ethp_port_cfg *cfg)
+static int fanout_arg(const struct ethp_port *p, int first)
 {
-    /* Protocol 0 until bind: a socket bound to ETH_P_ALL before bind would
-     * see every interface's frames. */
-    p->fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (p->fd < 0)
+    int flags = PACKET_FANOUT_CBPF | PACKET_FANOUT_FLAG_IGNORE_OUTGOING |
+                (first ? PACKET_FANOUT_FLAG_UNIQUEID : 0);
+    return (int)(p->fanout_id | (uint32_t)flags << 16);
+}
+
+/* Steer every frame to fanout member m (0: one_fd, 1: the ring).  The kernel
+ * swaps the program at once, then waits out an RCU grace period. */
+static int fanout_to(struct ethp_port *p, uint32_t m)
+{
+    struct sock_filter f[] = {BPF_STMT(BPF_RET | BPF_K, m)};
+    struct sock_fprog prog = {.len = 1, .filter = f};
+    return setsockopt(p->one_fd, SOL_PACKET, PACKET_FANOUT_DATA, &prog, sizeof(prog)) < 0
+               ? -errno : 0;
+}
+
+/* The RX ring's socket, bound to the port's interface(s).  In a fanout group
+ * (join) it takes a drop-all filter until it is in, so that no frame reaches
+ * both it and one_fd; it gets frames once fanout_to(p, 1) steers them. */
+static int ring_open(struct ethp_port *p, int join)
+{
+    const struct ethp_port_cfg *cfg = &p->cfg;
+    int fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
         return -errno;
-    p->ifindex = 0; /* every interface */
-    if (ifname) {
-        p->ifindex = (int)if_nametoindex(ifname);
-        if (!p->ifindex)
-            return -errno;
-    }
-    int v3 = TPACKET_V3, one = 1;
-    if (setsockopt(p->fd, SOL_PACKET, PACKET_VERSION, &v3, sizeof(v3)) < 0)
-        return -errno;
+    int v3 = TPACKET_V3, one = 1, rc;
+    struct sock_filter none[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+    struct sock_fprog drop = {.len = 1, .filter = none};
     struct tpacket_req3 req = {
         .tp_block_size = cfg->block_bytes,
         .tp_block_nr = cfg->n_blocks,
         .tp_frame_size = 2048, /* only a hint for V3; frames are packed */
         .tp_frame_nr = (uint32_t)((uint64_t)cfg->block_bytes * cfg->n_blocks / 2048),
         .tp_retire_blk_tov = cfg->block_timeout_ms,
-        .tp_sizeof_priv = 0,
-        .tp_feature_req_word = 0,
     };
-    if (setsockopt(p->fd, SOL_PACKET, PACKET_RX_RING, &req, sizeof(req)) < 0)
-        return -errno;
-    p->block_bytes = cfg->block_bytes;
-    p->n_blocks = cfg->n_blocks;
-    p->ring_bytes = (size_t)cfg->block_bytes * cfg->n_blocks;
-    p->ring = mmap(NULL, p->ring_bytes, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_LOCKED | MAP_POPULATE, p->fd, 0);
-    if (p->ring == MAP_FAILED) {
-        p->ring = NULL;
-        return -errno;
+    size_t bytes = (size_t)cfg->block_bytes * cfg->n_blocks;
+    uint8_t *ring = NULL;
+    if (setsockopt(fd, SOL_PACKET, PACKET_VERSION, &v3, sizeof(v3)) < 0 ||
+        (join && setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &drop, sizeof(drop)) < 0) ||
+        setsockopt(fd, SOL_PACKET, PACKET_RX_RING, &req, sizeof(req)) < 0)
+        goto fail;
+    ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_LOCKED | MAP_POPULATE,
+                fd, 0);
+    if (ring == MAP_FAILED) {
+        ring = NULL;
+        goto fail;
     }
     /* A port never wants to read back what it sent itself. */
-    if (setsockopt(p->fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0)
+    if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0)
+        goto fail;
+    struct sockaddr_ll sll = {
+        .sll_family = AF_PACKET,
+        .sll_protocol = htons(ETH_P_ALL),
+        .sll_ifindex = p->ifindex,
+    };
+    if (bind(fd, (struct sockaddr *)&sll, sizeof(sll)) < 0)
+        goto fail;
+    if (join) {
+        int v = fanout_arg(p, 0);
+        if (setsockopt(fd, SOL_PACKET, PACKET_FANOUT, &v, sizeof(v)) < 0 ||
+            setsockopt(fd, SOL_SOCKET, SO_DETACH_FILTER, &one, sizeof(one)) < 0)
+            goto fail;
+    }
+    pthread_mutex_lock(&p->fd_lock);
+    p->fd = fd;
+    p->ring = ring;
+    p->ring_bytes = bytes;
+    p->block_bytes = cfg->block_bytes;
+    p->n_blocks = cfg->n_blocks;
+    p->block = p->left_in_block = 0;
+    pthread_mutex_unlock(&p->fd_lock);
+    return 0;
+fail:
+    rc = -errno;
+    if (ring)
+        munmap(ring, bytes);
+    close(fd);
+    return rc;
+}
+
+/* Fold a socket's kernel drop count into rx_ring_drops (the kernel resets
+ * its statistics on every read). */
+static void fold_drops(struct ethp_port *p, int fd)
+{
+    struct tpacket_stats_v3 st; /* tp_drops sits where struct tpacket_stats has it */
+    socklen_t sl = sizeof(st);
+    if (fd >= 0 && getsockopt(fd, SOL_PACKET, PACKET_STATISTICS, &st, &sl) == 0)
+        p->c[ETHP_PC_rx_ring_drops] += st.tp_drops;
+}
+
+static void ring_close(struct ethp_port *p)
+{
+    pthread_mutex_lock(&p->fd_lock);
+    int fd = p->fd;
+    uint8_t *ring = p->ring;
+    fold_drops(p, fd);
+    p->fd = -1;
+    p->ring = NULL;
+    pthread_mutex_unlock(&p->fd_lock);
+    if (ring)
+        munmap(ring, p->ring_bytes);
+    if (fd >= 0)
+        close(fd);
+}
+
+/* The socket frames come to one at a time: the first member of the port's
+ * fanout group (a unique id the kernel picks), with every frame steered to
+ * it.  -EINVAL from a kernel without PACKET_FANOUT_FLAG_IGNORE_OUTGOING. */
+static int one_by_one_open(struct ethp_port *p)
+{
+    int one = 1, b = ETHP_ONE_BY_ONE_RCVBUF_BYTES;
+    p->one_fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (p->one_fd < 0)
         return -errno;
     struct sockaddr_ll sll = {
         .sll_family = AF_PACKET,
         .sll_protocol = htons(ETH_P_ALL),
         .sll_ifindex = p->ifindex,
     };
-    if (bind(p->fd, (struct sockaddr *)&sll, sizeof(sll)) < 0)
+    int v = fanout_arg(p, 1), id = 0;
+    socklen_t sl = sizeof(id);
+    if (setsockopt(p->one_fd, SOL_SOCKET, SO_RCVBUFFORCE, &b, sizeof(b)) < 0 ||
+        setsockopt(p->one_fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0 ||
+        bind(p->one_fd, (struct sockaddr *)&sll, sizeof(sll)) < 0 ||
+        setsockopt(p->one_fd, SOL_PACKET, PACKET_FANOUT, &v, sizeof(v)) < 0 ||
+        getsockopt(p->one_fd, SOL_PACKET, PACKET_FANOUT, &id, &sl) < 0)
         return -errno;
-    return setup_tx_socket(p, cfg);
+    p->fanout_id = (uint32_t)id & 0xffff;
+    p->bell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (p->bell_fd < 0)
+        return -errno;
+    return fanout_to(p, 0);
+}
+
+static int setup_sockets(struct ethp_port *p, const char *ifname)
+{
+    p->ifindex = 0; /* every interface */
+    if (ifname) {
+        p->ifindex = (int)if_nametoindex(ifname);
+        if (!p->ifindex)
+            return -errno;
+    }
+    int rc = 0;
+    if (p->cfg.ring_idle_ms) {
+        rc = one_by_one_open(p);
+        if (rc == -EINVAL) { /* an older kernel: the ring stays up */
+            close(p->one_fd);
+            p->one_fd = -1;
+            p->cfg.ring_idle_ms = 0;
+            rc = 0;
+        }
+    }
+    if (!rc && !p->cfg.ring_idle_ms) {
+        rc = ring_open(p, 0);
+        p->ring_watched = !rc;
+    }
+    return rc ? rc : setup_tx_socket(p, &p->cfg);
 }
 
 static int cfg_valid(const struct ethp_port_cfg *cfg)
@@ -181,7 +339,8 @@ static int cfg_valid(const struct ethp_port_cfg *cfg)
 struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
                                  const struct ethp_port_cfg *cfg, int *err)
 {
-    if (!cfg_valid(cfg)) {
+    if (!cfg_valid(cfg) ||
+        (netns_path && strlen(netns_path) >= sizeof(((struct ethp_port *)0)->netns_path))) {
         *err = -EINVAL;
         return NULL;
     }
@@ -190,10 +349,14 @@ struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
         *err = -ENOMEM;
         return NULL;
     }
-    p->fd = p->tx_fd = -1;
+    p->fd = p->tx_fd = p->one_fd = p->bell_fd = p->epfd = -1;
+    p->cfg = *cfg;
+    p->idle_ns = (uint64_t)cfg->ring_idle_ms * 1000000ull;
+    pthread_mutex_init(&p->fd_lock, NULL);
+    snprintf(p->netns_path, sizeof(p->netns_path), "%s", netns_path ? netns_path : "");
     int saved, rc = ethp_netns_enter(netns_path, &saved);
     if (!rc) {
-        rc = setup_socket(p, ifname, cfg);
+        rc = setup_sockets(p, ifname);
         ethp_netns_leave(saved);
     }
     if (rc) {
@@ -209,14 +372,18 @@ void ethp_port_close(struct ethp_port *p)
 {
     if (!p)
         return;
-    if (p->ring)
-        munmap(p->ring, p->ring_bytes);
+    if (p->helper_live)
+        pthread_join(p->helper, NULL);
+    ring_close(p);
     if (p->tx_ring)
         munmap(p->tx_ring, (size_t)ETHP_TX_BLOCK_BYTES * ETHP_TX_BLOCKS);
-    if (p->fd >= 0)
-        close(p->fd);
     if (p->tx_fd >= 0)
         close(p->tx_fd);
+    if (p->one_fd >= 0)
+        close(p->one_fd);
+    if (p->bell_fd >= 0)
+        close(p->bell_fd);
+    pthread_mutex_destroy(&p->fd_lock);
     free(p);
 }
 
@@ -236,13 +403,16 @@ static int block_ready(struct ethp_port *p)
 
 int ethp_port_wait(struct ethp_port *p, int timeout_ms)
 {
-    if (p->left_in_block || block_ready(p))
+    if (p->ring_watched && (p->left_in_block || block_ready(p)))
         return 1;
-    struct pollfd pfd = {.fd = p->fd, .events = POLLIN | POLLERR};
-    int n = poll(&pfd, 1, timeout_ms);
+    struct pollfd pfd[2] = {
+        {.fd = p->ring_watched ? p->fd : -1, .events = POLLIN | POLLERR},
+        {.fd = p->one_fd, .events = POLLIN | POLLERR},
+    };
+    int n = poll(pfd, 2, timeout_ms);
     if (n < 0)
         return errno == EINTR ? 0 : -errno;
-    return block_ready(p);
+    return (p->ring_watched && block_ready(p)) || (pfd[1].revents & POLLIN);
 }
 
 void ethp_port_wait_tx(struct ethp_port *p, int timeout_ms)
@@ -262,6 +432,8 @@ static void release_block(struct ethp_port *p)
 uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
     uint32_t seen = 0;
+    if (!p->ring_watched)
+        return 0;
     while (seen < n) {
         if (!p->left_in_block) {
             if (!block_ready(p))
@@ -318,13 +490,242 @@ static void copy_out(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     }
 }
 
+static void ring_drain(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
+{
+    while (c->got < n && ethp_port_rx_each(p, n - c->got, copy_out, c))
+        ;
+}
+
+/* ------------------------------------------------ frames one by one */
+
+static void *helper_main(void *arg);
+
+/* Hand the slow part of a state change to a helper thread (the last one
+ * has finished: it moved the state on, which is how we got here). */
+static void helper_start(struct ethp_port *p, int job)
+{
+    if (p->helper_live) {
+        pthread_join(p->helper, NULL);
+        p->helper_live = 0;
+    }
+    __atomic_store_n(&p->state, job, __ATOMIC_RELEASE);
+    if (pthread_create(&p->helper, NULL, helper_main, p) == 0)
+        p->helper_live = 1;
+    else
+        helper_main(p); /* slow, but right */
+}
+
+static void *helper_main(void *arg)
+{
+    struct ethp_port *p = arg;
+    int next, rc = 0;
+    uint64_t one = 1;
+    switch (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE)) {
+    case ETHP_RX_BUILDING: {
+        int saved;
+        rc = ethp_netns_enter(p->netns_path[0] ? p->netns_path : NULL, &saved);
+        if (!rc) {
+            rc = ring_open(p, 1);
+            ethp_netns_leave(saved);
+        }
+        if (!rc && (rc = fanout_to(p, 1)) != 0)
+            ring_close(p);
+        if (rc) {
+            p->c[ETHP_PC_ring_failures]++;
+            p->retry_ns = ethp_now_ns() + ETHP_RING_RETRY_NS;
+        }
+        next = rc ? ETHP_RX_FRAMES : ETHP_RX_RING;
+        break;
+    }
+    case ETHP_RX_PARKING: {
+        /* Once the kernel has swapped the program and waited out the
+         * readers of the old one, no frame goes to the ring; within its
+         * block timeout it retires the last, partly filled block. */
+        rc = fanout_to(p, 0);
+        struct timespec ts = {.tv_nsec = (long)(2 * p->cfg.block_timeout_ms + 1) * 1000000L};
+        if (!rc)
+            nanosleep(&ts, NULL);
+        next = rc ? ETHP_RX_RING : ETHP_RX_PARKED;
+        break;
+    }
+    case ETHP_RX_CLOSING:
+        ring_close(p);
+        p->c[ETHP_PC_ring_parks]++;
+        next = ETHP_RX_FRAMES;
+        break;
+    default:
+        return NULL;
+    }
+    __atomic_store_n(&p->state, next, __ATOMIC_RELEASE);
+    if (write(p->bell_fd, &one, sizeof(one)) < 0) { /* the state says it all */ }
+    return NULL;
+}
+
+static int watch_fd(struct ethp_port *p, int fd, uint64_t which, uint32_t events)
+{
+    struct epoll_event ev = {.events = events, .data.u64 = p->tag | which << 32};
+    if (p->epfd < 0 || fd < 0)
+        return 0;
+    return epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+int ethp_port_watch(struct ethp_port *p, int epfd, uint32_t tag)
+{
+    p->epfd = epfd;
+    p->tag = tag;
+    /* Edge-triggered: a receive call reads each socket dry (and a socket
+     * whose namespace was deleted must not keep the thread spinning). */
+    int rc = p->ring_watched ? watch_fd(p, p->fd, 0, EPOLLIN | EPOLLET) : 0;
+    if (!rc)
+        rc = watch_fd(p, p->one_fd, ETHP_EV_ONE_BY_ONE, EPOLLIN | EPOLLET);
+    if (!rc)
+        rc = watch_fd(p, p->bell_fd, ETHP_EV_BELL, EPOLLIN);
+    return rc;
+}
+
+void ethp_port_event(struct ethp_port *p, uint64_t data)
+{
+    uint64_t v;
+    if (data >> 32 == ETHP_EV_ONE_BY_ONE)
+        p->one_ready = 1;
+    else if (data >> 32 == ETHP_EV_BELL && read(p->bell_fd, &v, sizeof(v)) < 0) {
+        /* already read */
+    }
+}
+
+uint64_t ethp_port_due_ns(const struct ethp_port *p)
+{
+    if (p->one_fd < 0 || !p->ring_watched ||
+        __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != ETHP_RX_RING)
+        return UINT64_MAX;
+    return p->last_ring_ns + p->idle_ns;
+}
+
+int ethp_port_ring_up(const struct ethp_port *p)
+{
+    return p->one_fd < 0 || __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == ETHP_RX_RING;
+}
+
+/* The state changes that are the receiving thread's to make. */
+static void rx_step(struct ethp_port *p, uint64_t now)
+{
+    switch (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE)) {
+    case ETHP_RX_FRAMES:
+        if (p->window_frames >= ETHP_RING_AT_FRAMES && now >= p->retry_ns) {
+            p->window_frames = 0;
+            helper_start(p, ETHP_RX_BUILDING);
+        }
+        break;
+    case ETHP_RX_RING:
+        if (!p->ring_watched) {
+            /* one_fd holds the frames from before the switch: older */
+            p->ring_watched = p->one_first = p->one_ready = 1;
+            p->last_ring_ns = now;
+            p->c[ETHP_PC_ring_builds]++;
+            watch_fd(p, p->fd, 0, EPOLLIN | EPOLLET);
+        } else if (now - p->last_ring_ns >= p->idle_ns) {
+            p->last_ring_ns = now; /* should parking fail, idle again first */
+            helper_start(p, ETHP_RX_PARKING);
+        }
+        break;
+    }
+}
+
+/* Up to n - c->got frames from one_fd. */
+static void one_by_one(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
+{
+    struct ethp_pkt *k[ETHP_RX_CHUNK];
+    struct mmsghdr mm[ETHP_RX_CHUNK];
+    struct iovec iov[ETHP_RX_CHUNK];
+    struct sockaddr_ll from[ETHP_RX_CHUNK];
+    uint64_t wall_ns = 0;
+    if (c->wall_ns) { /* read now, not stamped on arrival: close enough */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    while (c->got < n) {
+        uint32_t want = n - c->got < ETHP_RX_CHUNK ? n - c->got : ETHP_RX_CHUNK;
+        uint32_t have = ethp_pool_get(c->pool, k, want);
+        if (!have) { /* as from the ring: the frame is taken and dropped */
+            if (recv(p->one_fd, NULL, 0, MSG_DONTWAIT | MSG_TRUNC) < 0) {
+                p->one_ready = p->one_first = 0;
+                return;
+            }
+            p->c[ETHP_PC_rx_no_buf]++;
+            continue;
+        }
+        for (uint32_t i = 0; i < have; i++) {
+            iov[i] = (struct iovec){.iov_base = k[i]->data, .iov_len = k[i]->cap};
+            mm[i].msg_hdr = (struct msghdr){.msg_name = &from[i], .msg_namelen = sizeof(from[i]),
+                                            .msg_iov = &iov[i], .msg_iovlen = 1};
+        }
+        int r = recvmmsg(p->one_fd, mm, have, MSG_DONTWAIT, NULL);
+        uint32_t got = r > 0 ? (uint32_t)r : 0;
+        for (uint32_t i = 0; i < got; i++) {
+            if (from[i].sll_pkttype == PACKET_OUTGOING) { /* never ours to take */
+                ethp_pool_put(c->pool, &k[i], 1);
+            } else if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
+                p->c[ETHP_PC_rx_truncated]++;
+                ethp_pool_put(c->pool, &k[i], 1);
+            } else {
+                k[i]->len = mm[i].msg_len;
+                k[i]->ts_ns = c->now;
+                k[i]->ifindex = from[i].sll_ifindex;
+                if (c->wall_ns)
+                    c->wall_ns[c->got] = wall_ns;
+                c->pkts[c->got++] = k[i];
+                p->c[ETHP_PC_rx_frames]++;
+                p->c[ETHP_PC_rx_bytes] += mm[i].msg_len;
+                p->c[ETHP_PC_rx_one_by_one]++;
+            }
+        }
+        if (got < have)
+            ethp_pool_put(c->pool, k + got, have - got);
+        if (c->now - p->window_ns >= ETHP_RING_WINDOW_NS) {
+            p->window_ns = c->now;
+            p->window_frames = 0;
+        }
+        p->window_frames += got;
+        if (got < have) {
+            p->one_ready = p->one_first = 0;
+            return;
+        }
+    }
+}
+
+static uint32_t rx_mixed(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
+{
+    rx_step(p, c->now);
+    if (p->one_first)
+        one_by_one(p, c, n);
+    if (p->ring_watched) {
+        uint32_t before = c->got;
+        ring_drain(p, c, n);
+        if (c->got > before) {
+            p->last_ring_ns = c->now;
+        } else if (c->got < n && !p->left_in_block && !block_ready(p) &&
+                   __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == ETHP_RX_PARKED) {
+            /* read dry, and nothing more can come to it: let it go */
+            if (p->epfd >= 0)
+                epoll_ctl(p->epfd, EPOLL_CTL_DEL, p->fd, NULL);
+            p->ring_watched = 0;
+            helper_start(p, ETHP_RX_CLOSING);
+        }
+    }
+    if (c->got < n && (p->one_ready || p->epfd < 0))
+        one_by_one(p, c, n);
+    return c->got;
+}
+
 uint32_t ethp_port_rx_burst_stamped(struct ethp_port *p, struct ethp_pool *pool,
                                     struct ethp_pkt **pkts, uint64_t *wall_ns, uint32_t n)
 {
     struct copy_ctx c = {
         .port = p, .pool = pool, .pkts = pkts, .now = ethp_now_ns(), .wall_ns = wall_ns};
-    while (c.got < n && ethp_port_rx_each(p, n - c.got, copy_out, &c))
-        ;
+    if (p->one_fd >= 0)
+        return rx_mixed(p, &c, n);
+    ring_drain(p, &c, n);
     return c.got;
 }
 
@@ -434,11 +835,10 @@ const uint64_t *ethp_port_counters_ref(const struct ethp_port *p) { return p->c;
 
 void ethp_port_counters(struct ethp_port *p, uint64_t *out)
 {
-    struct tpacket_stats_v3 st;
-    socklen_t sl = sizeof(st);
-    /* The kernel resets its statistics on every read: accumulate them. */
-    if (getsockopt(p->fd, SOL_PACKET, PACKET_STATISTICS, &st, &sl) == 0)
-        p->c[ETHP_PC_rx_ring_drops] += st.tp_drops;
+    pthread_mutex_lock(&p->fd_lock);
+    fold_drops(p, p->fd);
+    fold_drops(p, p->one_fd);
+    pthread_mutex_unlock(&p->fd_lock);
     memcpy(out, p->c, sizeof(p->c));
 }
 

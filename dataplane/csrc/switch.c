@@ -767,7 +767,7 @@ static void pfc_refresh(struct ethp_switch *sw, struct sw_port *port, uint64_t n
 /* The earliest time anything is due, or UINT64_MAX. */
 static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
 {
-    uint64_t t = UINT64_MAX;
+    uint64_t t = ethp_port_due_ns(sw->io);
 #define ETHP_MIN(x) do { uint64_t v_ = (x); if (v_ < t) t = v_; } while (0)
     for (uint32_t k = 0; k < sw->n_active; k++) {
         const struct sw_port *e = &sw->ports[sw->active[k]];
@@ -818,9 +818,12 @@ static void *sw_main(void *arg)
         if (!more) {
             int n = ethp_epoll_until(sw->epfd, evs, 64, next_due(sw, ethp_now_ns()));
             sw->wakeups++;
+            if (ethp_now_ns() >= ethp_port_due_ns(sw->io))
+                ring = 1; /* the port has a change to make */
             for (int i = 0; i < n; i++) {
-                if (evs[i].data.u32 != SW_EVFD_TAG) {
+                if ((uint32_t)evs[i].data.u64 != SW_EVFD_TAG) {
                     ring = 1;
+                    ethp_port_event(sw->io, evs[i].data.u64);
                 } else {
                     uint64_t v;
                     if (read(sw->evfd, &v, sizeof(v)) < 0) { /* nothing to do */ }
@@ -881,7 +884,7 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
         ethp_switch_free(sw);
         return NULL;
     }
-    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = SW_EVFD_TAG};
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = SW_EVFD_TAG};
     epoll_ctl(sw->epfd, EPOLL_CTL_ADD, sw->evfd, &ev);
     return sw;
 }
@@ -894,16 +897,15 @@ static int open_ring(struct ethp_switch *sw, const char *netns_path)
     uint32_t blocks = sw->max_ports * 4;
     blocks = blocks < 16 ? 16 : blocks > 512 ? 512 : blocks;
     struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = blocks,
-                               .block_timeout_ms = 1, .sndbuf_bytes = 4u << 20};
+                               .block_timeout_ms = 1, .sndbuf_bytes = 4u << 20,
+                               .ring_idle_ms = sw->cfg.ring_idle_ms};
     int err;
     sw->io = ethp_port_open(netns_path, NULL, &pc, &err);
     if (!sw->io)
         return err;
-    /* Edge-triggered: rx() drains every ready block, and a ring whose
-     * namespace was deleted must not keep the thread spinning. */
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = 0};
-    if (epoll_ctl(sw->epfd, EPOLL_CTL_ADD, ethp_port_fd(sw->io), &ev) < 0)
-        return -errno;
+    err = ethp_port_watch(sw->io, sw->epfd, 0);
+    if (err)
+        return err;
     snprintf(sw->netns_path, sizeof(sw->netns_path), "%s", netns_path ? netns_path : "");
     return 0;
 }
@@ -1068,6 +1070,11 @@ void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out)
     out[0] = io[ETHP_PC_rx_ring_drops];
     out[1] = io[ETHP_PC_rx_no_buf] + io[ETHP_PC_rx_truncated];
     out[2] = __atomic_load_n(&sw->foreign, __ATOMIC_RELAXED);
+    out[3] = io[ETHP_PC_rx_one_by_one];
+    out[4] = io[ETHP_PC_ring_builds];
+    out[5] = io[ETHP_PC_ring_parks];
+    out[6] = io[ETHP_PC_ring_failures];
+    out[7] = (uint64_t)ethp_port_ring_up(sw->io);
 }
 void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint64_t *hwm_bytes)
 {
