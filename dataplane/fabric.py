@@ -158,6 +158,7 @@ class Fabric:
                 seed=seed * 1_000_003 + i,
                 pool_pkts=min(65536, max(4096, n_ports * 512)),
                 buf_bytes=mtu + 14 + 64,
+                ring_idle_ms=sw_cfg.get("ring_idle_ms", 100),
             )
             sw = core.Switch(cfg, n_ports)
             ns = self.rec["namespaces"][name]

@@ -218,6 +218,11 @@ def _switch_schema(family: str) -> dict[str, Field]:
             0, "one buffer for all of a switch's egress queues; 0: per-port buffers"
         ),
         "dt_alpha": pos_num(1.0, "dynamic threshold: a queue may take alpha x the free buffer"),
+        "ring_idle_ms": nonneg_int(
+            100,
+            "a switch receives frame by frame while idle and through an RX ring while busy;"
+            " the ring is taken down after this long without a frame (0: it stays up)",
+        ),
         "inc": boolean(False, "in-network computing: switches aggregate all-reduce chunks"),
         "inc_tree": boolean(
             True,

@@ -143,6 +143,39 @@ def test_kernel_tcp_byte_exact_through_switches(erack, clos):
     assert t["tx_frames"] > 400  # it really went through the switches
 
 
+def _rx_modes(lab: Lab, timeout_s: float = 0.0, ring_up: bool | None = None) -> dict:
+    """Each switch's receive mode (the `rx` block of `lab stats --json`),
+    waiting up to timeout_s for every ring to be ring_up."""
+    end = time.monotonic() + timeout_s
+    while True:
+        rx = {name: sw["rx"] for name, sw in lab.stats()["switches"].items()}
+        if ring_up is None or all(bool(r["ring_up"]) == ring_up for r in rx.values()):
+            return rx
+        assert time.monotonic() < end, rx
+        time.sleep(0.05)
+
+
+def test_an_idle_switch_has_no_ring_traffic_sets_one_up_and_idling_parks_it(erack):
+    """No RX ring while idle (so no kernel timer runs): a ping goes through
+    frame by frame, a TCP transfer sets the ring up on the switch it crosses,
+    and once idle again the ring is taken down."""
+    before = _rx_modes(erack, timeout_s=5, ring_up=False)
+    ip3 = erack.nodes["h7"]["ports"][3]["ip"]
+    erack.sh("h0", "ping", "-n", "-q", "-c", "3", "-i", "0.2", ip3)
+    after_ping = _rx_modes(erack)
+    assert after_ping["plane3"]["rx_one_by_one"] >= before["plane3"]["rx_one_by_one"] + 6
+    assert after_ping["plane3"]["ring_builds"] == before["plane3"]["ring_builds"]
+    _tcp_transfer(erack, "h0", "h7", ip3, n_bytes=20_000_000)
+    busy = _rx_modes(erack)
+    built = busy["plane3"]["ring_builds"] - before["plane3"]["ring_builds"]
+    assert built >= 1 and busy["plane3"]["ring_failures"] == 0
+    assert busy["plane1"]["ring_builds"] == before["plane1"]["ring_builds"]  # not on its path
+    idle = _rx_modes(erack, timeout_s=5, ring_up=False)
+    assert idle["plane3"]["ring_parks"] - before["plane3"]["ring_parks"] == built
+    assert "receiving frame by frame" in ethplus("lab", "stats", erack.name).stdout
+    assert_conserved(erack)
+
+
 # ---------------------------------------------------------------- shaping and delay
 
 

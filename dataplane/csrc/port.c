@@ -42,7 +42,7 @@
 #endif
 /* A port with ring_idle_ms: frames first come one at a time.  This many
  * within ETHP_RING_WINDOW_NS call for the ring. */
-#define ETHP_RING_AT_FRAMES 64
+#define ETHP_RING_AT_FRAMES 8
 #define ETHP_RING_WINDOW_NS 1000000ull
 #define ETHP_RING_RETRY_NS 1000000000ull /* after a failed set-up */
 #define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
