@@ -253,6 +253,11 @@ _NIC_SCHEMA = {
     # The emulated RoCEv2 transport (`roce`), nominal units; DCQCN defaults are
     # the paper's (PROTOCOLS.md), increase steps 0.1% / 1% of a 400G port.
     "roce_qps": nonneg_int(0, "queue pairs per pair of ranks; 0: one per plane"),
+    "ring_idle_ms": nonneg_int(
+        100,
+        "a NIC receives frame by frame while idle and through an RX ring while busy;"
+        " the ring is taken down after this long without a frame (0: it stays up)",
+    ),
     "roce_rto_us": pos_num(131.072, "retransmit timeout: 4.096 us x 2^5, as RoCE NICs set it"),
     "dcqcn": boolean(True, "DCQCN rate control (off: line rate, PFC alone)"),
     "dcqcn_g": fraction(1 / 256, "alpha gain g"),

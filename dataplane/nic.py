@@ -170,6 +170,7 @@ class Endpoint:
         cfg.cc = CC_ALGOS[cc]
         cfg.seed = seed
         cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
+        cfg.ring_idle_ms = rec["nic"].get("ring_idle_ms", 100)
         if roce:
             _roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
         err = ffi.new("int *")

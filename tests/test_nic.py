@@ -257,6 +257,30 @@ def test_two_senders_share_one_receiver_fairly(erack, record_property):
     assert hwm <= trim + 9300  # trimming bounds the data queue: threshold plus one frame
 
 
+def test_a_nic_receives_frame_by_frame_until_a_run_of_traffic_sets_its_ring_up(erack):
+    """A fresh NIC has no RX ring (so no kernel timer runs while it waits):
+    a small message comes in frame by frame, a large one sets the ring up,
+    and after idling the ring is taken down; every byte arrives either way."""
+    lab, _ = erack
+    a, b = Endpoint(lab.name, "h4"), Endpoint(lab.name, "h5")
+    try:
+        transfer(a, b, 8 * KiB, tag=1)
+        c = b.counters()
+        assert c["rx_one_by_one"] >= 2 and c["ring_builds"] == 0
+        transfer(a, b, 16 * MiB, tag=2)
+        assert b.counters()["ring_builds"] >= 1
+        deadline = time.monotonic() + 5
+        while b.counters()["ring_parks"] < b.counters()["ring_builds"]:
+            assert time.monotonic() < deadline, b.counters()
+            time.sleep(0.05)
+        before = b.counters()["rx_one_by_one"]
+        transfer(a, b, 8 * KiB, tag=3)
+        assert b.counters()["rx_one_by_one"] >= before + 2
+    finally:
+        a.close()
+        b.close()
+
+
 def test_unreachable_peer_fails_in_bounded_time(erack):
     lab, eps = erack
     if "h7" in eps:  # nobody answers for h7 while its NIC is closed

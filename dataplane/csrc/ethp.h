@@ -530,7 +530,10 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(inc_dup_results, "in-network all-reduce: results already placed, discarded") \
     X(inc_timeouts, "in-network all-reduce: aggregator timeouts")             \
     X(int_acks, "hpcc: acks whose INT records drove the window")               \
-    X(int_hops_max, "hpcc: most switch hops seen in one INT block")
+    X(int_hops_max, "hpcc: most switch hops seen in one INT block")            \
+    X(rx_one_by_one, "frames received one at a time while the RX ring was down") \
+    X(ring_builds, "times the RX ring was set up for a run of traffic")        \
+    X(ring_parks, "times the RX ring was taken down after idling")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
@@ -585,6 +588,7 @@ struct ethp_nic_cfg {
     /* Fault injection, for tests: the first transmission of PSN
      * drop_psn_plus1 - 1 (towards any peer) is dropped at the sender, once. */
     uint32_t drop_psn_plus1;
+    uint32_t ring_idle_ms;      /* the NIC's port: see struct ethp_port_cfg */
 };
 
 struct ethp_nic;

@@ -1511,7 +1511,7 @@ static uint64_t free_at(const struct ethp_nic *n, uint32_t plane)
  * packet of some peer waits for. */
 static uint64_t next_due(struct ethp_nic *n)
 {
-    uint64_t t = UINT64_MAX;
+    uint64_t t = ethp_port_due_ns(n->io); /* an idle ring to take down */
     for (uint32_t k = 0; k < n->n_active; k++) {
         struct nic_peer *p = &n->peers[n->active[k]];
         if (p->rto_deadline && p->rto_deadline < t)
@@ -1555,7 +1555,9 @@ static void *nic_main(void *arg)
         uint64_t due = next_due(n), due_inc = inc_due(n);
         int k = ethp_epoll_until(n->epfd, evs, 8, due < due_inc ? due : due_inc);
         for (int i = 0; i < k; i++)
-            if (evs[i].data.u32 == NIC_EVFD_TAG) {
+            if ((uint32_t)evs[i].data.u64 != NIC_EVFD_TAG) {
+                ethp_port_event(n->io, evs[i].data.u64);
+            } else {
                 uint64_t v;
                 if (read(n->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
             }
@@ -1663,17 +1665,16 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 256, .block_timeout_ms = 1,
-                               .sndbuf_bytes = 4u << 20};
+                               .sndbuf_bytes = 4u << 20, .ring_idle_ms = cfg->ring_idle_ms};
     int rc = 0;
     if (!n->peers || !n->active || !n->pool || n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
         n->io = ethp_port_open(netns_path, NULL, &pc, &rc);
         if (n->io) {
-            struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = NIC_RING_TAG};
-            struct epoll_event ev2 = {.events = EPOLLIN, .data.u32 = NIC_EVFD_TAG};
-            if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, ethp_port_fd(n->io), &ev) < 0 ||
-                epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->evfd, &ev2) < 0)
+            struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_EVFD_TAG};
+            rc = ethp_port_watch(n->io, n->epfd, NIC_RING_TAG);
+            if (!rc && epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->evfd, &ev) < 0)
                 rc = -errno;
         }
     }
@@ -1914,7 +1915,12 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
     /* the window and the rate are state, not counters: summed here, on read */
     out[ETHP_NC_cwnd_bytes] = 0;
-    if (peer < 0) {
+    if (peer < 0) { /* the port's receive mode, from its own counters */
+        uint64_t io[ETHP_PORT_NCOUNTERS];
+        ethp_port_counters(n->io, io);
+        out[ETHP_NC_rx_one_by_one] = io[ETHP_PC_rx_one_by_one];
+        out[ETHP_NC_ring_builds] = io[ETHP_PC_ring_builds];
+        out[ETHP_NC_ring_parks] = io[ETHP_PC_ring_parks];
         out[ETHP_NC_rate_bps] = 0;
         for (uint32_t i = 0; i < n->max_peers; i++)
             out[ETHP_NC_rate_bps] += __atomic_load_n(&n->peers[i].c[ETHP_NC_rate_bps], __ATOMIC_RELAXED);

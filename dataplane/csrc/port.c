@@ -52,11 +52,17 @@
 #define ETHP_EV_BELL 2ull
 
 /* Where a port with ring_idle_ms stands.  The forwarding thread moves it
- * from FRAMES to BUILDING, RING to PARKING and PARKED to CLOSING, starting
- * the helper thread that does the slow part and moves it on. */
+ * from FRAMES to BUILDING, JOINED to STEERING, RING to PARKING and PARKED to
+ * CLOSING, starting the helper thread that does the slow part and moves it
+ * on.  The thread reads the ring from JOINED on, before any frame can go
+ * to it: a program swap takes effect at once, but the call returns only
+ * after an RCU grace period (tens of ms), and frames left unread that long
+ * would be invisible to PFC's accounting. */
 enum ethp_rx_state {
     ETHP_RX_FRAMES,   /* no ring: frames one by one */
-    ETHP_RX_BUILDING, /* helper: set the ring up, join it, steer frames to it */
+    ETHP_RX_BUILDING, /* helper: set the ring up and join it to the group */
+    ETHP_RX_JOINED,   /* the thread starts reading the ring too */
+    ETHP_RX_STEERING, /* helper: steer frames to the ring */
     ETHP_RX_RING,     /* frames go to the ring */
     ETHP_RX_PARKING,  /* helper: steer frames back, wait for the last block */
     ETHP_RX_PARKED,   /* the thread reads the ring dry, then lets it go */
@@ -97,6 +103,8 @@ struct ethp_port {
     pthread_t helper;
     int helper_live;
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
+    uint8_t *scratch;        /* ETHP_RX_CHUNK frames from one_fd */
+    uint64_t one_wall_ns;    /* while one_fd's frames are visited: when they were read */
     char netns_path[256];
 };
 
@@ -300,6 +308,9 @@ static int one_by_one_open(struct ethp_port *p)
     p->bell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (p->bell_fd < 0)
         return -errno;
+    p->scratch = malloc((size_t)ETHP_RX_CHUNK * ETHP_MAX_FRAME_BYTES);
+    if (!p->scratch)
+        return -ENOMEM;
     return fanout_to(p, 0);
 }
 
@@ -384,6 +395,7 @@ void ethp_port_close(struct ethp_port *p)
     if (p->bell_fd >= 0)
         close(p->bell_fd);
     pthread_mutex_destroy(&p->fd_lock);
+    free(p->scratch);
     free(p);
 }
 
@@ -429,7 +441,8 @@ static void release_block(struct ethp_port *p)
     p->c[ETHP_PC_rx_blocks]++;
 }
 
-uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
+/* Visit up to n frames of the ring, if it is the thread's to read. */
+static uint32_t ring_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
     uint32_t seen = 0;
     if (!p->ring_watched)
@@ -482,18 +495,15 @@ static void copy_out(void *arg, const uint8_t *data, uint32_t len, int ifindex)
         k->len = len;
         k->ts_ns = c->now; /* monotonic, unlike the ring's timestamps */
         k->ifindex = ifindex;
-        if (c->wall_ns) /* p->next is the frame being visited until fn returns */
-            c->wall_ns[c->got] = (uint64_t)p->next->tp_sec * 1000000000ull + p->next->tp_nsec;
+        /* p->next is the ring frame being visited until fn returns */
+        if (c->wall_ns)
+            c->wall_ns[c->got] = p->one_wall_ns ? p->one_wall_ns
+                                                : (uint64_t)p->next->tp_sec * 1000000000ull +
+                                                      p->next->tp_nsec;
         c->pkts[c->got++] = k;
         p->c[ETHP_PC_rx_frames]++;
         p->c[ETHP_PC_rx_bytes] += len;
     }
-}
-
-static void ring_drain(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
-{
-    while (c->got < n && ethp_port_rx_each(p, n - c->got, copy_out, c))
-        ;
 }
 
 /* ------------------------------------------------ frames one by one */
@@ -528,15 +538,21 @@ static void *helper_main(void *arg)
             rc = ring_open(p, 1);
             ethp_netns_leave(saved);
         }
-        if (!rc && (rc = fanout_to(p, 1)) != 0)
-            ring_close(p);
         if (rc) {
             p->c[ETHP_PC_ring_failures]++;
             p->retry_ns = ethp_now_ns() + ETHP_RING_RETRY_NS;
         }
-        next = rc ? ETHP_RX_FRAMES : ETHP_RX_RING;
+        next = rc ? ETHP_RX_FRAMES : ETHP_RX_JOINED;
         break;
     }
+    case ETHP_RX_STEERING:
+        rc = fanout_to(p, 1);
+        if (rc) { /* the ring gets nothing: let it go again */
+            p->c[ETHP_PC_ring_failures]++;
+            p->retry_ns = ethp_now_ns() + ETHP_RING_RETRY_NS;
+        }
+        next = rc ? ETHP_RX_PARKED : ETHP_RX_RING;
+        break;
     case ETHP_RX_PARKING: {
         /* Once the kernel has swapped the program and waited out the
          * readers of the old one, no frame goes to the ring; within its
@@ -616,14 +632,16 @@ static void rx_step(struct ethp_port *p, uint64_t now)
             helper_start(p, ETHP_RX_BUILDING);
         }
         break;
+    case ETHP_RX_JOINED:
+        /* one_fd will hold the frames from before the switch: older */
+        p->ring_watched = p->one_first = p->one_ready = 1;
+        p->last_ring_ns = now;
+        p->c[ETHP_PC_ring_builds]++;
+        watch_fd(p, p->fd, 0, EPOLLIN | EPOLLET);
+        helper_start(p, ETHP_RX_STEERING);
+        break;
     case ETHP_RX_RING:
-        if (!p->ring_watched) {
-            /* one_fd holds the frames from before the switch: older */
-            p->ring_watched = p->one_first = p->one_ready = 1;
-            p->last_ring_ns = now;
-            p->c[ETHP_PC_ring_builds]++;
-            watch_fd(p, p->fd, 0, EPOLLIN | EPOLLET);
-        } else if (now - p->last_ring_ns >= p->idle_ns) {
+        if (now - p->last_ring_ns >= p->idle_ns) {
             p->last_ring_ns = now; /* should parking fail, idle again first */
             helper_start(p, ETHP_RX_PARKING);
         }
@@ -631,80 +649,69 @@ static void rx_step(struct ethp_port *p, uint64_t now)
     }
 }
 
-/* Up to n - c->got frames from one_fd. */
-static void one_by_one(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
+/* Visit up to n frames from one_fd, received into the port's scratch slots. */
+static uint32_t one_by_one(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx,
+                           uint64_t now)
 {
-    struct ethp_pkt *k[ETHP_RX_CHUNK];
     struct mmsghdr mm[ETHP_RX_CHUNK];
     struct iovec iov[ETHP_RX_CHUNK];
     struct sockaddr_ll from[ETHP_RX_CHUNK];
-    uint64_t wall_ns = 0;
-    if (c->wall_ns) { /* read now, not stamped on arrival: close enough */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    }
-    while (c->got < n) {
-        uint32_t want = n - c->got < ETHP_RX_CHUNK ? n - c->got : ETHP_RX_CHUNK;
-        uint32_t have = ethp_pool_get(c->pool, k, want);
-        if (!have) { /* as from the ring: the frame is taken and dropped */
-            if (recv(p->one_fd, NULL, 0, MSG_DONTWAIT | MSG_TRUNC) < 0) {
-                p->one_ready = p->one_first = 0;
-                return;
-            }
-            p->c[ETHP_PC_rx_no_buf]++;
-            continue;
-        }
-        for (uint32_t i = 0; i < have; i++) {
-            iov[i] = (struct iovec){.iov_base = k[i]->data, .iov_len = k[i]->cap};
+    uint32_t seen = 0;
+    while (seen < n) {
+        uint32_t want = n - seen < ETHP_RX_CHUNK ? n - seen : ETHP_RX_CHUNK;
+        for (uint32_t i = 0; i < want; i++) {
+            iov[i] = (struct iovec){.iov_base = p->scratch + (size_t)i * ETHP_MAX_FRAME_BYTES,
+                                    .iov_len = ETHP_MAX_FRAME_BYTES};
             mm[i].msg_hdr = (struct msghdr){.msg_name = &from[i], .msg_namelen = sizeof(from[i]),
                                             .msg_iov = &iov[i], .msg_iovlen = 1};
         }
-        int r = recvmmsg(p->one_fd, mm, have, MSG_DONTWAIT, NULL);
+        int r = recvmmsg(p->one_fd, mm, want, MSG_DONTWAIT, NULL);
         uint32_t got = r > 0 ? (uint32_t)r : 0;
-        for (uint32_t i = 0; i < got; i++) {
-            if (from[i].sll_pkttype == PACKET_OUTGOING) { /* never ours to take */
-                ethp_pool_put(c->pool, &k[i], 1);
-            } else if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
-                p->c[ETHP_PC_rx_truncated]++;
-                ethp_pool_put(c->pool, &k[i], 1);
-            } else {
-                k[i]->len = mm[i].msg_len;
-                k[i]->ts_ns = c->now;
-                k[i]->ifindex = from[i].sll_ifindex;
-                if (c->wall_ns)
-                    c->wall_ns[c->got] = wall_ns;
-                c->pkts[c->got++] = k[i];
-                p->c[ETHP_PC_rx_frames]++;
-                p->c[ETHP_PC_rx_bytes] += mm[i].msg_len;
-                p->c[ETHP_PC_rx_one_by_one]++;
-            }
+        if (got) { /* read now, not stamped on arrival: close enough */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            p->one_wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         }
-        if (got < have)
-            ethp_pool_put(c->pool, k + got, have - got);
-        if (c->now - p->window_ns >= ETHP_RING_WINDOW_NS) {
-            p->window_ns = c->now;
+        for (uint32_t i = 0; i < got; i++) {
+            if (from[i].sll_pkttype == PACKET_OUTGOING) /* never ours to take */
+                continue;
+            if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
+                p->c[ETHP_PC_rx_truncated]++;
+                continue;
+            }
+            fn(ctx, iov[i].iov_base, mm[i].msg_len, from[i].sll_ifindex);
+            p->c[ETHP_PC_rx_one_by_one]++;
+        }
+        p->one_wall_ns = 0;
+        seen += got;
+        if (now - p->window_ns >= ETHP_RING_WINDOW_NS) {
+            p->window_ns = now;
             p->window_frames = 0;
         }
         p->window_frames += got;
-        if (got < have) {
+        if (got < want) {
             p->one_ready = p->one_first = 0;
-            return;
+            break;
         }
     }
+    return seen;
 }
 
-static uint32_t rx_mixed(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
+/* A port with ring_idle_ms: one_fd and the ring, whichever hold frames, in
+ * the order they came. */
+static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
-    rx_step(p, c->now);
+    uint64_t now = ethp_now_ns();
+    uint32_t seen = 0;
+    rx_step(p, now);
     if (p->one_first)
-        one_by_one(p, c, n);
-    if (p->ring_watched) {
-        uint32_t before = c->got;
-        ring_drain(p, c, n);
-        if (c->got > before) {
-            p->last_ring_ns = c->now;
-        } else if (c->got < n && !p->left_in_block && !block_ready(p) &&
+        seen += one_by_one(p, n, fn, ctx, now);
+    if (p->ring_watched && seen < n) {
+        uint32_t r = ring_each(p, n - seen, fn, ctx);
+        seen += r;
+        if (r) {
+            p->last_ring_ns = now;
+        } else if (!p->left_in_block && !block_ready(p) &&
                    __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == ETHP_RX_PARKED) {
             /* read dry, and nothing more can come to it: let it go */
             if (p->epfd >= 0)
@@ -713,9 +720,14 @@ static uint32_t rx_mixed(struct ethp_port *p, struct copy_ctx *c, uint32_t n)
             helper_start(p, ETHP_RX_CLOSING);
         }
     }
-    if (c->got < n && (p->one_ready || p->epfd < 0))
-        one_by_one(p, c, n);
-    return c->got;
+    if (seen < n && (p->one_ready || p->epfd < 0))
+        seen += one_by_one(p, n - seen, fn, ctx, now);
+    return seen;
+}
+
+uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
+{
+    return p->one_fd >= 0 ? rx_mixed(p, n, fn, ctx) : ring_each(p, n, fn, ctx);
 }
 
 uint32_t ethp_port_rx_burst_stamped(struct ethp_port *p, struct ethp_pool *pool,
@@ -723,9 +735,8 @@ uint32_t ethp_port_rx_burst_stamped(struct ethp_port *p, struct ethp_pool *pool,
 {
     struct copy_ctx c = {
         .port = p, .pool = pool, .pkts = pkts, .now = ethp_now_ns(), .wall_ns = wall_ns};
-    if (p->one_fd >= 0)
-        return rx_mixed(p, &c, n);
-    ring_drain(p, &c, n);
+    while (c.got < n && ethp_port_rx_each(p, n - c.got, copy_out, &c))
+        ;
     return c.got;
 }
 
