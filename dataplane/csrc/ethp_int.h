@@ -115,9 +115,11 @@ static inline int ethp_epoll_until(int epfd, struct epoll_event *evs, int max, u
 int ethp_netns_enter(const char *path, int *saved);
 void ethp_netns_leave(int saved);
 
-/* Visit up to n received frames in place, in ring order (fn must not keep
- * the pointer: the block goes back to the kernel afterwards).  Returns how
- * many frames were visited.  Not counted in rx_frames: the visitor counts. */
+/* Visit up to n received frames in place, in arrival order (fn must not
+ * keep the pointer: the ring block, or the scratch slot a frame received one
+ * by one was read into, is reused afterwards).  Returns how many frames were
+ * visited.  Not counted in rx_frames: the visitor counts.  A ring_idle_ms
+ * port also makes its mode changes here. */
 typedef void (*ethp_frame_fn)(void *ctx, const uint8_t *data, uint32_t len, int ifindex);
 uint32_t ethp_port_rx_each(struct ethp_port *port, uint32_t n, ethp_frame_fn fn, void *ctx);
 
