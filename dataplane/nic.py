@@ -148,7 +148,9 @@ class Endpoint:
         rate_real = int(link["params"]["rate_bps"] / k)
         # The real base RTT is the scaled nominal one plus what the emulator
         # adds unscaled: up to 1 ms per TPACKET_V3 ring a packet or its ack
-        # waits in (switch and NIC, each way), about 2 ms in all here.
+        # waits in (switch and NIC, each way), about 2 ms in all here.  (While
+        # traffic is light the ports take frames one by one and add far less;
+        # sizing the window for the busy case costs a light flow nothing.)
         base_rtt_real = int(rec["topology"]["base_rtt_ns"] * k) + UNSCALED_RTT_NS
         bdp = len(ports) * rate_real * base_rtt_real // 8 // 1_000_000_000
         cfg = ffi.new("struct ethp_nic_cfg *")
