@@ -14,7 +14,9 @@ its own); CPU per frame is the whole machine's busy time
 (dataplane.cpu: exact, from the idle states' residency) over frames
 forwarded, so sender and receiver costs, the same in every variant, are
 included.  Then the idle CPU of erack-64x8 (the median of five 2 s windows,
-against the same without the lab).
+against the same without the lab), as shipped and with the switches' RX
+rings kept up; and what the emulator adds to ping's RTT on erack-8x4, both
+ways.
 
     sudo python3 scripts/bench_switch.py [--seconds 3] [--runs N] [--no-idle] [--json FILE]
 """
@@ -190,11 +192,14 @@ def _busy_median(seconds: float, windows: int, pid: int | None = None) -> tuple[
     return statistics.median(busy), statistics.median(proc)
 
 
-def idle_cpu(seconds: float, windows: int = 5) -> dict:
-    """Machine busy time with erack-64x8 up and silent, against none, same run."""
+def idle_cpu(seconds: float, windows: int = 5, ring_idle_ms: int | None = None) -> dict:
+    """Machine busy time with erack-64x8 up and silent, against none, same run.
+    ring_idle_ms overrides the lab's (0: the switches' RX rings stay up)."""
     base, _ = _busy_median(seconds, windows)
     spec = labfile.load("erack-64x8")
     spec.name = "bench-idle"
+    if ring_idle_ms is not None:
+        spec.switch["ring_idle_ms"] = ring_idle_ms
     lab.up(spec)
     try:
         time.sleep(2)
@@ -203,6 +208,31 @@ def idle_cpu(seconds: float, windows: int = 5) -> dict:
     finally:
         lab.down("bench-idle")
     return {"baseline_cores": base, "with_lab_cores": busy, "fabric_cores": fabric}
+
+
+def ping_rtt(ring_idle_ms: int | None = None, count: int = 100) -> dict:
+    """Ping's RTT from h0 to h7 of erack-8x4 (one switch each way), 20 ms
+    apart, against the path's shaped delay: what the emulator adds."""
+    spec = labfile.load("erack-8x4")
+    spec.name = "bench-ping"
+    if ring_idle_ms is not None:
+        spec.switch["ring_idle_ms"] = ring_idle_ms
+    rec = lab.up(spec)
+    try:
+        nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
+        port = nodes["h7"]["ports"][0]
+        link = {lk["name"]: lk for lk in rec["topology"]["links"]}[port["link"]]
+        shaped_ms = 4 * link["params"]["delay_ns"] * rec["time_scale"] / 1e6  # two links, both ways
+        ns = rec["namespaces"]["h0"].rsplit("/", 1)[1]
+        r = subprocess.run(
+            ["ip", "netns", "exec", ns, "ping", "-n", "-q", "-c", str(count), "-i", "0.02",
+             port["ip"]],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        avg_ms = float(r.stdout.strip().splitlines()[-1].split("=")[1].split("/")[1])
+    finally:
+        lab.down("bench-ping")
+    return {"avg_ms": avg_ms, "shaped_ms": shaped_ms, "added_ms": avg_ms - shaped_ms}
 
 
 def main() -> int:
@@ -232,9 +262,15 @@ def main() -> int:
         for key in ratios[0]:
             xs = sorted(x[key] for x in ratios)
             print(f"  {key}: {statistics.median(xs):.2f} ({xs[0]:.2f}-{xs[-1]:.2f})")
-    idle = None if args.no_idle else idle_cpu(10.0)
+    idle = idle_ring = None
+    if not args.no_idle:
+        idle, idle_ring = idle_cpu(10.0), idle_cpu(10.0, ring_idle_ms=0)
+    ping = {"one_by_one": ping_rtt(), "ring": ping_rtt(ring_idle_ms=0)}
     if args.json:
-        out: dict = {"seconds": args.seconds, "cpu_source": cpu.source(), "idle": idle, "runs": []}
+        out: dict = {
+            "seconds": args.seconds, "cpu_source": cpu.source(), "idle": idle,
+            "idle_rings_up": idle_ring, "ping": ping, "runs": [],
+        }  # fmt: skip
         for results, r in zip(runs, ratios, strict=True):
             run: dict = {"variants": {}, "ratios": r}
             for (name, size, how), m in results.items():
@@ -248,8 +284,17 @@ def main() -> int:
             f"\nidle erack-64x8 (72 namespaces, 512 switch ports): fabric process "
             f"{idle['fabric_cores'] * 100:.2f}% of a core; whole machine "
             f"{idle['with_lab_cores'] * 100:.2f}% busy against "
-            f"{idle['baseline_cores'] * 100:.2f}% without the lab (target < 2%)"
+            f"{idle['baseline_cores'] * 100:.2f}% without the lab (target < 2%); with the "
+            f"switches' RX rings kept up (ring_idle_ms = 0) "
+            f"{idle_ring['with_lab_cores'] * 100:.2f}% against "
+            f"{idle_ring['baseline_cores'] * 100:.2f}%"
         )
+    one, ring = ping["one_by_one"], ping["ring"]
+    print(
+        f"ping h0 -> h7 on erack-8x4 (one switch each way, {one['shaped_ms']:.1f} ms shaped):"
+        f" {one['avg_ms']:.2f} ms, {one['added_ms']:.2f} ms added by the emulator; with the"
+        f" RX rings kept up {ring['avg_ms']:.2f} ms, {ring['added_ms']:.2f} ms added"
+    )
     return 0
 
 
