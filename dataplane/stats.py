@@ -115,7 +115,7 @@ def render(st: dict, show_all: bool = False) -> str:
             + (f"; lost before a port read them: {lost}" if lost else "")
             + (
                 f"; receiving {'through its RX ring' if rx['ring_up'] else 'frame by frame'}"
-                f" (ring set up {rx['ring_builds']}x, parked {rx['ring_parks']}x)"
+                f" (RX ring set up {rx['ring_builds']} times, taken down {rx['ring_parks']})"
                 if rx
                 else ""
             )
