@@ -265,8 +265,8 @@ class PortConfig:
     sndbuf_bytes: int = 4 << 20
     # 0: the RX ring is up for the port's life.  Otherwise frames come one by
     # one until a run of traffic sets the ring up; it is taken down again
-    # after this many ms without a frame (no ring, no timer: an idle port
-    # costs nothing).
+    # after this many ms without a frame, or of a trickle of under 2 frames a
+    # block (no ring, no timer: an idle port costs nothing).
     ring_idle_ms: int = 0
 
 

@@ -221,7 +221,8 @@ def _switch_schema(family: str) -> dict[str, Field]:
         "ring_idle_ms": nonneg_int(
             100,
             "a switch receives frame by frame while idle and through an RX ring while busy;"
-            " the ring is taken down after this long without a frame (0: it stays up)",
+            " the ring is taken down after this long without a frame, or of a trickle"
+            " (0: it stays up)",
         ),
         "inc": boolean(False, "in-network computing: switches aggregate all-reduce chunks"),
         "inc_tree": boolean(
@@ -256,7 +257,8 @@ _NIC_SCHEMA = {
     "ring_idle_ms": nonneg_int(
         100,
         "a NIC receives frame by frame while idle and through an RX ring while busy;"
-        " the ring is taken down after this long without a frame (0: it stays up)",
+        " the ring is taken down after this long without a frame, or of a trickle"
+        " (0: it stays up)",
     ),
     "roce_rto_us": pos_num(131.072, "retransmit timeout: 4.096 us x 2^5, as RoCE NICs set it"),
     "dcqcn": boolean(True, "DCQCN rate control (off: line rate, PFC alone)"),

@@ -255,3 +255,26 @@ def test_an_idle_port_has_no_ring_and_a_run_of_traffic_sets_one_up_then_idling_p
     assert rx.counters()["rx_one_by_one"] == c["rx_one_by_one"] + 5
     assert rx.counters()["rx_frames"] == 10 + len(run) + 5
     assert pool.available == 4096  # nothing leaked
+
+
+def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns):
+    """Not only silence parks the ring: a trickle whose frames each wait for
+    a block timeout (about one frame a block) goes back to one by one."""
+    path, a, b = veth_ns
+    pool = Pool(4096, 4096)
+    rx = Port(b, path, PortConfig(n_blocks=64, ring_idle_ms=50))
+    tx = Port(a, path)
+    burst, sent, got = _numbered(0, 2000), 0, []
+    while sent < len(burst):
+        sent += tx.send(burst[sent : sent + 64], pool)
+        got += rx.recv(pool, 64)
+    got += _drain(rx, pool, len(burst) - len(got))
+    assert rx.counters()["ring_builds"] == 1
+    for frame in _numbered(2000, 80):  # one every 5 ms: never 50 ms of silence
+        tx.send([frame], pool)
+        got += _receive_for(rx, pool, 0.005)
+    got += _drain(rx, pool, 2080 - len(got))
+    assert sorted(_psns(got)) == list(range(2080))  # none lost or doubled
+    c = rx.counters()
+    assert c["ring_builds"] == 1 and c["ring_parks"] == 1 and not rx.ring_up
+    assert pool.available == 4096

@@ -244,7 +244,7 @@ struct ethp_port_cfg {
      * with no ring and takes frames one at a time (a wakeup each, and no
      * timer: nothing runs while no frame comes).  A run of traffic sets the
      * ring up, and it is taken down again after ring_idle_ms without a
-     * frame.  A helper thread does the set-up and take-down, which wait for
+     * frame, or of fewer than 2 frames a block (a trickle).  A helper thread does the set-up and take-down, which wait for
      * the kernel's RCU grace periods; frames go to exactly one of the two
      * sockets (a fanout group), so none is lost or seen twice. */
     uint32_t ring_idle_ms;

@@ -45,6 +45,10 @@
 #define ETHP_RING_AT_FRAMES 8
 #define ETHP_RING_WINDOW_NS 1000000ull
 #define ETHP_RING_RETRY_NS 1000000000ull /* after a failed set-up */
+/* A ring whose blocks held fewer frames than this on average over
+ * ring_idle_ms is taken down too: its blocks were retired by their timer,
+ * each frame waiting for it, and one by one it would not wait at all. */
+#define ETHP_RING_SPARSE_FRAMES_PER_BLOCK 2
 #define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
 #define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
 /* data.u64 of a port's epoll events: the caller's tag | which socket << 32 */
@@ -100,6 +104,7 @@ struct ethp_port {
     uint32_t fanout_id;
     uint32_t window_frames;
     uint64_t window_ns, last_ring_ns, retry_ns, idle_ns;
+    uint64_t ring_window_ns, ring_window_frames, ring_window_blocks; /* sparseness */
     pthread_t helper;
     int helper_live;
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
@@ -635,17 +640,29 @@ static void rx_step(struct ethp_port *p, uint64_t now)
     case ETHP_RX_JOINED:
         /* one_fd will hold the frames from before the switch: older */
         p->ring_watched = p->one_first = p->one_ready = 1;
-        p->last_ring_ns = now;
+        p->last_ring_ns = p->ring_window_ns = now;
+        p->ring_window_frames = 0;
+        p->ring_window_blocks = p->c[ETHP_PC_rx_blocks];
         p->c[ETHP_PC_ring_builds]++;
         watch_fd(p, p->fd, 0, EPOLLIN | EPOLLET);
         helper_start(p, ETHP_RX_STEERING);
         break;
-    case ETHP_RX_RING:
-        if (now - p->last_ring_ns >= p->idle_ns) {
-            p->last_ring_ns = now; /* should parking fail, idle again first */
+    case ETHP_RX_RING: {
+        uint64_t blocks = p->c[ETHP_PC_rx_blocks] - p->ring_window_blocks;
+        int sparse = now - p->ring_window_ns >= p->idle_ns && blocks &&
+                     p->ring_window_frames < ETHP_RING_SPARSE_FRAMES_PER_BLOCK * blocks;
+        if (now - p->last_ring_ns >= p->idle_ns || sparse) {
+            p->last_ring_ns = p->ring_window_ns = now; /* should parking fail */
+            p->ring_window_frames = 0;
+            p->ring_window_blocks = p->c[ETHP_PC_rx_blocks];
             helper_start(p, ETHP_RX_PARKING);
+        } else if (now - p->ring_window_ns >= p->idle_ns) {
+            p->ring_window_ns = now;
+            p->ring_window_frames = 0;
+            p->ring_window_blocks = p->c[ETHP_PC_rx_blocks];
         }
         break;
+    }
     }
 }
 
@@ -711,6 +728,7 @@ static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void
         seen += r;
         if (r) {
             p->last_ring_ns = now;
+            p->ring_window_frames += r;
         } else if (!p->left_in_block && !block_ready(p) &&
                    __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == ETHP_RX_PARKED) {
             /* read dry, and nothing more can come to it: let it go */
