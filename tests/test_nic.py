@@ -263,13 +263,26 @@ def test_a_nic_receives_frame_by_frame_until_a_run_of_traffic_sets_its_ring_up(e
     """A fresh NIC has no RX ring (so no kernel timer runs while it waits):
     a small message comes in frame by frame, a large one sets the ring up,
     and after idling the ring is taken down; every byte arrives either way."""
-    lab, _ = erack
-    a, b = Endpoint(lab.name, "h4"), Endpoint(lab.name, "h5")
+    lab, eps = erack
+    for node in ("h4", "h5", "h6"):  # one NIC per node: close the module's
+        if node in eps:
+            eps.pop(node).close()
+    a, b, d = Endpoint(lab.name, "h4"), Endpoint(lab.name, "h5"), Endpoint(lab.name, "h6")
     try:
         transfer(a, b, 8 * KiB, tag=1)
         c = b.counters()
         assert c["rx_one_by_one"] >= 2 and c["ring_builds"] == 0
-        transfer(a, b, 16 * MiB, tag=2)
+        # two senders at once: about 15 frames a millisecond into b
+        size = 16 * MiB
+        src = [np.full(size, i + 1, dtype=np.uint8) for i in range(2)]
+        dst = [np.zeros(size, dtype=np.uint8) for _ in range(2)]
+        hr = [b.post_recv(s.rank, 2, x) for s, x in zip((a, d), dst, strict=True)]
+        hs = [s.post_send(b.rank, 2, x) for s, x in zip((a, d), src, strict=True)]
+        for s, h in zip((a, d), hs, strict=True):
+            assert s.wait(h, 120) == size
+        for h in hr:
+            assert b.wait(h, 120) == size
+        assert all(np.array_equal(x, y) for x, y in zip(src, dst, strict=True))
         assert b.counters()["ring_builds"] >= 1
         deadline = time.monotonic() + 5
         while b.counters()["ring_parks"] < b.counters()["ring_builds"]:
@@ -279,8 +292,8 @@ def test_a_nic_receives_frame_by_frame_until_a_run_of_traffic_sets_its_ring_up(e
         transfer(a, b, 8 * KiB, tag=3)
         assert b.counters()["rx_one_by_one"] >= before + 2
     finally:
-        a.close()
-        b.close()
+        for e in (a, b, d):
+            e.close()
 
 
 def test_unreachable_peer_fails_in_bounded_time(erack):
