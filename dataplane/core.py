@@ -536,19 +536,15 @@ class Switch:
     def set_up(self, up: bool) -> None:
         lib.ethp_switch_set_up(self._sw, 1 if up else 0)
 
-    def _ring(self) -> dict[str, int]:
+    def receive_counters(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The switch's one receiving port: frames lost before any port saw
+        them, and how it receives (frames one by one while idle, the RX ring
+        while busy) and how often that changed."""
         out = ffi.new("uint64_t[]", len(RING_COUNTERS))
         lib.ethp_switch_ring_counters(self._sw, out)
-        return dict(zip(RING_COUNTERS, out, strict=True))
-
-    def ring_counters(self) -> dict[str, int]:
-        """Frames lost before any port saw them (the switch's one receiving port)."""
-        return {k: v for k, v in self._ring().items() if k.startswith("drop_")}
-
-    def rx_mode(self) -> dict[str, int]:
-        """How the switch receives: frames one by one (idle) or the RX ring (busy),
-        and how often it changed."""
-        return {k: v for k, v in self._ring().items() if not k.startswith("drop_")}
+        c = dict(zip(RING_COUNTERS, out, strict=True))
+        drops = {k: v for k, v in c.items() if k.startswith("drop_")}
+        return drops, {k: v for k, v in c.items() if k not in drops}
 
     @property
     def wakeups(self) -> int:

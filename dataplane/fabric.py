@@ -213,12 +213,13 @@ class Fabric:
                 c["link"] = p["link"]
                 c["peer"] = p["peer"]
                 ports[p["ifname"]] = c
+            drops, rx = sw.receive_counters()
             out[name] = {
                 "up": self.node_up[name],
                 "wakeups": sw.wakeups,
                 "buffer": sw.buffer(),
-                "ring": sw.ring_counters(),
-                "rx": sw.rx_mode(),
+                "ring": drops,
+                "rx": rx,
                 "ports": ports,
             }
         return {

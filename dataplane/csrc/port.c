@@ -289,7 +289,9 @@ static void ring_close(struct ethp_port *p)
 
 /* The socket frames come to one at a time: the first member of the port's
  * fanout group (a unique id the kernel picks), with every frame steered to
- * it.  -EINVAL from a kernel without PACKET_FANOUT_FLAG_IGNORE_OUTGOING. */
+ * it.  -EINVAL from a kernel that refuses PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
+ * one that ignored it would hand the group the port's own frames, so both
+ * receive paths also drop any frame marked outgoing. */
 static int one_by_one_open(struct ethp_port *p)
 {
     int one = 1, b = ETHP_ONE_BY_ONE_RCVBUF_BYTES;
@@ -467,7 +469,8 @@ static uint32_t ring_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, voi
         struct tpacket3_hdr *f = p->next;
         const struct sockaddr_ll *sll =
             (const struct sockaddr_ll *)((const uint8_t *)f + TPACKET_ALIGN(sizeof(*f)));
-        fn(ctx, (const uint8_t *)f + f->tp_mac, f->tp_snaplen, sll->sll_ifindex);
+        if (sll->sll_pkttype != PACKET_OUTGOING) /* never ours to take (see one_by_one_open) */
+            fn(ctx, (const uint8_t *)f + f->tp_mac, f->tp_snaplen, sll->sll_ifindex);
         seen++;
         p->next = (struct tpacket3_hdr *)((uint8_t *)f + f->tp_next_offset);
         if (--p->left_in_block == 0)
