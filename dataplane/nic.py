@@ -206,6 +206,7 @@ class Endpoint:
         self.config = {
             "rate_bps": rate_real,
             "base_rtt_ns": base_rtt_real,
+            "rto_ns": cfg.rto_ns,
             "bdp_bytes": bdp,
             "max_cwnd_bytes": cfg.max_cwnd_bytes,
             "planes": len(ports),
@@ -217,9 +218,7 @@ class Endpoint:
                                inc_aggregators=sorted({x[1] for x in inc.streams}),
                                inc_window=self.inc_window)  # fmt: skip
         if roce:
-            self.config.update(
-                qps=cfg.qps, dcqcn=bool(cfg.dcqcn), rto_ns=cfg.rto_ns, spray=bool(cfg.roce_spray)
-            )
+            self.config.update(qps=cfg.qps, dcqcn=bool(cfg.dcqcn), spray=bool(cfg.roce_spray))
 
     def _inc_setup(
         self, inc: IncGroup, ports: list, rate_real: int, base_rtt_real: int, buffer_bytes: int
