@@ -655,15 +655,28 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
         pump_roce(n, p, now);
         return;
     }
-    /* retransmissions first (unless the peer asked us to wait) */
-    for (uint32_t psn = p->snd_una; p->n_lost && now >= p->rnr_until && psn != p->snd_nxt;
-         psn++) {
+    /* retransmissions first (unless the peer asked us to wait), in PSN
+     * order; one waiting for a plane other than the one that lost it does
+     * not hold up a later one whose plane is free now */
+    uint32_t all = (1u << n->n_ports) - 1, busy = 0; /* planes known not free now */
+    uint32_t waiting = 0;                              /* lost packets passed over */
+    for (uint32_t psn = p->snd_una;
+         p->n_lost > waiting && now >= p->rnr_until && psn != p->snd_nxt; psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
         if (t->state != PKT_LOST)
             continue;
         uint32_t plane = retx_plane(n, t->plane);
-        if (plane == UINT32_MAX || !port_free(n, plane, now))
+        if (plane == UINT32_MAX)
             return;
+        if ((busy >> plane & 1) || !port_free(n, plane, now)) {
+            /* it took the plane freeing first: the others but its old one
+             * are not free either */
+            busy |= (all & ~(1u << t->plane)) | 1u << plane;
+            if (busy == all)
+                return;
+            waiting++;
+            continue;
+        }
         uint64_t nacked = t->nacked_ns;
         t->nacked_ns = 0;
         if (resend(n, p, psn, plane, plane, now) == 0) {
@@ -674,6 +687,8 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
             }
         }
     }
+    if (waiting)
+        return; /* new packets wait for the lost ones, as they did */
     /* new packets, each on its plane when that plane's pacer is free */
     while (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
         uint32_t plane = pick_plane(n, p, p->snd_nxt, 1);
