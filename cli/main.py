@@ -480,9 +480,12 @@ def cmd_scenario_run(args) -> int:
     sc = scenario.load(args.scenario, short=args.short)
     if args.transports:
         sc.transports = _split(args.transports)
-        bad = [t for t in sc.transports if t not in _available()]
+        bad = [t for t in sc.transports if not scenario.valid_run_name(t)]
         if bad:
-            raise BenchError(f"--transports: unknown transport {bad[0]!r}")
+            raise BenchError(
+                f"--transports: unknown transport {bad[0]!r}"
+                f" (expected {scenario.run_names_expected()[len('a list of ') :]})"
+            )
     lab.require_root("ethplus scenario run")
     out_dir = args.out or f"results/{sc.name}"
     with lab.session(args.lab or sc.lab, announce=_announce) as rec:
@@ -494,8 +497,8 @@ def cmd_scenario_run(args) -> int:
         adv = s["ethplus_advantage"].get(t)
         wrong = sum(j.get("wrong", 0) for j in res["transports"][t]["jobs"].values())
         print(
-            f"  {t:8s} {'stalled or failed' if v is None else f'{v:.3f}'}"
-            + (f"   ethplus {adv:.2f}x better" if adv else "")
+            f"  {t:12s} {'stalled or failed' if v is None else f'{v:.3f}'}"
+            + (f"   {s['reference']}'s advantage {adv:.2f}x" if adv else "")
             + f"   #wrong {wrong}"
         )
     print(f"report: {paths['report']}")

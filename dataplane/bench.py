@@ -210,10 +210,14 @@ def run_name(spec: Workload) -> str:
     return name if spec.algo == "ring" else f"{name}/{spec.algo}"
 
 
+def transport_label(transport_name: str, cc: str | None = None) -> str:
+    """A transport as reports name it, with its congestion control if chosen."""
+    label = transport.LABELS[transport_name]
+    return label if cc is None else f"{label}, {cc.upper()}-like congestion control"
+
+
 def run_label(spec: Workload) -> str:
-    label = transport.LABELS[spec.transport]
-    if spec.cc is not None:
-        label = f"{label}, {spec.cc.upper()}-like congestion control"
+    label = transport_label(spec.transport, spec.cc)
     if spec.algo == "in-network":
         return f"{label}, in-network all-reduce (the switches reduce)"
     return label if spec.algo == "ring" else f"{label}, {spec.algo}"

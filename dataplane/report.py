@@ -355,7 +355,8 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         ]
         for t, v in s["figures"].items()
     ]
-    lines += _md_table(["transport", unit, "ethplus's advantage"], rows) + [""]
+    ref = s.get("reference") or "ethplus"
+    lines += _md_table(["transport", unit, f"{ref}'s advantage"], rows) + [""]
     planes = sorted({n.get("plane") for n in rec["topology"]["nodes"]
                      if n["role"] == "switch" and n.get("plane") is not None})  # fmt: skip
     if s["metric"] == "slowdown" and result["planned_faults"] and len(planes) > 1:

@@ -9,7 +9,7 @@ A scenario file (TOML, in netns-labs/scenarios/):
     explain = "the report's paragraph: what this scenario shows"
     lab = "clos-16"                      # a lab file or netns-labs/ name
     seed = 7                             # data, uneven sizes, fault jitter
-    transports = ["ethplus", "roce", "tcp"]
+    transports = ["ethplus", "roce", "tcp"]  # also "ethplus/hpcc": a congestion control
     adaptive = false                     # ethplus: adaptive spraying
     cc = "hpcc"                          # ethplus: congestion control (default: the lab's)
     alone = false                        # also run each job alone (slowdowns)
@@ -101,6 +101,32 @@ class Scenario:
     short: bool = False
 
 
+def split_run(name: str) -> tuple[str, str | None]:
+    """A scenario's run name: a transport, or ethplus/CC with the congestion
+    control its NIC runs ("ethplus/hpcc"); gives (transport, cc or None)."""
+    base, _, cc = name.partition("/")
+    return base, cc or None
+
+
+def valid_run_name(name) -> bool:
+    if not isinstance(name, str):
+        return False
+    base, cc = split_run(name)
+    return base in transport.available() and (
+        cc is None or (base == "ethplus" and cc in CC_ALGOS and name.count("/") == 1)
+    )
+
+
+def run_names_expected() -> str:
+    return (
+        "a list of transports from "
+        + ", ".join(transport.available())
+        + " (ethplus/CC for a congestion control: "
+        + ", ".join(f"ethplus/{c}" for c in CC_ALGOS)
+        + ")"
+    )
+
+
 def _err(path: str, key: str, expected: str, value=None) -> LabFileError:
     return LabFileError(path, key, expected, value)
 
@@ -154,7 +180,6 @@ FAULT_FIELDS = {
 
 
 def _scenario_fields() -> dict[str, lf.Field]:
-    avail = transport.available()
     return {
         "description": lf.text(""),
         "explain": lf.text(""),
@@ -163,9 +188,9 @@ def _scenario_fields() -> dict[str, lf.Field]:
         ),
         "seed": lf.nonneg_int(1),
         "transports": lf.Field(
-            "a list of transports from " + ", ".join(avail),
-            lambda v: isinstance(v, list) and v and all(t in avail for t in v),
-            avail,
+            run_names_expected(),
+            lambda v: isinstance(v, list) and v and all(map(valid_run_name, v)),
+            transport.available(),
         ),
         "adaptive": lf.boolean(False),
         "cc": lf.one_of(tuple(CC_ALGOS)),
@@ -211,8 +236,8 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
         raise _err(path, "fault", "[[fault]] tables")
     fl = [_fault(path, i, f, scale, rng) for i, f in enumerate(faults_raw)]
     inc = [j.name for j in jobs if j.algo == "in-network"]
-    if inc and sc["transports"] != ["ethplus"]:
-        raise _err(path, "scenario.transports", f'["ethplus"] only (job {inc[0]} is in-network)',
+    if inc and any(split_run(t)[0] != "ethplus" for t in sc["transports"]):
+        raise _err(path, "scenario.transports", f'ethplus only (job {inc[0]} is in-network)',
                    sc["transports"])  # fmt: skip
     return Scenario(
         name=p.stem,
@@ -315,7 +340,8 @@ def _check_against_lab(sc: Scenario, rec: dict) -> None:
 # ---------------------------------------------------------------- running
 
 
-def _spec(sc: Scenario, j: JobSpec, transport_name: str) -> bench.Spec:
+def _spec(sc: Scenario, j: JobSpec, run_name: str) -> bench.Spec:
+    transport_name, cc = split_run(run_name)
     return bench.Spec(
         collective=j.collective,
         transport=transport_name,
@@ -328,7 +354,7 @@ def _spec(sc: Scenario, j: JobSpec, transport_name: str) -> bench.Spec:
         root=j.root,
         uneven=j.uneven,
         adaptive=sc.adaptive,
-        cc=sc.cc if transport_name == "ethplus" else None,
+        cc=cc or (sc.cc if transport_name == "ethplus" else None),
         seed=sc.seed,
     ).validate()
 
@@ -448,7 +474,8 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
         "transports": {},
     }
     for tname in sc.transports:
-        log(f"# {sc.name}: {transport.LABELS[tname]}")
+        label = bench.transport_label(*split_run(tname))
+        log(f"# {sc.name}: {label}")
         res = _run_jobs(sc, rec, tname, sc.jobs, True, log)
         alone = {}
         if sc.alone:
@@ -491,7 +518,7 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
             }
         sampled = res["jobs"].get(sc.jobs[0].name)
         out["transports"][tname] = {
-            "label": transport.LABELS[tname],
+            "label": label,
             "jobs": per_job,
             "faults_applied": res["faults"],
             "results": res["jobs"],
@@ -528,16 +555,26 @@ def summary(sc: Scenario, out: dict) -> dict:
             )
     lower_better = sc.metric in ("jct", "slowdown")
     ratios = {}
-    e = fig.get("ethplus")
+    ref = reference_run(list(fig))
+    e = fig.get(ref) if ref else None
     for t, v in fig.items():
-        if t != "ethplus" and e and v:
+        if t != ref and e and v:
             ratios[t] = (v / e) if lower_better else (e / v)
     return {
         "metric": sc.metric,
         "lower_is_better": lower_better,
         "figures": fig,
-        "ethplus_advantage": ratios,
+        "reference": ref,
+        "ethplus_advantage": ratios,  # the reference run's, over each other run
     }
+
+
+def reference_run(names: list[str]) -> str | None:
+    """The run the others are measured against: plain ethplus if it ran,
+    else the first ethplus run listed (ethplus/hpcc against ethplus/nscc)."""
+    if "ethplus" in names:
+        return "ethplus"
+    return next((t for t in names if split_run(t)[0] == "ethplus"), None)
 
 
 def _fault_slowdown(job: dict) -> float | None:

@@ -65,7 +65,7 @@ def main() -> int:
                   f" (target <= {bound:.2f}): {verdict}")  # fmt: skip
         else:
             for t, v in adv.items():
-                print(f"  ethplus advantage over {t}: {v:.2f}x")
+                print(f"  {s['reference']} advantage over {t}: {v:.2f}x")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0

@@ -138,6 +138,16 @@ BAD = {
         'sizes = ["1M"]\n',
         "scenario.cc",
     ),
+    "cc-of-roce": (
+        '[scenario]\nlab = "erack-8x4"\ntransports = ["ethplus", "roce/hpcc"]\n[[job]]\n'
+        'collective = "all-reduce"\nsizes = ["1M"]\n',
+        "scenario.transports",
+    ),
+    "unknown-cc-run": (
+        '[scenario]\nlab = "erack-8x4"\ntransports = ["ethplus/cubic"]\n[[job]]\n'
+        'collective = "all-reduce"\nsizes = ["1M"]\n',
+        "scenario.transports",
+    ),
     "in-network-over-roce": (
         '[scenario]\nlab = "erack-8x4"\ntransports = ["ethplus", "roce"]\n[[job]]\n'
         'collective = "all-reduce"\nsizes = ["1M"]\nalgo = "in-network"\n',
@@ -166,6 +176,28 @@ def test_a_scenario_chooses_the_congestion_control_of_ethplus_only(tmp_path):
     assert scenario._spec(sc, sc.jobs[0], "ethplus").cc == "hpcc"
     assert scenario._spec(sc, sc.jobs[0], "roce").cc is None  # DCQCN is RoCE's own
     assert bench.run_name(scenario._spec(sc, sc.jobs[0], "ethplus")) == "ethplus/hpcc"
+
+
+def test_a_scenario_compares_two_congestion_controls_of_ethplus(tmp_path):
+    f = tmp_path / "two-cc.toml"
+    f.write_text('[scenario]\nlab = "erack-8x4"\ncc = "nscc"\n'
+                 'transports = ["ethplus/hpcc", "ethplus", "roce"]\n'
+                 '[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n')  # fmt: skip
+    sc = scenario.load(str(f))
+    specs = [scenario._spec(sc, sc.jobs[0], t) for t in sc.transports]
+    assert [(s.transport, s.cc) for s in specs] == [
+        ("ethplus", "hpcc"),  # named in the run: it wins over [scenario] cc
+        ("ethplus", "nscc"),
+        ("roce", None),
+    ]
+    assert [bench.run_name(s) for s in specs] == ["ethplus/hpcc", "ethplus/nscc", "roce"]
+    # plain ethplus is the reference when it ran; else the first ethplus run
+    assert scenario.reference_run(sc.transports) == "ethplus"
+    assert scenario.reference_run(["roce", "ethplus/nscc", "ethplus/hpcc"]) == "ethplus/nscc"
+    assert scenario.reference_run(["roce", "tcp"]) is None
+    # a bad --transports names what is allowed, in one line
+    r = ethplus("scenario", "run", str(f), "--transports", "ethplus/bbr")
+    assert r.returncode == 2 and "ethplus/hpcc" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_every_shipped_scenario_loads_in_both_forms():
