@@ -264,17 +264,23 @@ def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns):
     pool = Pool(4096, 4096)
     rx = Port(b, path, PortConfig(n_blocks=64, ring_idle_ms=50))
     tx = Port(a, path)
-    burst, sent, got = _numbered(0, 2000), 0, []
-    while sent < len(burst):
-        sent += tx.send(burst[sent : sent + 64], pool)
-        got += rx.recv(pool, 64)
-    got += _drain(rx, pool, len(burst) - len(got))
-    assert rx.counters()["ring_builds"] == 1
-    for frame in _numbered(2000, 80):  # one every 5 ms: never 50 ms of silence
+    # a run of traffic until the ring is up (a helper thread sets it up, in
+    # 8-40 ms here; longer on a loaded machine, so no fixed count of frames)
+    n, got = 0, []
+    end = time.monotonic() + 10
+    while not rx.ring_up and time.monotonic() < end:
+        batch, sent = _numbered(n, 64), 0
+        while sent < len(batch):
+            sent += tx.send(batch[sent:], pool)
+            got += rx.recv(pool, 64)
+        n += len(batch)
+    got += _drain(rx, pool, n - len(got))
+    assert rx.counters()["ring_builds"] == 1 and rx.ring_up
+    for frame in _numbered(n, 80):  # one every 5 ms: never 50 ms of silence
         tx.send([frame], pool)
         got += _receive_for(rx, pool, 0.005)
-    got += _drain(rx, pool, 2080 - len(got))
-    assert sorted(_psns(got)) == list(range(2080))  # none lost or doubled
+    got += _drain(rx, pool, n + 80 - len(got))
+    assert sorted(_psns(got)) == list(range(n + 80))  # none lost or doubled
     c = rx.counters()
     assert c["ring_builds"] == 1 and c["ring_parks"] == 1 and not rx.ring_up
     assert pool.available == 4096
