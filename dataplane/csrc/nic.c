@@ -121,6 +121,7 @@ struct nic_peer {
     uint64_t rto_ns, rto_deadline;
     uint32_t timeouts;
     uint32_t n_lost;
+    uint64_t retx_due_ns; /* when a lost packet pump() passed over may go */
     uint64_t reo_ns; /* reordering window of the loss detector (RACK-like) */
     uint64_t rnr_until; /* the peer said "not ready": resend after this */
     uint64_t rnr_backoff_ns;
@@ -649,6 +650,9 @@ static void pump_roce(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
     }
 }
 
+/* when plane's pacer frees (or its pause ends) */
+static uint64_t free_at(const struct ethp_nic *n, uint32_t plane);
+
 static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 {
     if (n->cfg.roce) {
@@ -660,6 +664,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
      * not hold up a later one whose plane is free now */
     uint32_t all = (1u << n->n_ports) - 1, busy = 0; /* planes known not free now */
     uint32_t waiting = 0;                              /* lost packets passed over */
+    p->retx_due_ns = UINT64_MAX;
     for (uint32_t psn = p->snd_una;
          p->n_lost > waiting && now >= p->rnr_until && psn != p->snd_nxt; psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
@@ -672,8 +677,14 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
             /* it took the plane freeing first: the others but its old one
              * are not free either */
             busy |= (all & ~(1u << t->plane)) | 1u << plane;
-            if (busy == all)
+            if (free_at(n, plane) < p->retx_due_ns)
+                p->retx_due_ns = free_at(n, plane);
+            if (busy == all) { /* the rest wait too: wake when a plane frees */
+                for (uint32_t i = 0; i < n->n_ports; i++)
+                    if (n->ports[i].up && free_at(n, i) < p->retx_due_ns)
+                        p->retx_due_ns = free_at(n, i);
                 return;
+            }
             waiting++;
             continue;
         }
@@ -1175,7 +1186,6 @@ static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifi
  * packet; their window, not a congestion window, bounds what is in flight,
  * as in SwitchML. */
 
-static uint64_t free_at(const struct ethp_nic *n, uint32_t plane);
 
 static void inc_start(struct ethp_nic *n, struct nic_msg *m)
 {
@@ -1544,9 +1554,13 @@ static uint64_t next_due(struct ethp_nic *n)
         if (p->n_lost && ethp_now_ns() < p->rnr_until) {
             if (p->rnr_until < t)
                 t = p->rnr_until;
-        } else if (p->n_lost)
-            plane = retx_plane(n, UINT32_MAX);
-        else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
+        } else if (p->n_lost) {
+            /* as pump() left it: a free plane may be one the waiting
+             * packets must not take (the one that lost them) */
+            if (p->retx_due_ns < t)
+                t = p->retx_due_ns;
+            continue;
+        } else if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
             plane = pick_plane(n, p, p->snd_nxt, 0);
             /* a new packet also waits for its sub-flow's pacer */
             if (plane != UINT32_MAX && sub_free_at(p, plane) > free_at(n, plane)) {
