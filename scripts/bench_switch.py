@@ -150,8 +150,11 @@ def with_ipfwd(fn):
         _ip("S", "addr", "flush", "dev", "ethpbSB")
 
 
-def with_ethplus(fn):
-    sw = core.Switch(core.SwitchConfig(forwarding="spray", pool_pkts=16384, buf_bytes=2048), 2)
+def with_ethplus(fn, ring_idle_ms: int | None = None):
+    # ring_idle_ms 0: a ring alone, no fanout group (the A/B of the modes)
+    idle = {} if ring_idle_ms is None else {"ring_idle_ms": ring_idle_ms}
+    cfg = core.SwitchConfig(forwarding="spray", pool_pkts=16384, buf_bytes=2048, **idle)
+    sw = core.Switch(cfg, 2)
     for ifname, mac, peer in (("ethpbSA", MAC["SA"], MAC["A"]), ("ethpbSB", MAC["SB"], MAC["B"])):
         sw.add_port(_path("S"), ifname, core.LinkState(
             rate_bps=10**12, delay_ns=0, buffer_bytes=16 << 20, mac=mac, peer_mac=peer,
@@ -243,16 +246,22 @@ def main() -> int:
     )
     ap.add_argument("--no-idle", action="store_true")
     ap.add_argument("--json", metavar="FILE", help="also write every measurement here")
+    ap.add_argument(
+        "--ring-idle-ms",
+        type=int,
+        metavar="MS",
+        help="the switch's ring_idle_ms (default as labs ship it; 0: a ring alone, no fanout)",
+    )
     args = ap.parse_args()
-    if args.runs < 1 or args.seconds <= 0:
-        ap.error("--runs must be at least 1 and --seconds above 0")
+    if args.runs < 1 or args.seconds <= 0 or (args.ring_idle_ms or 0) < 0:
+        ap.error("--runs must be at least 1, --seconds above 0, --ring-idle-ms at least 0")
     lab.require_root("scripts/bench_switch.py")
     print(f"CPU time from: {cpu.source()}")
     runs = []
     for i in range(args.runs):
         if args.runs > 1:
             print(f"run {i + 1} of {args.runs}", flush=True)
-        runs.append(one_run(args.seconds))
+        runs.append(one_run(args.seconds, args.ring_idle_ms))
         print()
         for size in SIZES:
             print(summary(runs[-1], size))
@@ -298,7 +307,7 @@ def main() -> int:
     return 0
 
 
-def one_run(seconds: float) -> dict:
+def one_run(seconds: float, ring_idle_ms: int | None = None) -> dict:
     """Every variant at each size, saturated and at an equal offered load."""
     teardown()
     build()
@@ -307,7 +316,7 @@ def one_run(seconds: float) -> dict:
         ("bridge", with_bridge),
         ("ipfwd", with_ipfwd),
         ("relay", functools.partial(with_relay, seconds=seconds)),
-        ("ethplus", with_ethplus),
+        ("ethplus", functools.partial(with_ethplus, ring_idle_ms=ring_idle_ms)),
     )
 
     def frame_for(size: int, name: str, bridge: bool) -> bytes:
