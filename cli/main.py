@@ -484,7 +484,7 @@ def cmd_scenario_run(args) -> int:
         if bad:
             raise BenchError(
                 f"--transports: unknown transport {bad[0]!r}"
-                f" (expected {scenario.run_names_expected()[len('a list of ') :]})"
+                f" (expected one of {scenario.run_names()})"
             )
     lab.require_root("ethplus scenario run")
     out_dir = args.out or f"results/{sc.name}"

@@ -117,14 +117,10 @@ def valid_run_name(name) -> bool:
     )
 
 
-def run_names_expected() -> str:
-    return (
-        "a list of transports from "
-        + ", ".join(transport.available())
-        + " (ethplus/CC for a congestion control: "
-        + ", ".join(f"ethplus/{c}" for c in CC_ALGOS)
-        + ")"
-    )
+def run_names() -> str:
+    """The run names a scenario may list, for error messages."""
+    ccs = ", ".join(f"ethplus/{c}" for c in CC_ALGOS)
+    return f"{', '.join(transport.available())} (or a congestion control of ethplus: {ccs})"
 
 
 def _err(path: str, key: str, expected: str, value=None) -> LabFileError:
@@ -188,7 +184,7 @@ def _scenario_fields() -> dict[str, lf.Field]:
         ),
         "seed": lf.nonneg_int(1),
         "transports": lf.Field(
-            run_names_expected(),
+            f"a list of transports from {run_names()}",
             lambda v: isinstance(v, list) and v and all(map(valid_run_name, v)),
             transport.available(),
         ),

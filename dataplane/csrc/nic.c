@@ -1186,7 +1186,6 @@ static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifi
  * packet; their window, not a congestion window, bounds what is in flight,
  * as in SwitchML. */
 
-
 static void inc_start(struct ethp_nic *n, struct nic_msg *m)
 {
     struct nic_inc *g = &n->inc;
