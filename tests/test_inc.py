@@ -155,17 +155,24 @@ def test_the_switches_do_the_reduction_and_each_byte_crosses_a_link_once(erack):
         assert absorbed[sw] - dups[sw] == calls * n * chunks // 4, sw
         assert results[sw] - replies[sw] == calls * n * chunks // 4, sw
     nic = _nic(res)
-    # nothing lost on the way up: every contribution sent was absorbed, or
-    # (a resend after a timeout, the chunk done meanwhile) counted stale
-    stale = _per_switch(st0, st1, "drop_agg_stale")
+    # every chunk sent once, plus the resends (after a timeout)
     late = nic["inc_retx_pkts"]
-    assert nic["inc_tx_pkts"] == sum(absorbed.values()) + sum(stale.values()), (late, stale)
-    assert sum(dups.values()) + sum(stale.values()) == late, (dups, stale, late)
+    assert nic["inc_tx_pkts"] == calls * n * chunks + late
+    # nothing lost on the way up unseen: a contribution sent was absorbed,
+    # counted stale (a resend finding its chunk done), or dropped by a
+    # switch's RX ring when this machine fell behind (counted)
+    stale = sum(_per_switch(st0, st1, "drop_agg_stale").values())
+    ring = stats.totals(st1).get("drop_ring", 0) - stats.totals(st0).get("drop_ring", 0)
+    lost = nic["inc_tx_pkts"] - sum(absorbed.values()) - stale
+    assert 0 <= lost <= ring, (lost, ring, late, stale)
     assert nic["inc_rx_results"] == calls * n * chunks
     assert nic["tx_data_pkts"] == 0  # no point-to-point data at all
-    # the kernel saw h3 send its buffer once per call, plus headers and barriers
+    # the kernel saw h3 send its buffer once per call, plus its resends,
+    # headers and barriers
     sent = _host_tx_bytes(erack, "h3") - tx0
-    assert calls * size <= sent < calls * size * 1.1, sent
+    h3 = next(r for r in res["ranks"] if r["node"] == "h3")["counters"]
+    once = calls * size + h3["inc_retx_pkts"] * PAYLOAD
+    assert calls * size <= sent < once * 1.1, (sent, once)
     assert stats.conservation(stats.totals(st1))["difference"] == 0
     out = ethplus("lab", "stats", erack.name, check=True).stdout
     assert re.search(r"\nplane0: .*; aggregated \d+ contributions \(\d+ resent\), sent", out), out
