@@ -557,7 +557,8 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cc",
         metavar="NAME",
-        help="ethplus: congestion control, nscc (ECN and delay) or hpcc (INT from each switch);"
+        help="ethplus: congestion control, nscc (ECN and delay), hpcc (INT from each switch)"
+        " or rccc (receiver credits over nscc);"
         " compare takes a comma list and runs ethplus once per name (default: the lab file's)",
     )
     p.add_argument("--no-check", action="store_true", help="skip the check against numpy")

@@ -109,9 +109,11 @@ def describe(data: bytes, switches: dict[int, str] | None = None) -> str:
         name = "RoCE" if p.kind == "roce-udp" else "ETH+"
         if h.opcode in (core.lib.ETHP_OP_AGG, core.lib.ETHP_OP_AGG_RESULT):
             where += f" member {h.tag & 0xFFFF}/{h.tag >> 16}"
+        grant = name == "ETH+" and h.opcode in (core.lib.ETHP_OP_ACK, core.lib.ETHP_OP_NACK)
         return (
             f"{name} {OPCODES.get(h.opcode, h.opcode)} {where} psn {h.psn} msg {h.msg_id} "
             f"ev {h.entropy} len {h.len_bytes}" + (f" [{flags}]" if flags else "")
+            + (f" grant {h.tag} B" if grant and h.tag else "")
             + (" CE" if p.ecn == 3 else "")
             + ("" if p.int_hops is None else _int_hops(p.int_hops, switches or {}))
         )  # fmt: skip

@@ -240,7 +240,7 @@ def _switch_schema(family: str) -> dict[str, Field]:
 
 
 # The ETH+ transport's congestion controls (nic.CC_ALGOS maps them to the C core's).
-CC_NAMES = ("nscc", "hpcc")
+CC_NAMES = ("nscc", "hpcc", "rccc")
 
 _NIC_SCHEMA = {
     "encapsulation": one_of(
@@ -249,7 +249,8 @@ _NIC_SCHEMA = {
     "cc": one_of(
         CC_NAMES,
         "nscc",
-        "ETH+ congestion control: NSCC-like (ECN and delay) or HPCC-like (INT from each switch)",
+        "ETH+ congestion control: NSCC-like (ECN and delay), HPCC-like (INT from each switch)"
+        " or RCCC-like (receiver credits capping the NSCC-like window)",
     ),
     # The emulated RoCEv2 transport (`roce`), nominal units; DCQCN defaults are
     # the paper's (PROTOCOLS.md), increase steps 0.1% / 1% of a 400G port.

@@ -22,7 +22,9 @@ PAYLOAD_BYTES = 4096  # PROTOCOLS.md: 4096 B of payload per packet (RoCE convent
 EVS = 256  # entropy values per peer (UEC)
 # The ETH+ transport's congestion control, by the names lab files and the
 # command line use.
-CC_ALGOS = dict(zip(CC_NAMES, (lib.ETHP_CCA_NSCC, lib.ETHP_CCA_HPCC), strict=True))
+CC_ALGOS = dict(
+    zip(CC_NAMES, (lib.ETHP_CCA_NSCC, lib.ETHP_CCA_HPCC, lib.ETHP_CCA_RCCC), strict=True)
+)
 UNSCALED_RTT_NS = 2_000_000
 
 

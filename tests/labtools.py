@@ -10,14 +10,20 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import statistics
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from conftest import RUN_ID, ethplus
 
-from dataplane import core, kernel, stats
+from dataplane import core, job, kernel, stats
+from dataplane.nic import Endpoint
+
+MiB = 1 << 20
 
 
 @dataclass
@@ -224,3 +230,74 @@ def ethp_frames(frames: list[bytes]) -> list[core.Parsed]:
         if p.header is not None:
             out.append(p)
     return out
+
+
+def capture_cli(lab: Lab, link: str, *extra: str) -> subprocess.Popen:
+    """`ethplus capture` running, its rings open (it said so on stderr)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "capture", lab.name, link, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert p.stderr.readline().startswith(f"capturing {link}"), p.communicate()
+    return p
+
+
+def incast(lab: Lab, cc: str, size: int = 16 * MiB) -> dict:
+    """Four senders into one receiver's four planes, byte exact; the deepest
+    egress queue of the lab, the receiver's count of its senders and the
+    first sender's credit, sampled every 20 ms while it runs."""
+    dst = Endpoint(lab.name, "h7", cc=cc)
+    senders = [Endpoint(lab.name, h, cc=cc) for h in ("h0", "h2", "h4", "h6")]
+    try:
+        st0 = job.fabric_stats(lab.name)
+        srcs = {s.rank: np.full(size, s.rank + 1, dtype=np.uint8) for s in senders}
+        bufs = {s.rank: np.zeros(size, dtype=np.uint8) for s in senders}
+        t0 = time.perf_counter()
+        hr = {s.rank: dst.post_recv(s.rank, 900, bufs[s.rank]) for s in senders}
+        hs = {s.rank: s.post_send(dst.rank, 900, srcs[s.rank]) for s in senders}
+        depths, rx_senders, credit, done = [], [], [], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                st = job.fabric_stats(lab.name)
+                depths.append(max(p["q_bytes"] for w in st["switches"].values()
+                                  for p in w["ports"].values()))  # fmt: skip
+                rx_senders.append(dst.counters()["rx_senders"])
+                credit.append(senders[0].counters(dst.rank)["credit_bytes"])
+                time.sleep(0.02)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        try:
+            for s in senders:
+                assert s.wait(hs[s.rank], 120) == size
+                assert dst.wait(hr[s.rank], 120) == size
+        finally:
+            done.set()
+            t.join()
+        goodput = 4 * size * 8 / (time.perf_counter() - t0)
+        for s in senders:
+            assert np.array_equal(bufs[s.rank], srcs[s.rank])
+        st1 = job.fabric_stats(lab.name)
+
+        def moved(key):
+            return sum(p[key] for w in st1["switches"].values() for p in w["ports"].values()) - sum(
+                p[key] for w in st0["switches"].values() for p in w["ports"].values()
+            )
+
+        c = [s.counters(dst.rank) for s in senders]
+        return {
+            "goodput_bps": goodput,
+            "queue_mean_bytes": statistics.mean(depths),
+            "rx_senders_mode": statistics.mode(rx_senders),
+            "credit_mode_bytes": statistics.mode(credit),
+            "bdp_bytes": senders[0].config["bdp_bytes"],
+            "retx_nack": sum(x["retx_nack"] for x in c),
+            "trimmed": moved("trimmed"),
+            "int_stamped": moved("int_stamped"),
+            "int_acks": sum(x["int_acks"] for x in c),
+            "int_hops_max": max(x["int_hops_max"] for x in c),
+        }
+    finally:
+        for e in (*senders, dst):
+            e.close()

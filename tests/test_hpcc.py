@@ -5,11 +5,6 @@ Ground truth is what arrives at the hosts, the switches' queues and the
 kernel-delivered bytes, checked byte for byte."""
 
 import itertools
-import statistics
-import subprocess
-import sys
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -17,14 +12,16 @@ from conftest import ethplus
 from labtools import (
     Capture,
     Lab,
+    capture_cli,
     ethp_frame,
     ethp_frames,
     if_stats,
+    incast,
     running_lab,
     send_paced,
 )
 
-from dataplane import core, job
+from dataplane import core
 from dataplane.nic import Endpoint
 
 pytestmark = pytest.mark.root
@@ -122,62 +119,8 @@ def test_records_follow_the_path_across_a_clos(clos):
     assert len(spines) == 4  # sprayed: the records name the spine each packet took
 
 
-def _incast(lab: Lab, cc: str, size: int = 16 * MiB) -> dict:
-    """Four senders into one receiver's four planes, byte exact; the deepest
-    egress queue of the lab sampled while it runs."""
-    dst = Endpoint(lab.name, "h7", cc=cc)
-    senders = [Endpoint(lab.name, h, cc=cc) for h in ("h0", "h2", "h4", "h6")]
-    try:
-        st0 = job.fabric_stats(lab.name)
-        srcs = {s.rank: np.full(size, s.rank + 1, dtype=np.uint8) for s in senders}
-        bufs = {s.rank: np.zeros(size, dtype=np.uint8) for s in senders}
-        t0 = time.perf_counter()
-        hr = {s.rank: dst.post_recv(s.rank, 900, bufs[s.rank]) for s in senders}
-        hs = {s.rank: s.post_send(dst.rank, 900, srcs[s.rank]) for s in senders}
-        depths, done = [], threading.Event()
-
-        def sample():
-            while not done.is_set():
-                st = job.fabric_stats(lab.name)
-                depths.append(max(p["q_bytes"] for w in st["switches"].values()
-                                  for p in w["ports"].values()))  # fmt: skip
-                time.sleep(0.02)
-
-        t = threading.Thread(target=sample)
-        t.start()
-        try:
-            for s in senders:
-                assert s.wait(hs[s.rank], 120) == size
-                assert dst.wait(hr[s.rank], 120) == size
-        finally:
-            done.set()
-            t.join()
-        goodput = 4 * size * 8 / (time.perf_counter() - t0)
-        for s in senders:
-            assert np.array_equal(bufs[s.rank], srcs[s.rank])
-        st1 = job.fabric_stats(lab.name)
-
-        def moved(key):
-            return sum(p[key] for w in st1["switches"].values() for p in w["ports"].values()) - sum(
-                p[key] for w in st0["switches"].values() for p in w["ports"].values()
-            )
-
-        c = [s.counters(dst.rank) for s in senders]
-        return {
-            "goodput_bps": goodput,
-            "queue_mean_bytes": statistics.mean(depths),
-            "trimmed": moved("trimmed"),
-            "int_stamped": moved("int_stamped"),
-            "int_acks": sum(x["int_acks"] for x in c),
-            "int_hops_max": max(x["int_hops_max"] for x in c),
-        }
-    finally:
-        for e in (*senders, dst):
-            e.close()
-
-
 def test_hpcc_keeps_an_incast_queue_short_where_nscc_fills_it(erack, record_property):
-    nscc, hpcc = _incast(erack, "nscc"), _incast(erack, "hpcc")
+    nscc, hpcc = incast(erack, "nscc"), incast(erack, "hpcc")
     for name, r in (("nscc", nscc), ("hpcc", hpcc)):
         for k, v in r.items():
             record_property(f"{name}_{k}", round(v))
@@ -191,11 +134,7 @@ def test_hpcc_keeps_an_incast_queue_short_where_nscc_fills_it(erack, record_prop
 
 
 def test_capture_names_the_hops_of_the_records(erack):
-    p = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "capture", erack.name, "h0-plane0", "--seconds", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert p.stderr.readline().startswith("capturing h0-plane0"), p.communicate()
+    p = capture_cli(erack, "h0-plane0", "--seconds", "4")
     s, d = erack.port("h1"), erack.port("h0")
     frames = [ethp_frame(s, d, psn=i, size=200, flags=INT) for i in range(3)]
     send_paced(core.Port(s.ifname, s.ns), core.Pool(64, 9300), frames, 20e6)

@@ -19,6 +19,7 @@ from conftest import ethplus
 from labtools import (
     Capture,
     Lab,
+    capture_cli,
     ethp_frame,
     ethp_frames,
     if_stats,
@@ -599,21 +600,11 @@ def test_plane_down_and_up(erack):
     assert erack.sh("h0", "ping", "-n", "-c", "2", "-W", "3", dst, check=False).returncode == 0
 
 
-def _capture(lab: Lab, link: str, *extra: str) -> subprocess.Popen:
-    """`ethplus capture` running, its rings open (it said so on stderr)."""
-    p = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "capture", lab.name, link, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert p.stderr.readline().startswith(f"capturing {link}"), p.communicate()
-    return p
-
-
 def test_capture_writes_both_directions_of_a_link_to_pcap(erack, tmp_path):
     out = tmp_path / "h0.pcap"
     h0 = next(p["ip"] for p in erack.nodes["h0"]["ports"] if p["plane"] == 0)
     h1 = next(p["ip"] for p in erack.nodes["h1"]["ports"] if p["plane"] == 0)
-    p = _capture(erack, "h0-plane0", "-w", str(out), "-c", "4", "--seconds", "30")
+    p = capture_cli(erack, "h0-plane0", "-w", str(out), "-c", "4", "--seconds", "30")
     erack.sh("h0", "ping", "-n", "-c", "2", "-i", "0.3", h1)
     _, err = p.communicate(timeout=40)
     assert p.returncode == 0 and "4 frames into" in err, err
@@ -633,7 +624,7 @@ def test_capture_writes_both_directions_of_a_link_to_pcap(erack, tmp_path):
 
 def test_capture_prints_a_line_per_frame(erack):
     h2 = next(p["ip"] for p in erack.nodes["h2"]["ports"] if p["plane"] == 1)
-    p = _capture(erack, "h2-plane1", "-c", "2", "--seconds", "30")
+    p = capture_cli(erack, "h2-plane1", "-c", "2", "--seconds", "30")
     erack.sh("h3", "ping", "-n", "-c", "1", h2)
     out, err = p.communicate(timeout=40)
     lines = out.splitlines()
@@ -650,7 +641,7 @@ def test_capture_stops_when_its_lab_goes_down(tmp_path, lab_name):
     f = tmp_path / "tiny.toml"
     f.write_text('[lab]\nfamily = "erack"\n[topology]\naccelerators = 2\nplanes = 1\n')
     lab = _up(lab_name, str(f))
-    p = _capture(lab, "h0-plane0")
+    p = capture_cli(lab, "h0-plane0")
     ethplus("lab", "down", lab_name, check=True)
     _, err = p.communicate(timeout=20)
     assert p.returncode == 1 and f"lab {lab_name} went down" in err, err

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 22
+#define ETHP_ABI_VERSION 23
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -535,7 +535,9 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(int_hops_max, "hpcc: most switch hops seen in one INT block")            \
     X(rx_one_by_one, "frames received one at a time while the RX ring was down") \
     X(ring_builds, "times the RX ring was set up for a run of traffic")        \
-    X(ring_parks, "times the RX ring was taken down after idling")
+    X(ring_parks, "times the RX ring was taken down after idling")           \
+    X(credit_bytes, "rccc: what the receivers let this sender have in flight now (sum over peers)") \
+    X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
@@ -558,6 +560,7 @@ enum {
 enum ethp_cc_algo {
     ETHP_CCA_NSCC = 0, /* NSCC-like: ECN and delay, window (UEC) */
     ETHP_CCA_HPCC = 1, /* HPCC-like: INT from every switch hop, window */
+    ETHP_CCA_RCCC = 2, /* receiver credits (RCCC-like) capping the NSCC-like window */
 };
 
 struct ethp_nic_cfg {

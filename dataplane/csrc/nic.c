@@ -127,6 +127,9 @@ struct nic_peer {
     uint64_t rnr_backoff_ns;
     uint32_t rnr_rounds;
     int rnr_since_progress;
+    /* rccc: what the receiver lets us have in flight (all planes), and its
+     * share per plane; UINT64_MAX per plane without receiver credits */
+    uint64_t credit_bytes, credit_sub_bytes;
     /* recv */
     uint32_t rcv_nxt;
     uint8_t *rbits;
@@ -140,6 +143,7 @@ struct nic_peer {
     uint8_t int_echo[ETHP_INT_BYTES];
     struct nic_qp qp[ETHP_NIC_MAX_PLANES]; /* roce */
     uint32_t qp_ack_mask;                  /* roce: QPs owing a cumulative ack */
+    uint32_t rx_open; /* recv: messages from it under way (bound, not complete) */
     uint64_t c[ETHP_NIC_NCOUNTERS];
 };
 
@@ -182,6 +186,9 @@ struct ethp_nic {
     struct ethp_nic_cfg cfg;
     struct nic_inc inc;
     const struct ethp_cc_ops *cc;
+    int credits;         /* rccc: windows capped by the receivers' grants */
+    uint64_t bdp_bytes;  /* of all planes: rate x planes x base RTT */
+    uint32_t rx_senders; /* peers with a message under way to us: the grant's divisor */
     uint32_t data_bytes; /* payload per data packet */
     char netns_path[256];
     struct ethp_port *io;
@@ -332,6 +339,44 @@ static void addr_for(struct ethp_nic *n, uint32_t plane, const struct nic_peer *
     addr_to(n, plane, p->ip[plane], ev, a);
 }
 
+/* ---------------------------------------------------------------- receiver credits */
+
+/* A message from p got under way here (its first packet bound it to a
+ * posted receive), or finished: p is one of this receiver's senders while
+ * any is under way.  (One that failed for a too-small buffer stays bound,
+ * and counted, as its packets keep coming.) */
+static void rx_open(struct ethp_nic *n, struct nic_peer *p, int delta)
+{
+    uint32_t before = p->rx_open;
+    p->rx_open += (uint32_t)delta;
+    if (!before != !p->rx_open)
+        n->rx_senders += before ? (uint32_t)-1 : 1u;
+    n->c[ETHP_NC_rx_senders] = n->rx_senders;
+}
+
+/* The receiver's grant to each of its senders (every ack and NACK carries
+ * it): its own BDP over all planes, shared equally among the peers with a
+ * message under way, so that an incast keeps about what its downlinks carry
+ * in one base RTT in flight towards it, whatever the fan-in, and queues
+ * little in the fabric. */
+static uint32_t rx_grant(struct ethp_nic *n)
+{
+    uint32_t senders = n->rx_senders ? n->rx_senders : 1;
+    uint64_t g = n->bdp_bytes / senders, floor = (uint64_t)n->cfg.payload_bytes * n->n_ports;
+    g = g > floor ? g : floor;
+    return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
+}
+
+/* A sender takes the grant an ack or NACK from p carries. */
+static void set_credit(struct ethp_nic *n, struct nic_peer *p, uint64_t credit_bytes)
+{
+    if (!n->credits || !credit_bytes)
+        return;
+    uint64_t sub = credit_bytes / n->n_ports;
+    p->credit_bytes = credit_bytes;
+    p->credit_sub_bytes = sub > n->cfg.payload_bytes ? sub : n->cfg.payload_bytes;
+}
+
 static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_t psn,
                      uint32_t aux, uint8_t flags, uint32_t ts, uint16_t ev, const uint8_t *body,
                      uint32_t len)
@@ -345,6 +390,8 @@ static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
                                 .psn = psn, .offset_bytes = aux, .len_bytes = (uint16_t)len,
                                 .tos = 0x02, .ts_ns = ts};
+    if (!n->cfg.roce && (op == ETHP_OP_ACK || op == ETHP_OP_NACK))
+        h.tag = rx_grant(n); /* receiver credits */
     emit(n, plane, &a, &h, body, len, p->int_echo);
 }
 
@@ -362,7 +409,8 @@ static void sub_inflight(struct nic_peer *p, const struct tx_pkt *t)
 
 static int has_window(const struct nic_peer *p, uint32_t plane)
 {
-    return p->cc[plane].inflight < p->cc[plane].st.cwnd_bytes;
+    uint64_t inflight = p->cc[plane].inflight;
+    return inflight < p->cc[plane].st.cwnd_bytes && inflight < p->credit_sub_bytes;
 }
 
 /* The in-flight packet psn, now marked lost; NULL if it was not in flight. */
@@ -776,7 +824,8 @@ static void send_ack(struct ethp_nic *n, struct nic_peer *p)
     p->dup_seen = 0;
 }
 
-static struct nic_msg *bind_msg(struct nic_peer *p, uint32_t msg_id, uint32_t tag)
+static struct nic_msg *bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t msg_id,
+                                uint32_t tag)
 {
     for (int i = 0; i < 64; i++)
         if (p->bound[i] && p->bound[i]->msg_id == msg_id)
@@ -798,6 +847,7 @@ static struct nic_msg *bind_msg(struct nic_peer *p, uint32_t msg_id, uint32_t ta
             m->msg_id = msg_id;
             m->bound = 1;
             p->bound[i] = m;
+            rx_open(n, p, 1);
             return m;
         }
         return NULL;
@@ -805,11 +855,13 @@ static struct nic_msg *bind_msg(struct nic_peer *p, uint32_t msg_id, uint32_t ta
     return NULL;
 }
 
-static void unbind(struct nic_peer *p, struct nic_msg *m)
+static void unbind(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
 {
     for (int i = 0; i < 64; i++)
-        if (p->bound[i] == m)
+        if (p->bound[i] == m) {
             p->bound[i] = NULL;
+            rx_open(n, p, -1);
+        }
 }
 
 static void place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
@@ -826,7 +878,7 @@ static void place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
             m->total = (uint64_t)h->offset_bytes + h->len_bytes;
         count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
         if (m->done_bytes == m->total) {
-            unbind(p, m);
+            unbind(n, p, m);
             complete(n, m, ETHP_NIC_OK);
         }
     }
@@ -865,7 +917,7 @@ static void on_data_roce(struct ethp_nic *n, struct nic_peer *p, const struct et
         }
         return;
     }
-    struct nic_msg *m = bind_msg(p, h->msg_id, h->tag);
+    struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag);
     if (!m) {
         count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
         send_ctl(n, p, ETHP_OP_RNR, h->psn, q, 0, h->ts_ns, qp->ev, NULL, 0);
@@ -916,7 +968,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     }
     if (d >= NIC_RWIN)
         return; /* beyond the window: the sender will resend */
-    struct nic_msg *m = bind_msg(p, h->msg_id, h->tag);
+    struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag);
     if (!m) {
         /* no receive posted for this tag yet: not acked; say so, so that the
          * sender backs off and retries instead of waiting for a timeout */
@@ -968,6 +1020,7 @@ static void on_ack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_par
     uint32_t cum = h->psn;
     if (cum - p->snd_una > p->snd_nxt - p->snd_una)
         return; /* stale or bogus */
+    set_credit(n, p, h->tag);
     uint64_t bytes[ETHP_NIC_MAX_PLANES] = {0};
     int progress = cum != p->snd_una;
     for (; p->snd_una != cum; p->snd_una++) {
@@ -1117,6 +1170,7 @@ static void on_nack(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         go_back(n, p, ps->hdr.psn);
         return;
     }
+    set_credit(n, p, ps->hdr.tag);
     struct tx_pkt *t = mark_lost(p, ps->hdr.psn);
     if (!t)
         return;
@@ -1659,7 +1713,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
                               uint32_t max_peers, int *err)
 {
     if (!cfg->rate_bps || cfg->payload_bytes <= ETHP_INT_BYTES || cfg->payload_bytes > 9000 ||
-        !cfg->n_evs || cfg->cc > ETHP_CCA_HPCC || !max_peers || max_peers > 65536) {
+        !cfg->n_evs || cfg->cc > ETHP_CCA_RCCC || !max_peers || max_peers > 65536) {
         *err = -EINVAL;
         return NULL;
     }
@@ -1670,6 +1724,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     }
     n->cfg = *cfg;
     n->cc = cfg->cc == ETHP_CCA_HPCC ? &ethp_cc_hpcc : &ethp_cc_nscc;
+    n->credits = cfg->cc == ETHP_CCA_RCCC && !cfg->roce;
     if (cfg->roce) {
         if (!cfg->qps || cfg->qps > ETHP_NIC_MAX_PLANES || !cfg->dcqcn_g_inv ||
             !cfg->dcqcn_timer_ns || !cfg->dcqcn_byte_counter_bytes) {
@@ -1769,6 +1824,18 @@ int ethp_nic_start(struct ethp_nic *n)
 {
     if (n->started || !n->n_ports)
         return -EINVAL;
+    /* Until a receiver's first grant, a sender assumes every peer sends to
+     * that receiver too: a fan-in of all of them starts within its budget. */
+    n->bdp_bytes = (uint64_t)((unsigned __int128)n->cfg.rate_bps * n->n_ports *
+                              n->cfg.base_rtt_ns / 8 / 1000000000u);
+    uint32_t known = 0;
+    for (uint32_t i = 0; i < n->max_peers; i++)
+        known += n->peers[i].known;
+    for (uint32_t i = 0; i < n->max_peers; i++) {
+        n->peers[i].credit_sub_bytes = UINT64_MAX;
+        if (n->peers[i].known)
+            set_credit(n, &n->peers[i], n->bdp_bytes / (known ? known : 1));
+    }
     int rc = pthread_create(&n->thread, NULL, nic_main, n);
     if (rc)
         return -rc;
@@ -1942,7 +2009,7 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
     for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
     /* the window and the rate are state, not counters: summed here, on read */
-    out[ETHP_NC_cwnd_bytes] = 0;
+    out[ETHP_NC_cwnd_bytes] = out[ETHP_NC_credit_bytes] = 0;
     if (peer < 0) { /* the port's receive mode, from its own counters */
         uint64_t io[ETHP_PORT_NCOUNTERS];
         ethp_port_counters(n->io, io);
@@ -1957,6 +2024,8 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
         const struct nic_peer *q = &n->peers[i];
         for (uint32_t j = 0; q->known && q->win && j < (n->cfg.roce ? n->cfg.qps : n->n_ports); j++)
             out[ETHP_NC_cwnd_bytes] += __atomic_load_n(&q->cc[j].st.cwnd_bytes, __ATOMIC_RELAXED);
+        if (q->known)
+            out[ETHP_NC_credit_bytes] += __atomic_load_n(&q->credit_bytes, __ATOMIC_RELAXED);
         if (peer >= 0)
             break;
     }
