@@ -318,7 +318,7 @@ def _sum_counters(ranks: list[dict]) -> dict[str, int]:
         for key, v in r.get("counters", {}).items():
             if key.endswith("_max"):  # the most any rank saw
                 out[key] = max(out.get(key, 0), v)
-            elif not key.endswith(("_ns", "cwnd_bytes")):
+            elif not key.endswith(("_ns", "cwnd_bytes", "credit_bytes", "rx_senders")):
                 out[key] = out.get(key, 0) + v
     return out
 
