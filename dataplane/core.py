@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 23
+ABI_VERSION = 24
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -464,6 +464,7 @@ class SwitchConfig:
     lossless: bool = False
     pfc_xoff_bytes: int = 200_000
     pfc_xon_bytes: int = 100_000
+    pfc_headroom_bytes: int = 0  # 0: from each port's link (switch.c)
     lookahead_ns: int = 50_000
     catchup_ns: int = 2_000_000
     seed: int = 1
@@ -488,7 +489,7 @@ class Switch:
         for name in (
             "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
-            "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
+            "pfc_headroom_bytes", "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
             "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots", "int_id", "ring_idle_ms",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))

@@ -150,6 +150,7 @@ class Fabric:
                 lossless=sw_cfg["lossless"],
                 pfc_xoff_bytes=sw_cfg["pfc_xoff_bytes"],
                 pfc_xon_bytes=sw_cfg["pfc_xon_bytes"],
+                pfc_headroom_bytes=sw_cfg.get("pfc_headroom_bytes", 0),
                 shared_buffer_bytes=sw_cfg.get("shared_buffer_bytes", 0),
                 dt_alpha=sw_cfg.get("dt_alpha", 1.0),
                 agg_id=i,

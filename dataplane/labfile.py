@@ -214,6 +214,12 @@ def _switch_schema(family: str) -> dict[str, Field]:
         "lossless": boolean(False, "PFC on every switch port"),
         "pfc_xoff_bytes": pos_int(bdp * 2),
         "pfc_xon_bytes": pos_int(bdp),
+        "pfc_headroom_bytes": nonneg_int(
+            0,
+            "lossless: what a port may have buffered past XOFF (its frames are never"
+            " tail-dropped at an egress); 0: its link's rate x (two delays + 5 ms of"
+            " emulator response), plus two frames",
+        ),
         "shared_buffer_bytes": nonneg_int(
             0, "one buffer for all of a switch's egress queues; 0: per-port buffers"
         ),

@@ -805,11 +805,13 @@ def test_shared_buffer_dynamic_threshold(tmp_path, lab_name, alpha):
 
 
 def test_lossless_fabric_pauses_instead_of_dropping(tmp_path, lab_name):
+    # h0 is a raw sender, which ignores pauses: its frames wait in leaf0's
+    # headroom for it, 2 MB (the egress buffers are the lab's, 4 BDP)
     f = tmp_path / "lossless.toml"
     f.write_text(
         '[lab]\nfamily = "clos"\n[switch]\nlossless = true\nforwarding = "ecmp"\n'
         "trimming = false\necn = false\npfc_xoff_bytes = 40000\npfc_xon_bytes = 20000\n"
-        "[link]\nbuffer_bytes = 2000000\n[fabric_link]\nbuffer_bytes = 2000000\n"
+        "pfc_headroom_bytes = 2000000\n"
     )
     lab = _up(lab_name, str(f))
     src, dst = lab.port("h0"), lab.port("h4")
@@ -837,3 +839,38 @@ def test_lossless_fabric_pauses_instead_of_dropping(tmp_path, lab_name):
         for c in sw["ports"].values()
     )
     assert paused > 0
+
+
+def test_lossless_egress_never_tail_drops_and_a_sender_ignoring_pauses_loses_past_headroom(
+    tmp_path, lab_name
+):
+    """On a lossless fabric an egress buffer does not bound a queue: the
+    ingress's XOFF plus headroom does. A raw sender ignores the pauses, so
+    what it sends past that is dropped, every frame counted."""
+    f = tmp_path / "headroom.toml"
+    f.write_text(
+        '[lab]\nfamily = "erack"\n[topology]\naccelerators = 2\nplanes = 1\n'
+        "[switch]\nlossless = true\ntrimming = false\necn = false\n"
+        "pfc_xoff_bytes = 20000\npfc_xon_bytes = 10000\npfc_headroom_bytes = 30000\n"
+        "ecn_kmin_bytes = 5000\necn_kmax_bytes = 10000\n"
+        "[link]\nbuffer_bytes = 15000\n"
+    )
+    lab = _up(lab_name, str(f))
+    src, dst = lab.port("h0"), lab.port("h1")
+    lab.link_set("h1-plane0", "rate", "10G")
+    cap = Capture(dst)
+    try:
+        n = 200
+        frames = [ethp_frame(src, dst, size=2000, psn=i, entropy=i) for i in range(n)]
+        send_paced(core.Port(src.ifname, src.ns), core.Pool(1024, 9300), frames, 3 * 10e9 / lab.k)
+        st = assert_conserved(lab)
+        got = _frames_to(cap.drain(quiet_s=1.0), dst.ip)
+    finally:
+        cap.close()
+    port = next(c for c in st["switches"]["plane0"]["ports"].values() if c["peer"] == "h1")
+    t = stats.totals(st)
+    assert t["pause_tx"] > 0
+    assert n - len(got) == t["drop_headroom"] > 0, (len(got), t["drop_headroom"])
+    assert t["drop_queue_full"] == 0
+    # the queue outgrew its 15 KB buffer, and no more than XOFF + headroom
+    assert 15000 < port["q_hwm_bytes"] <= 20000 + 30000, port["q_hwm_bytes"]

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 23
+#define ETHP_ABI_VERSION 24
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -345,6 +345,10 @@ struct ethp_switch_cfg {
     uint64_t trim_threshold_bytes;
     uint64_t pfc_xoff_bytes;   /* per ingress port and class */
     uint64_t pfc_xon_bytes;
+    /* Lossless: what an ingress port and class may have buffered past XOFF
+     * (its egress queues then never tail-drop it); 0: from the port's link,
+     * rate x (two delays + the emulator's response) plus two frames. */
+    uint64_t pfc_headroom_bytes;
     uint64_t lookahead_ns;     /* how far ahead of its start a frame may leave its queue */
     uint64_t catchup_ns;       /* link time a late pacer may make up (the bounded burst) */
     uint64_t seed;             /* hashing and fault randomness */
@@ -388,6 +392,7 @@ struct ethp_link_state {
     X(tx_bytes, "bytes sent on this port")                                      \
     X(drop_queue_full, "tail drops: egress buffer full")                        \
     X(drop_shared_full, "tail drops: over the shared buffer's dynamic threshold") \
+    X(drop_headroom, "lossless: past the ingress's XOFF and headroom (a sender ignoring pauses)") \
     X(drop_loss, "injected loss")                                               \
     X(drop_corrupt, "injected corruption, dropped as a bad FCS would be")       \
     X(llr_replays, "frames replayed by link-level retry (bad FCS or lost)")     \

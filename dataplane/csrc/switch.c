@@ -34,6 +34,11 @@
 #define SW_EVFD_TAG 0xffffffffu
 #define SW_LAB_NET 0xC612u /* 198.18.0.0/16, the accelerator ports */
 #define SW_LLR_MAX_REPLAYS 8 /* then the frame is dropped, as a link giving up */
+/* PFC headroom: how long after a pause leaves the upstream device may still
+ * send, beyond the two link delays: its receive ring's block timeout (1 ms),
+ * its thread's wake-up and the frames already paced out (the emulator's own
+ * latency, not time-scaled), with room for a busy machine. */
+#define SW_PFC_RESPONSE_NS 5000000ull
 
 struct pktq {
     struct ethp_pkt *head, *tail;
@@ -302,6 +307,18 @@ static void mark_ce(struct sw_port *e, struct ethp_pkt *p, const struct ethp_par
     e->c[ETHP_SC_ecn_marked]++;
 }
 
+/* What the upstream device of a port sends after XOFF before its pause
+ * takes effect: the link's rate over the pause's way there, the last frame's
+ * way back and the device's response, plus a frame being sent at each end. */
+static uint64_t pfc_headroom_bytes(const struct ethp_switch *sw, const struct sw_port *in)
+{
+    if (sw->cfg.pfc_headroom_bytes)
+        return sw->cfg.pfc_headroom_bytes;
+    uint64_t ns = 2 * (in->link.delay_ns + in->link.jitter_ns) + SW_PFC_RESPONSE_NS;
+    return (uint64_t)((unsigned __int128)in->link.rate_bps * ns / 8000000000u) +
+           2 * ETHP_MAX_FRAME_BYTES;
+}
+
 static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *p,
                     const struct ethp_parsed *ps, int kind, uint64_t now)
 {
@@ -324,7 +341,15 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
         }
     }
     int full = -1;
-    if (qb + p->len > e->link.buffer_bytes) {
+    if (sw->cfg.lossless && !p->origin) {
+        /* Lossless: no tail drop at the egress, as a switch's lossless
+         * classes have none.  What a port may have buffered here is bounded
+         * at its ingress instead: XOFF, then the headroom for what arrives
+         * while its pause travels and takes effect. */
+        const struct sw_port *in = &sw->ports[p->port];
+        if (in->pfc_in_bytes[cls] + p->len > sw->cfg.pfc_xoff_bytes + pfc_headroom_bytes(sw, in))
+            full = ETHP_SC_drop_headroom;
+    } else if (qb + p->len > e->link.buffer_bytes) {
         full = ETHP_SC_drop_queue_full;
     } else if (sw->cfg.shared_buffer_bytes) {
         /* Dynamic threshold (Choudhury and Hahne): the more of the buffer
@@ -332,7 +357,8 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
          * settles at alpha / (1 + alpha) of the buffer, n of them at
          * alpha / (1 + n alpha) each, and some is always left for the next
          * queue that starts. */
-        uint64_t free_bytes = sw->cfg.shared_buffer_bytes - sw->buffer_used_bytes;
+        uint64_t used = sw->buffer_used_bytes, shared = sw->cfg.shared_buffer_bytes;
+        uint64_t free_bytes = used < shared ? shared - used : 0; /* lossless may overrun */
         if (p->len > free_bytes ||
             (double)(e->q[cls].bytes + p->len) > sw->cfg.dt_alpha * (double)free_bytes)
             full = ETHP_SC_drop_shared_full;
