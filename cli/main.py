@@ -676,10 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="compare all-reduce and all-to-all on erack-8x4 (< 3 min)")
     d.add_argument("--lab", default="erack-8x4", help=argparse.SUPPRESS)
     d.add_argument("--out", default="results/demo", metavar="DIR", help="report directory")
+    d.add_argument("--sizes", default="64K,1M,16M", help=argparse.SUPPRESS)  # tests: smaller
     d.set_defaults(
         func=cmd_demo,
         collective="all-reduce",
-        sizes="64K,1M,16M",
         factor=2.0,
         iters=3,
         warmup=1,
