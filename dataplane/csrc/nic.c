@@ -367,12 +367,23 @@ static uint32_t rx_grant(struct ethp_nic *n)
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
-/* A sender takes the grant an ack or NACK from p carries. */
+static int plane_failed(const struct nic_port *pt, uint64_t now);
+
+/* A sender takes the grant an ack or NACK from p carries, shared over the
+ * planes it sends on (those up and not failing: a lost plane's share goes
+ * to the others). */
 static void set_credit(struct ethp_nic *n, struct nic_peer *p, uint64_t credit_bytes)
 {
     if (!n->credits || !credit_bytes)
         return;
-    uint64_t sub = credit_bytes / n->n_ports;
+    uint64_t now = ethp_now_ns();
+    uint32_t up = 0, live = 0;
+    for (uint32_t i = 0; i < n->n_ports; i++) {
+        up += n->ports[i].up != 0;
+        live += n->ports[i].up && !plane_failed(&n->ports[i], now);
+    }
+    uint32_t planes = live ? live : up ? up : 1;
+    uint64_t sub = credit_bytes / planes;
     p->credit_bytes = credit_bytes;
     p->credit_sub_bytes = sub > n->cfg.payload_bytes ? sub : n->cfg.payload_bytes;
 }
