@@ -139,9 +139,17 @@ def cmd_lab_show(args) -> int:
         if shared
         else "per-port buffers"
     )
+    headroom = sw.get("pfc_headroom_bytes", 0)
+    lossless = (
+        f"lossless (PFC: XOFF {_fmt_bytes(sw['pfc_xoff_bytes'])},"
+        f" XON {_fmt_bytes(sw['pfc_xon_bytes'])}, headroom"
+        f" {_fmt_bytes(headroom) if headroom else 'from each link'})"
+        if sw["lossless"]
+        else "lossy"
+    )
     print(
         f"  switch      forwarding {sw['forwarding']}, ecn {sw['ecn']}, trimming {sw['trimming']}, "
-        f"lossless {sw['lossless']}, {buffers}, "
+        f"{lossless}, {buffers}, "
         + (
             f"in-network computing ({sw.get('inc_slots', 1024)} slots per switch)"
             if sw.get("inc")

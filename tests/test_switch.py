@@ -856,6 +856,8 @@ def test_lossless_egress_never_tail_drops_and_a_sender_ignoring_pauses_loses_pas
         "[link]\nbuffer_bytes = 15000\n"
     )
     lab = _up(lab_name, str(f))
+    shown = ethplus("lab", "show", lab_name, check=True).stdout
+    assert "lossless (PFC: XOFF 20 KB, XON 10 KB, headroom 30 KB)" in shown, shown
     src, dst = lab.port("h0"), lab.port("h1")
     lab.link_set("h1-plane0", "rate", "10G")
     cap = Capture(dst)
