@@ -1120,6 +1120,9 @@ static void progress_made(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
     p->rnr_since_progress = 0;
     p->rnr_rounds = 0;
     p->rnr_backoff_ns = 0;
+    /* the peer is taking data again: packets it turned away go now, not
+     * after the backoff (which could outlast the fresh deadline below) */
+    p->rnr_until = 0;
     p->timeouts = 0;
     p->rto_ns = n->cfg.rto_ns;
     p->rto_deadline = p->snd_una != p->snd_nxt ? now + p->rto_ns : 0;
