@@ -188,7 +188,6 @@ struct ethp_nic {
     const struct ethp_cc_ops *cc;
     int credits;         /* rccc: windows capped by the receivers' grants */
     uint64_t bdp_bytes;  /* of all planes: rate x planes x base RTT */
-    uint32_t rx_senders; /* peers with a message under way to us: the grant's divisor */
     uint32_t data_bytes; /* payload per data packet */
     char netns_path[256];
     struct ethp_port *io;
@@ -349,9 +348,10 @@ static void rx_open(struct ethp_nic *n, struct nic_peer *p, int delta)
 {
     uint32_t before = p->rx_open;
     p->rx_open += (uint32_t)delta;
-    if (!before != !p->rx_open)
-        n->rx_senders += before ? (uint32_t)-1 : 1u;
-    n->c[ETHP_NC_rx_senders] = n->rx_senders;
+    if (!before && p->rx_open)
+        n->c[ETHP_NC_rx_senders]++; /* the grants' divisor */
+    else if (before && !p->rx_open)
+        n->c[ETHP_NC_rx_senders]--;
 }
 
 /* The receiver's grant to each of its senders (every ack and NACK carries
@@ -361,27 +361,23 @@ static void rx_open(struct ethp_nic *n, struct nic_peer *p, int delta)
  * little in the fabric. */
 static uint32_t rx_grant(struct ethp_nic *n)
 {
-    uint32_t senders = n->rx_senders ? n->rx_senders : 1;
+    uint64_t senders = n->c[ETHP_NC_rx_senders] ? n->c[ETHP_NC_rx_senders] : 1;
     uint64_t g = n->bdp_bytes / senders, floor = (uint64_t)n->cfg.payload_bytes * n->n_ports;
     g = g > floor ? g : floor;
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
-static int plane_failed(const struct nic_port *pt, uint64_t now);
+static void rotation(const struct ethp_nic *n, uint64_t *now, uint32_t *up, uint32_t *live);
 
 /* A sender takes the grant an ack or NACK from p carries, shared over the
- * planes it sends on (those up and not failing: a lost plane's share goes
- * to the others). */
+ * planes it sends on (a lost plane's share goes to the others). */
 static void set_credit(struct ethp_nic *n, struct nic_peer *p, uint64_t credit_bytes)
 {
     if (!n->credits || !credit_bytes)
         return;
-    uint64_t now = ethp_now_ns();
-    uint32_t up = 0, live = 0;
-    for (uint32_t i = 0; i < n->n_ports; i++) {
-        up += n->ports[i].up != 0;
-        live += n->ports[i].up && !plane_failed(&n->ports[i], now);
-    }
+    uint64_t now;
+    uint32_t up, live;
+    rotation(n, &now, &up, &live);
     uint32_t planes = live ? live : up ? up : 1;
     uint64_t sub = credit_bytes / planes;
     p->credit_bytes = credit_bytes;
@@ -480,6 +476,23 @@ static void plane_lost(struct ethp_nic *n, uint32_t plane, uint64_t now)
     }
 }
 
+/* The rotation a sender sprays over: the planes that are up and not
+ * failing (all that are up if every one is failing).  Counts both; the
+ * clock goes in *now only when some plane is failing (no clock read per
+ * packet when all is well), else 0. */
+static void rotation(const struct ethp_nic *n, uint64_t *now, uint32_t *up, uint32_t *live)
+{
+    int any_failing = 0;
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        any_failing |= n->ports[i].fails >= 2;
+    *now = any_failing ? ethp_now_ns() : 0;
+    *up = *live = 0;
+    for (uint32_t i = 0; i < n->n_ports; i++) {
+        *up += n->ports[i].up != 0;
+        *live += n->ports[i].up && !plane_failed(&n->ports[i], *now);
+    }
+}
+
 static uint32_t pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_t psn,
                            int for_send)
 {
@@ -510,17 +523,9 @@ static uint32_t pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_
             n->c[ETHP_NC_plane_avoided]++;
         return best;
     }
-    /* the rotation: the planes that are up and not failed (all that are up
-     * if every one has failed) */
-    int any_failing = 0;
-    for (uint32_t i = 0; i < n->n_ports; i++)
-        any_failing |= n->ports[i].fails >= 2;
-    uint64_t now = any_failing ? ethp_now_ns() : 0; /* no clock read per packet when all is well */
-    uint32_t up = 0, live = 0;
-    for (uint32_t i = 0; i < n->n_ports; i++) {
-        up += n->ports[i].up != 0;
-        live += n->ports[i].up && !plane_failed(&n->ports[i], now);
-    }
+    uint64_t now;
+    uint32_t up, live;
+    rotation(n, &now, &up, &live);
     if (!up)
         return UINT32_MAX;
     uint32_t k = psn % (live ? live : up);

@@ -94,6 +94,7 @@ struct sw_port {
     uint64_t paused_since[ETHP_NCLASSES];
     uint64_t pfc_in_bytes[ETHP_NCLASSES]; /* buffered here, came in on this port */
     uint64_t pfc_refresh_ns[ETHP_NCLASSES]; /* 0: the peer is not paused by us */
+    uint64_t pfc_headroom_bytes; /* lossless: what may come in past XOFF (set_link) */
     uint64_t c[ETHP_SW_NCOUNTERS];
     uint64_t cc[ETHP_NCLASSES][ETHP_SW_NCLASS_COUNTERS];
     struct ethp_link_state pending;
@@ -307,18 +308,6 @@ static void mark_ce(struct sw_port *e, struct ethp_pkt *p, const struct ethp_par
     e->c[ETHP_SC_ecn_marked]++;
 }
 
-/* What the upstream device of a port sends after XOFF before its pause
- * takes effect: the link's rate over the pause's way there, the last frame's
- * way back and the device's response, plus a frame being sent at each end. */
-static uint64_t pfc_headroom_bytes(const struct ethp_switch *sw, const struct sw_port *in)
-{
-    if (sw->cfg.pfc_headroom_bytes)
-        return sw->cfg.pfc_headroom_bytes;
-    uint64_t ns = 2 * (in->link.delay_ns + in->link.jitter_ns) + SW_PFC_RESPONSE_NS;
-    return (uint64_t)((unsigned __int128)in->link.rate_bps * ns / 8000000000u) +
-           2 * ETHP_MAX_FRAME_BYTES;
-}
-
 static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *p,
                     const struct ethp_parsed *ps, int kind, uint64_t now)
 {
@@ -347,7 +336,7 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
          * at its ingress instead: XOFF, then the headroom for what arrives
          * while its pause travels and takes effect. */
         const struct sw_port *in = &sw->ports[p->port];
-        if (in->pfc_in_bytes[cls] + p->len > sw->cfg.pfc_xoff_bytes + pfc_headroom_bytes(sw, in))
+        if (in->pfc_in_bytes[cls] + p->len > sw->cfg.pfc_xoff_bytes + in->pfc_headroom_bytes)
             full = ETHP_SC_drop_headroom;
     } else if (qb + p->len > e->link.buffer_bytes) {
         full = ETHP_SC_drop_queue_full;
@@ -817,6 +806,21 @@ static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
     return t;
 }
 
+/* A port's link, and what follows from it: the PFC headroom, what the
+ * upstream device sends after XOFF before its pause takes effect (the
+ * link's rate over the pause's way there, the last frame's way back and the
+ * device's response, plus a frame being sent at each end). */
+static void set_link(struct ethp_switch *sw, struct sw_port *e, const struct ethp_link_state *link)
+{
+    e->link = *link;
+    uint64_t ns = 2 * (link->delay_ns + link->jitter_ns) + SW_PFC_RESPONSE_NS;
+    e->pfc_headroom_bytes =
+        sw->cfg.pfc_headroom_bytes
+            ? sw->cfg.pfc_headroom_bytes
+            : (uint64_t)((unsigned __int128)link->rate_bps * ns / 8000000000u) +
+                  2 * ETHP_MAX_FRAME_BYTES;
+}
+
 static void apply_pending(struct ethp_switch *sw)
 {
     if (!__atomic_exchange_n(&sw->have_pending, 0, __ATOMIC_ACQ_REL))
@@ -825,7 +829,7 @@ static void apply_pending(struct ethp_switch *sw)
     for (uint32_t i = 0; i < sw->n_ports; i++) {
         struct sw_port *e = &sw->ports[i];
         if (e->has_pending) {
-            e->link = e->pending;
+            set_link(sw, e, &e->pending);
             e->has_pending = 0;
         }
     }
@@ -955,7 +959,7 @@ int ethp_switch_add_port(struct ethp_switch *sw, const char *netns_path, const c
         return -EINVAL;
     uint32_t idx = sw->n_ports;
     sw->ports[idx].ifindex = ifx;
-    sw->ports[idx].link = *link;
+    set_link(sw, &sw->ports[idx], link);
     sw->port_of_if[ifx] = (uint16_t)(idx + 1);
     sw->n_ports++;
     return (int)idx;
@@ -1054,7 +1058,7 @@ int ethp_switch_set_link(struct ethp_switch *sw, uint32_t port, const struct eth
     if (port >= sw->n_ports || !link->rate_bps)
         return -EINVAL;
     if (!sw->started) {
-        sw->ports[port].link = *link;
+        set_link(sw, &sw->ports[port], link);
         return 0;
     }
     pthread_mutex_lock(&sw->lock);
