@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 24
+ABI_VERSION = 25
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -478,6 +478,8 @@ class SwitchConfig:
     # the switch's receiving port: frames one by one while idle, the RX ring
     # from a run of traffic until this long without a frame (PortConfig)
     ring_idle_ms: int = 100
+    hosts_may_pause: bool = False  # PFC frames from accelerator ports: ignored unless True
+    pfc_watchdog_ns: int = 0  # real ns; a class paused longer without a break is released
 
 
 class Switch:
@@ -491,6 +493,7 @@ class Switch:
             "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
             "pfc_headroom_bytes", "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
             "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots", "int_id", "ring_idle_ms",
+            "hosts_may_pause", "pfc_watchdog_ns",
         ):  # fmt: skip
             setattr(c, name, getattr(cfg, name))
         sw = lib.ethp_switch_new(c, max_ports)
@@ -500,7 +503,9 @@ class Switch:
 
     def add_port(self, netns_path: str, ifname: str, link: LinkState) -> int:
         return _check(
-            lib.ethp_switch_add_port(self._sw, netns_path.encode(), ifname.encode(), link.to_c()),
+            lib.ethp_switch_add_port(
+                self._live(), netns_path.encode(), ifname.encode(), link.to_c()
+            ),
             f"cannot add switch port {ifname}",
         )
 
@@ -508,7 +513,7 @@ class Switch:
         k = lib.ETHP_ROUTE_IPV4 if kind == "ipv4" else lib.ETHP_ROUTE_EP
         arr = ffi.new("uint16_t[]", ports)
         _check(
-            lib.ethp_switch_add_route(self._sw, k, key, arr, len(ports)),
+            lib.ethp_switch_add_route(self._live(), k, key, arr, len(ports)),
             f"cannot add route {kind} {key} -> {ports}",
         )
 
@@ -516,51 +521,72 @@ class Switch:
         """This switch reduces its members' part of group and sends the
         partial to aggregator parent_id (an inner node of the group's tree)."""
         _check(
-            lib.ethp_switch_agg_join(self._sw, group, parent_id, parent_index, parent_members),
+            lib.ethp_switch_agg_join(self._live(), group, parent_id, parent_index, parent_members),
             f"cannot join aggregation group {group:#x} under aggregator {parent_id}",
         )
 
     def agg_leave(self, group: int) -> None:
-        lib.ethp_switch_agg_leave(self._sw, group)
+        lib.ethp_switch_agg_leave(self._live(), group)
+
+    def agg_register(self, group: int, members: list[tuple[int, int]], quota_slots: int) -> None:
+        """Aggregate group here: member i sends as (endpoint, IPv4 address)
+        members[i]; the group holds at most quota_slots slots at once."""
+        eps = ffi.new("uint32_t[]", [ep for ep, _ in members])
+        ips = ffi.new("uint32_t[]", [ip for _, ip in members])
+        _check(
+            lib.ethp_switch_agg_register(self._live(), group, ips, eps, len(members), quota_slots),
+            f"cannot register aggregation group {group:#x} ({len(members)} members)",
+        )
+
+    def agg_unregister(self, group: int) -> None:
+        lib.ethp_switch_agg_unregister(self._live(), group)
 
     def start(self) -> None:
-        _check(lib.ethp_switch_start(self._sw), "cannot start the switch thread")
+        _check(lib.ethp_switch_start(self._live()), "cannot start the switch thread")
 
     def close(self) -> None:
         if self._sw is not None:
             lib.ethp_switch_free(self._sw)
             self._sw = None
 
+    def _live(self):
+        """The C switch; a closed one raises (never a NULL into C)."""
+        if self._sw is None:
+            raise OSError(errno.EBADF, "the switch is closed")
+        return self._sw
+
     def set_link(self, port: int, link: LinkState) -> None:
-        _check(lib.ethp_switch_set_link(self._sw, port, link.to_c()), f"cannot change port {port}")
+        _check(
+            lib.ethp_switch_set_link(self._live(), port, link.to_c()), f"cannot change port {port}"
+        )
 
     def set_up(self, up: bool) -> None:
-        lib.ethp_switch_set_up(self._sw, 1 if up else 0)
+        lib.ethp_switch_set_up(self._live(), 1 if up else 0)
 
     def receive_counters(self) -> tuple[dict[str, int], dict[str, int]]:
         """The switch's one receiving port: frames lost before any port saw
         them, and how it receives (frames one by one while idle, the RX ring
         while busy) and how often that changed."""
         out = ffi.new("uint64_t[]", len(RING_COUNTERS))
-        lib.ethp_switch_ring_counters(self._sw, out)
+        lib.ethp_switch_ring_counters(self._live(), out)
         c = dict(zip(RING_COUNTERS, out, strict=True))
         drops = {k: v for k, v in c.items() if k.startswith("drop_")}
         return drops, {k: v for k, v in c.items() if k not in drops}
 
     @property
     def wakeups(self) -> int:
-        return lib.ethp_switch_wakeups(self._sw)
+        return lib.ethp_switch_wakeups(self._live())
 
     def buffer(self) -> dict[str, int]:
         """Bytes in all the switch's egress queues now, and the most ever."""
         used, hwm = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        lib.ethp_switch_buffer(self._sw, used, hwm)
+        lib.ethp_switch_buffer(self._live(), used, hwm)
         return {"used_bytes": used[0], "hwm_bytes": hwm[0]}
 
     def counters(self, port: int) -> dict:
         out = ffi.new("uint64_t[]", len(SW_COUNTERS))
         cls = ffi.new("uint64_t[]", N_CLASSES * len(SW_CLASS_COUNTERS))
-        lib.ethp_switch_counters(self._sw, port, out, cls)
+        lib.ethp_switch_counters(self._live(), port, out, cls)
         d = dict(zip(SW_COUNTERS, out, strict=True))
         n = len(SW_CLASS_COUNTERS)
         d["classes"] = {

@@ -160,6 +160,8 @@ class Fabric:
                 pool_pkts=min(65536, max(4096, n_ports * 512)),
                 buf_bytes=mtu + 14 + 64,
                 ring_idle_ms=sw_cfg.get("ring_idle_ms", 100),
+                hosts_may_pause=sw_cfg.get("hosts_may_pause", False),
+                pfc_watchdog_ns=int(sw_cfg.get("pfc_watchdog_us", 200_000) * 1000 * self.k),
             )
             sw = core.Switch(cfg, n_ports)
             ns = self.rec["namespaces"][name]
@@ -247,14 +249,20 @@ class Fabric:
             self.shape_hosts([name])
         return vars(self.nominal[name])
 
-    def inc_trees(self, join: list, leave: list) -> None:
-        """Inner nodes of in-network aggregation trees: join [switch, group,
-        parent id, index at the parent, the parent's members]; leave
-        [switch, group]."""
-        for sw, group, parent, index, members in join:
+    def inc(self, req: dict) -> None:
+        """A job's in-network aggregation, from the control plane (never from
+        a frame): register [switch, group, [[endpoint, address], ...] (its
+        members, in index order), slot quota]; join (inner nodes of trees)
+        [switch, group, parent id, index at the parent, the parent's
+        members]; leave [switch, group]; unregister [switch, group]."""
+        for sw, group, members, quota in req.get("register", []):
+            self.switches[sw].agg_register(group, [tuple(m) for m in members], quota)
+        for sw, group, parent, index, members in req.get("join", []):
             self.switches[sw].agg_join(group, parent, index, members)
-        for sw, group in leave:
+        for sw, group in req.get("leave", []):
             self.switches[sw].agg_leave(group)
+        for sw, group in req.get("unregister", []):
+            self.switches[sw].agg_unregister(group)
 
     def set_node(self, name: str, up: bool) -> dict:
         if name not in self.switches:
@@ -284,7 +292,7 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
             elif op == "node":
                 resp = {"ok": True, **fabric.set_node(req["node"], bool(req["up"]))}
             elif op == "inc":
-                fabric.inc_trees(req.get("join", []), req.get("leave", []))
+                fabric.inc(req)
                 resp = {"ok": True}
             else:
                 resp = {"ok": False, "error": f"unknown request {op!r}"}
@@ -313,7 +321,9 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
     async with server:
         await stop.wait()
     watcher.cancel()
-    pool.shutdown(wait=False)
+    # a link request may be inside C on the pool's thread: let it finish
+    # before _main frees the switches (a later one finds them closed)
+    pool.shutdown(wait=True)
 
 
 async def _main(name: str) -> int:
@@ -338,6 +348,7 @@ async def _main(name: str) -> int:
 
 def main() -> int:
     name = sys.argv[1]
+    os.umask(0o077)  # its socket and log: root's alone
     # The fabric plays the wires: it must run when a frame is due, ahead of
     # the traffic generators and kernels it shares two cores with.
     with contextlib.suppress(OSError):

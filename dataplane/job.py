@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import uvloop
 
 from dataplane import cpu, fabric, registry, transport
+from dataplane.lab import python_module
 
 GRACE_S = 2.0
 SAMPLE_S = 0.2
@@ -59,7 +59,8 @@ class Workload:
     qps: int | None = None
     adaptive: bool = False
     cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
-    check: bool = True
+    check: bool = True  # check the first run of each size against numpy
+    check_all: bool = False  # check every run, warm-up and timed (--check all)
     seed: int = 1
 
 
@@ -166,7 +167,8 @@ class Job:
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
         jobdir = registry.lab_dir(plan.lab) / "job"
-        jobdir.mkdir(parents=True, exist_ok=True)
+        jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(jobdir, 0o700)  # its socket takes orders from workers: root's alone
         global _serial
         _serial += 1
         self.sock_path = str(jobdir / f"job-{os.getpid()}-{_serial}.sock")
@@ -190,14 +192,16 @@ class Job:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.sock_path)
         server = await asyncio.start_unix_server(self._serve, self.sock_path, limit=1 << 24)
+        os.chmod(self.sock_path, 0o600)
         t_start = time.monotonic()
         busy0 = cpu.machine_s()
         before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         tasks: list[asyncio.Task] = []
         trees = self.trees
         try:
-            if trees:
-                await loop.run_in_executor(None, _fabric_inc, self.plan.lab, {"join": trees})
+            if self.plan.inc:
+                join = {"register": self.plan.inc["register"], "join": trees}
+                await loop.run_in_executor(None, _fabric_inc, self.plan.lab, join)
             for r in self.ranks:
                 await self._spawn(r)
                 tasks.append(asyncio.create_task(self._watch(r)))
@@ -221,8 +225,11 @@ class Job:
                 h.cancel()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.sock_path)
-            if trees:
-                leave = {"leave": [t[:2] for t in trees]}
+            if self.plan.inc:
+                leave = {
+                    "leave": [t[:2] for t in trees],
+                    "unregister": [r[:2] for r in self.plan.inc["register"]],
+                }
                 with contextlib.suppress(JobError):
                     await loop.run_in_executor(None, _fabric_inc, self.plan.lab, leave)
         after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
@@ -246,13 +253,8 @@ class Job:
         ns = self.rec["namespaces"][r.node]
         with open(r.log, "wb") as log, _spawn_lock:
             r.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "dataplane.worker",
-                self.sock_path,
-                self.plan.lab,
-                r.node,
-                ns,
+                *python_module("dataplane.worker", self.sock_path, self.plan.lab, r.node, ns),
+                cwd="/",
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -345,7 +347,8 @@ class Job:
         return {
             "size": per_rank[0]["size"],
             "count": per_rank[0]["count"],
-            "time_real_s": max(x["t1"] - x["t0"] for x in per_rank) / iters,
+            # the runs alone (--check all puts a check and a barrier between runs)
+            "time_real_s": max(x.get("run_s", x["t1"] - x["t0"]) for x in per_rank) / iters,
             "wrong": sum(x["wrong"] for x in per_rank),
             "t0": min(x["t0"] for x in per_rank),
             "t1": max(x["t1"] for x in per_rank),

@@ -8,18 +8,17 @@ got -2``.  Nothing is created before a file validates.
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dataplane import registry
 from dataplane import topology as topo_mod
 from dataplane.topology import LinkParams, Topology, TopologyError
 
 LABS_DIR = Path(__file__).resolve().parent.parent / "netns-labs"
-LAB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 FAMILIES = ("erack", "upn", "clos", "hpn")
 
 
@@ -124,7 +123,7 @@ def text_list(min_items: int, what: str, default: Any = None, help: str = "") ->
 def lab_name(default: Any = None) -> Field:
     return Field(
         "a name of 1-24 characters from a-z, 0-9 and '-', starting with a letter or digit",
-        lambda v: isinstance(v, str) and bool(LAB_NAME_RE.match(v)),
+        registry.valid_name,
         default,
     )
 
@@ -219,6 +218,14 @@ def _switch_schema(family: str) -> dict[str, Field]:
             "lossless: what a port may have buffered past XOFF (its frames are never"
             " tail-dropped at an egress); 0: its link's rate x (two delays + 5 ms of"
             " emulator response), plus two frames",
+        ),
+        "hosts_may_pause": boolean(
+            False, "PFC frames from an accelerator's port pause the switch (else ignored, counted)"
+        ),
+        "pfc_watchdog_us": nonneg_int(
+            200_000,
+            "PFC watchdog, nominal: a class paused longer than this without a break is released"
+            " and ignores pauses for as long again (0: never)",
         ),
         "shared_buffer_bytes": nonneg_int(
             0, "one buffer for all of a switch's egress queues; 0: per-port buffers"
@@ -463,7 +470,7 @@ def load(file_or_name: str, name: str | None = None) -> LabSpec:
     s = {sec: _section(path, data, sec, fields) for sec, fields in schema.items()}
 
     lab_name_value = name if name is not None else (s["lab"]["name"] or p.stem)
-    if not LAB_NAME_RE.match(lab_name_value):
+    if not registry.valid_name(lab_name_value):
         key = "--name" if name is not None else ("lab.name" if s["lab"]["name"] else "file name")
         raise LabFileError(path, key, lab_name(None).expected, lab_name_value)
 

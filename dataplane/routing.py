@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 AGG_EP_BASE = 0xF000  # ETHP_AGG_EP_BASE
+AGG_NET = 0xC613F100  # ETHP_AGG_NET: aggregator k's address is AGG_NET + k (198.19.241.k)
 MAX_AGGREGATORS = 16  # ETHP_NIC_MAX_PLANES: aggregators one job may use
 
 

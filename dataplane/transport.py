@@ -12,6 +12,7 @@ Implementations: ``ethplus`` (this project's C NIC, dataplane/nic.py) and
 
 from __future__ import annotations
 
+import ipaddress
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -254,9 +255,33 @@ def inc_plan(rec: dict, members: list[int] | None, group: int, down=frozenset())
     for st in streams:
         for sw in {st.root, *st.inner}:
             meets[sw] = meets.get(sw, 0) + 1
+    slots = int(rec["switch"].get("inc_slots", 1024))
+    share = max(meets.values())
+    # one job may take half of a switch's slots, over its streams that meet there
+    quota = max(1, slots // (2 * share))
+    nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
+
+    def host(m: str, plane: int) -> list[int]:
+        port = next(p for p in nodes[m]["ports"] if p.get("plane", 0) == plane)
+        return [nodes[m]["index"], int(ipaddress.IPv4Address(port["ip"]))]
+
+    # [switch, group, members in index order, quota]: what the control plane vouches for
+    register = []
+    for i, st in enumerate(streams):
+        g = (group & ~0xF) | i
+        at: dict[str, dict[int, list[int]]] = {}
+        for m, (sw, plane, _n, idx) in st.hop.items():
+            at.setdefault(sw, {})[idx] = host(m, plane)
+        for sw, idx in st.inner.items():
+            at.setdefault(st.root, {})[idx] = [
+                routing.AGG_EP_BASE + ids[sw],
+                routing.AGG_NET + ids[sw],
+            ]
+        register += [[sw, g, [ms[k] for k in sorted(ms)], quota] for sw, ms in at.items()]
     return {
-        "slots": int(rec["switch"].get("inc_slots", 1024)),
-        "share": max(meets.values()),
+        "slots": slots,
+        "share": share,
+        "register": register,
         "streams": [
             {
                 "group": (group & ~0xF) | i,

@@ -74,13 +74,16 @@ def test_messages_arrive_byte_exact_under_loss(erack, loss):
     placed = 1 * KiB + 1 * MiB + 64 * MiB
     assert delta_b["rx_data_bytes"] == placed  # every byte placed exactly once
     if loss == "0":
-        # Nothing is lost, so every retransmission is a duplicate at the
-        # receiver.  The only ones allowed are the loss detector's rare
-        # reordering misjudgements (a plane's switch thread descheduled for
-        # longer than the reordering window on this 2-core machine): never a
-        # timeout, at most one packet in a thousand.
+        # Nothing is lost on the link, so every retransmission is a
+        # duplicate at the receiver or answers a trim (a queue over its
+        # threshold while the machine ran a switch late).  The only
+        # duplicates allowed are the loss detector's rare reordering
+        # misjudgements (a plane's switch thread descheduled for longer than
+        # the reordering window on this 2-core machine): never a timeout, at
+        # most one packet in a thousand.
         moved = f"sender {_moved(delta_a)}, receiver {_moved(delta_b)}"
-        assert delta_b["rx_dup_pkts"] == delta_a["retx_pkts"], moved
+        resent = delta_b["rx_dup_pkts"] + delta_b["rx_trimmed_pkts"]
+        assert resent == delta_a["retx_pkts"], moved
         assert delta_a["retx_timeout"] == 0, moved
         assert delta_a["retx_pkts"] <= delta_a["tx_data_pkts"] // 1000, moved
     else:
@@ -366,13 +369,17 @@ def test_fuzz_malformed_eth_frames_at_an_endpoint(erack):
     size = 32 * MiB
     data = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)
     out = np.zeros(size, dtype=np.uint8)
-    m0 = b.counters()["rx_malformed"]
+    c0 = b.counters()
     hr = b.post_recv(a.rank, 600, out)
     hs = a.post_send(b.rank, 600, data)
     send_paced(core.Port(inject_if, inject_ns), core.Pool(2048, 9300), frames, 40e6, burst=64)
     assert a.wait(hs, 120) == size and b.wait(hr, 120) == size
     assert np.array_equal(out, data)
-    assert b.counters()["rx_malformed"] - m0 == len(frames)
+    c1 = b.counters()
+    # three kinds in four fail the parser; the fourth is well formed but
+    # does not come from h0's switch (h3's MAC): refused as spoofed
+    assert c1["rx_malformed"] - c0["rx_malformed"] == len(frames) * 3 // 4
+    assert c1["rx_spoofed"] - c0["rx_spoofed"] == len(frames) // 4
 
 
 def test_host_kernel_never_answers_eth_frames(lab_name):

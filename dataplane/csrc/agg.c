@@ -11,9 +11,15 @@
  * of each slot beside the current one: enough to answer any member that
  * lost its copy and sends its contribution again.
  *
- * Slot memory is taken when a group first needs it and kept by the group;
- * a group that has been silent for ETHP_AGG_IDLE_NS gives its slots up to
- * a group that needs them (its job is over, or dead).
+ * Only groups the control plane registered (ethp_agg_register: its member
+ * list and its job's slot quota) are aggregated: a member's return address
+ * is the list's, never a frame's, and a contribution must come from the
+ * member's own address (which the switches' source guard vouches for), so
+ * a node cannot redirect results, start groups or squat slots.
+ *
+ * Slot memory is taken when a group first needs it, up to its quota, and
+ * kept by the group; a group that has been silent for ETHP_AGG_IDLE_NS gives
+ * its slots up to a group that needs them (its job is over, or dead).
  *
  * Trees (SHARP's): an aggregator the control plane told to (ethp_agg_join)
  * is an inner node of the group's tree.  When its members' parts of a
@@ -23,6 +29,7 @@
  * it send the partial up again (the parent counts it once, or answers with
  * the result).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -30,6 +37,7 @@
 
 #define AGG_MAX_GROUPS 64
 #define AGG_MAX_UPLINKS 256
+#define AGG_MAX_REGS 256
 #define AGG_IDLE_NS 5000000000ull
 #define AGG_SEEN_WORDS (ETHP_AGG_MAX_MEMBERS / 64)
 
@@ -53,8 +61,16 @@ struct agg_uplink {
     uint8_t live;
 };
 
+/* A group as the control plane registered it. */
+struct agg_reg {
+    uint32_t group, members, quota;
+    uint8_t live;
+    struct ethp_agg_member *member;
+};
+
 struct agg_group {
     uint32_t id, members, window;
+    uint32_t quota, held; /* slots it may hold, and holds */
     uint8_t dtype, op, live;
     struct agg_uplink up; /* up.live: an inner node of this group's tree */
     uint64_t touched_ns;
@@ -71,6 +87,7 @@ struct ethp_agg {
     pthread_mutex_t lock;   /* uplinks: written by the control thread */
     struct agg_uplink uplinks[AGG_MAX_UPLINKS];
     uint32_t next_uplink;
+    struct agg_reg regs[AGG_MAX_REGS]; /* also under lock */
 };
 
 struct ethp_agg *ethp_agg_new(uint32_t slots, uint32_t payload_cap_bytes)
@@ -112,6 +129,71 @@ int ethp_agg_leave(struct ethp_agg *a, uint32_t group)
             a->uplinks[i].live = 0;
     pthread_mutex_unlock(&a->lock);
     return 0;
+}
+
+int ethp_agg_register(struct ethp_agg *a, uint32_t group, const uint32_t *ips,
+                      const uint32_t *eps, uint32_t n_members, uint32_t quota_slots)
+{
+    if (!n_members || n_members > ETHP_AGG_MAX_MEMBERS || !quota_slots)
+        return -EINVAL;
+    struct ethp_agg_member *m = calloc(n_members, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n_members; i++) {
+        if (eps[i] > 0xffff) {
+            free(m);
+            return -EINVAL;
+        }
+        m[i] = (struct ethp_agg_member){.ip = ips[i], .ep = (uint16_t)eps[i]};
+    }
+    pthread_mutex_lock(&a->lock);
+    struct agg_reg *r = NULL;
+    for (int i = 0; i < AGG_MAX_REGS && !r; i++)
+        if (a->regs[i].live && a->regs[i].group == group)
+            r = &a->regs[i];
+    for (int i = 0; i < AGG_MAX_REGS && !r; i++)
+        if (!a->regs[i].live)
+            r = &a->regs[i];
+    int rc = r ? 0 : -ENOSPC;
+    if (r) {
+        free(r->member);
+        *r = (struct agg_reg){.group = group, .members = n_members, .quota = quota_slots,
+                              .live = 1, .member = m};
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (rc)
+        free(m);
+    return rc;
+}
+
+int ethp_agg_unregister(struct ethp_agg *a, uint32_t group)
+{
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < AGG_MAX_REGS; i++)
+        if (a->regs[i].live && a->regs[i].group == group) {
+            free(a->regs[i].member);
+            a->regs[i] = (struct agg_reg){0};
+        }
+    pthread_mutex_unlock(&a->lock);
+    return 0;
+}
+
+/* Copy a registered group's member list into member[members]; its quota,
+ * or 0 if the group is not registered with that many members. */
+static uint32_t registered(struct ethp_agg *a, uint32_t group, uint32_t members,
+                           struct ethp_agg_member *member)
+{
+    uint32_t quota = 0;
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < AGG_MAX_REGS; i++) {
+        const struct agg_reg *r = &a->regs[i];
+        if (r->live && r->group == group && r->members == members) {
+            memcpy(member, r->member, members * sizeof(*member));
+            quota = r->quota;
+        }
+    }
+    pthread_mutex_unlock(&a->lock);
+    return quota;
 }
 
 static struct agg_uplink uplink_of(struct ethp_agg *a, uint32_t group)
@@ -159,6 +241,8 @@ void ethp_agg_free(struct ethp_agg *a)
         a->free_list = s->next_free;
         slot_free(s);
     }
+    for (int i = 0; i < AGG_MAX_REGS; i++)
+        free(a->regs[i].member);
     pthread_mutex_destroy(&a->lock);
     free(a);
 }
@@ -187,42 +271,66 @@ static struct agg_group *find_group(struct ethp_agg *a, uint32_t id)
     return NULL;
 }
 
-static struct agg_group *group_of(struct ethp_agg *a, uint32_t id, uint32_t members,
-                                  uint32_t window, uint8_t dtype, uint8_t op, uint64_t now,
-                                  int *action)
+/* Is the frame from member index as the control plane listed it: its
+ * endpoint (compact form) or its address (UDP form)?  The switches' source
+ * guard makes a host's frames carry its own. */
+static int from_member(const struct ethp_parsed *ps, const struct ethp_agg_member *m)
 {
+    return ps->kind == ETHP_KIND_ETHP_COMPACT ? ps->hdr.src_ep == m->ep
+                                              : ps->addr.src_ip == m->ip;
+}
+
+/* The live group of a contribution from member index, made from its
+ * registration on its first contribution; NULL and *action if it is not
+ * registered, the frame is not from that member (checked before anything
+ * of the frame is believed), or its fields are not the group's. */
+static struct agg_group *group_of(struct ethp_agg *a, const struct ethp_parsed *ps,
+                                  uint32_t members, uint32_t index, uint32_t window,
+                                  uint8_t dtype, uint8_t op, uint64_t now, int *action)
+{
+    uint32_t id = ps->hdr.msg_id;
     struct agg_group *g = find_group(a, id);
     struct agg_group *empty = NULL;
     for (int i = 0; !g && !empty && i < AGG_MAX_GROUPS; i++)
         if (!a->groups[i].live)
             empty = &a->groups[i];
     if (g) {
-        if (g->members != members || g->window != window || g->dtype != dtype || g->op != op) {
+        if (g->members != members || !from_member(ps, &g->member[index])) {
+            *action = ETHP_AGG_FOREIGN;
+            return NULL;
+        }
+        if (g->window != window || g->dtype != dtype || g->op != op) {
             *action = ETHP_AGG_BAD;
             return NULL;
         }
     } else {
+        struct ethp_agg_member *member = calloc(members, sizeof(*member));
+        uint32_t quota = member ? registered(a, id, members, member) : 0;
+        if (!quota || !from_member(ps, &member[index])) {
+            free(member);
+            *action = member ? ETHP_AGG_FOREIGN : ETHP_AGG_FULL;
+            return NULL;
+        }
         if (!empty) {
             empty = idle_group(a, now);
             if (!empty) {
+                free(member);
                 *action = ETHP_AGG_FULL;
                 return NULL;
             }
             group_release(a, empty);
         }
         g = empty;
-        g->member = calloc(members, sizeof(*g->member));
         g->slot = calloc(window, sizeof(*g->slot));
-        if (!g->member || !g->slot) {
-            free(g->member);
-            free(g->slot);
+        if (!g->slot) {
+            free(member);
             memset(g, 0, sizeof(*g));
             *action = ETHP_AGG_FULL;
             return NULL;
         }
         *g = (struct agg_group){.id = id, .members = members, .window = window, .dtype = dtype,
-                                .op = op, .live = 1, .member = g->member, .slot = g->slot,
-                                .up = uplink_of(a, id)};
+                                .op = op, .live = 1, .member = member, .slot = g->slot,
+                                .quota = quota, .up = uplink_of(a, id)};
     }
     g->touched_ns = now;
     a->last = g;
@@ -421,19 +529,19 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
         len % ethp_agg_elem_bytes(dtype) || ps->payload_bytes != len || (h->flags & ETHP_F_TRIMMED))
         return ETHP_AGG_BAD;
     int action = ETHP_AGG_ABSORBED;
-    struct agg_group *g = group_of(a, h->msg_id, members, window, dtype, op, now, &action);
+    struct agg_group *g = group_of(a, ps, members, index, window, dtype, op, now, &action);
     if (!g)
         return action;
-    struct ethp_agg_member *m = &g->member[index];
-    m->ep = h->src_ep;
-    m->ev = h->entropy;
-    m->ip = ps->addr.src_ip;
+    g->member[index].ev = h->entropy;
     uint32_t idx = h->psn % window;
     struct agg_slot *s = g->slot[idx];
     if (!s) {
+        if (g->held >= g->quota)
+            return ETHP_AGG_FULL; /* its job's share is taken */
         s = g->slot[idx] = slot_take(a, now);
         if (!s)
             return ETHP_AGG_FULL;
+        g->held++;
     }
     *out = (struct ethp_agg_out){.group = g->id, .word = h->ts_ns, .members = members,
                                  .member = g->member, .to = index, .psn = h->psn};
@@ -502,8 +610,13 @@ int ethp_agg_down(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_
 {
     const struct ethp_hdr_fields *h = &ps->hdr;
     struct agg_group *g = find_group(a, h->msg_id);
-    if (!g || !g->up.live || h->src_ep != ETHP_AGG_EP_BASE + g->up.parent_id)
+    if (!g || !g->up.live)
         return ETHP_AGG_STALE;
+    if (h->src_ep != ETHP_AGG_EP_BASE + g->up.parent_id ||
+        (ps->kind != ETHP_KIND_ETHP_COMPACT && ps->addr.src_ip != ETHP_AGG_NET + g->up.parent_id))
+        return ETHP_AGG_FOREIGN; /* only the parent answers */
+    if (h->flags & ETHP_F_TRIMMED)
+        return ETHP_AGG_BAD;
     g->touched_ns = now;
     struct agg_slot *s = g->slot[h->psn % g->window];
     if (!s || !s->used || s->psn != h->psn || !s->up_sent)

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 24
+#define ETHP_ABI_VERSION 25
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -367,6 +367,8 @@ struct ethp_switch_cfg {
     uint32_t agg_slots;
     uint32_t int_id;           /* this switch's number in INT records (port_id's high bits) */
     uint32_t ring_idle_ms;     /* the switch's port: see struct ethp_port_cfg */
+    uint32_t hosts_may_pause;  /* 0: PFC frames from an accelerator's port are ignored (counted) */
+    uint64_t pfc_watchdog_ns;  /* a class paused longer than this without a break is released; 0: never */
 };
 
 /* One port's link, in real (time-scaled) units; both directions of the link. */
@@ -400,6 +402,9 @@ struct ethp_link_state {
     X(drop_link_down, "link down")                                              \
     X(drop_node_down, "switch down")                                            \
     X(drop_malformed, "frames the parser rejected")                             \
+    X(drop_spoofed, "frames from a host whose source address or endpoint is not routed back to it") \
+    X(pause_ignored, "PFC frames from a host, ignored (the lab does not let hosts pause)") \
+    X(pfc_watchdog, "pauses the watchdog broke: a class held paused too long was released") \
     X(drop_no_route, "no route to the destination")                             \
     X(drop_tx_error, "the kernel refused the frame")                            \
     X(ctl_consumed, "MAC control frames consumed here")                         \
@@ -422,6 +427,7 @@ struct ethp_link_state {
     X(agg_replies, "results (or partials, up a tree) sent again after a member resent its contribution") \
     X(drop_agg_full, "contributions dropped: the aggregator had no free slot")   \
     X(drop_agg_stale, "contributions for a chunk the aggregator no longer holds") \
+    X(drop_agg_foreign, "contributions to a group nobody registered, or not from the member's address") \
     X(int_stamped, "INT records written into data packets leaving this port")
 
 /* Per-port, per-class counters.  X(name, help) */
@@ -485,6 +491,12 @@ void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint
 int ethp_switch_agg_join(struct ethp_switch *sw, uint32_t group, uint32_t parent_id,
                          uint32_t parent_index, uint32_t parent_members);
 int ethp_switch_agg_leave(struct ethp_switch *sw, uint32_t group);
+/* Register a group at this switch's aggregator: member i sends from ips[i]
+ * (UDP form) or as endpoint eps[i] (compact form); the group may hold at
+ * most quota_slots slots.  Only registered groups are aggregated. */
+int ethp_switch_agg_register(struct ethp_switch *sw, uint32_t group, const uint32_t *ips,
+                             const uint32_t *eps, uint32_t n_members, uint32_t quota_slots);
+int ethp_switch_agg_unregister(struct ethp_switch *sw, uint32_t group);
 /* Build an 802.1Qbb PFC frame pausing the classes in mask for quanta. */
 int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
                    uint16_t quanta);
@@ -506,7 +518,8 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_unexpected_pkts, "data for no posted receive, discarded")              \
     X(rx_trimmed_pkts, "trimmed packets seen (each answered by a NACK)")        \
     X(rx_ce_pkts, "CE-marked packets seen")                                     \
-    X(rx_malformed, "frames that were not valid ETH+ for this endpoint")        \
+    X(rx_malformed, "frames refused: not valid ETH+ for this endpoint, a payload not its header's length, a msg_id bound to another tag") \
+    X(rx_spoofed, "frames refused: not on one of its ports, or not from the address its claimed sender has there") \
     X(tx_acks, "acks sent")                                                     \
     X(rx_acks, "acks received")                                                 \
     X(tx_nacks, "nacks sent")                                                   \

@@ -167,10 +167,11 @@ enum ethp_agg_action {
     ETHP_AGG_STALE,        /* a chunk this aggregator no longer holds */
     ETHP_AGG_FULL,         /* no free slot */
     ETHP_AGG_BAD,          /* fields out of range, or not the group's */
+    ETHP_AGG_FOREIGN,      /* a group nobody registered, or not from the member's address */
 };
 struct ethp_agg_member {
-    uint32_t ip;  /* return address of its last contribution (UDP form) */
-    uint16_t ep;  /* its endpoint (compact form) */
+    uint32_t ip;  /* its address (UDP form), from the control plane's member list */
+    uint16_t ep;  /* its endpoint (compact form), from the same list */
     uint16_t ev;  /* entropy of its last contribution: the result goes back the same way */
 };
 /* The result to send: payload and the header fields that vary. */
@@ -203,6 +204,13 @@ int ethp_agg_down(struct ethp_agg *agg, const struct ethp_parsed *ps, const uint
 int ethp_agg_join(struct ethp_agg *agg, uint32_t group, uint32_t parent_id, uint32_t parent_index,
                   uint32_t parent_members);
 int ethp_agg_leave(struct ethp_agg *agg, uint32_t group);
+/* The control plane's member list of a group (member i: ips[i], eps[i]) and
+ * the most slots it may hold at once (its job's quota).  Contributions to a
+ * group it never registered, or from anywhere but the member's own address,
+ * are refused.  0, -EINVAL or -ENOSPC (every entry taken by live groups). */
+int ethp_agg_register(struct ethp_agg *agg, uint32_t group, const uint32_t *ips,
+                      const uint32_t *eps, uint32_t n_members, uint32_t quota_slots);
+int ethp_agg_unregister(struct ethp_agg *agg, uint32_t group);
 
 /* The live counters of a port (ETHP_PORT_NCOUNTERS), for its owner thread. */
 const uint64_t *ethp_port_counters_ref(const struct ethp_port *port);

@@ -840,12 +840,22 @@ static void send_ack(struct ethp_nic *n, struct nic_peer *p)
     p->dup_seen = 0;
 }
 
+/* The posted receive a data packet belongs to: the message its msg_id is
+ * bound to, else the first receive posted for its tag, bound now.  NULL
+ * when none is posted (*refused 0) or when the msg_id is bound to a message
+ * of another tag (*refused 1: forged or broken, counted). */
 static struct nic_msg *bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t msg_id,
-                                uint32_t tag)
+                                uint32_t tag, int *refused)
 {
+    *refused = 0;
     for (int i = 0; i < 64; i++)
-        if (p->bound[i] && p->bound[i]->msg_id == msg_id)
-            return p->bound[i];
+        if (p->bound[i] && p->bound[i]->msg_id == msg_id) {
+            if (p->bound[i]->tag == tag)
+                return p->bound[i];
+            count(n, p, ETHP_NC_rx_malformed, 1);
+            *refused = 1;
+            return NULL;
+        }
     struct nic_msg *prev = NULL;
     for (struct nic_msg *m = p->rq_head; m; prev = m, m = m->next) {
         if (m->tag != tag)
@@ -880,15 +890,27 @@ static void unbind(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
         }
 }
 
-static void place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
-                  const struct ethp_hdr_fields *h, const uint8_t *payload)
+/* A data frame's payload must be whole: exactly len_bytes, present in the
+ * frame (a trimmed packet is answered, never placed).  Returns 0 and counts
+ * the frame as malformed otherwise. */
+static int payload_whole(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps)
 {
+    if (!(ps->hdr.flags & ETHP_F_TRIMMED) && ps->payload_bytes == ps->hdr.len_bytes)
+        return 1;
+    count(n, p, ETHP_NC_rx_malformed, 1);
+    return 0;
+}
+
+static void place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
+                  const struct ethp_parsed *ps, const uint8_t *payload)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
     if (m->status != ETHP_NIC_PENDING) {
         /* a message that already failed (buffer too small): swallow the rest */
     } else if ((uint64_t)h->offset_bytes + h->len_bytes > m->len) {
         complete(n, m, ETHP_NIC_ERR_TOO_SMALL); /* stays bound: its packets keep coming */
     } else {
-        memcpy(m->buf + h->offset_bytes, payload, h->len_bytes);
+        memcpy(m->buf + h->offset_bytes, payload, ps->payload_bytes); /* == len_bytes */
         m->done_bytes += h->len_bytes;
         if (h->flags & ETHP_F_LAST)
             m->total = (uint64_t)h->offset_bytes + h->len_bytes;
@@ -905,6 +927,8 @@ static void on_data_roce(struct ethp_nic *n, struct nic_peer *p, const struct et
                          const uint8_t *payload, uint64_t now)
 {
     const struct ethp_hdr_fields *h = &ps->hdr;
+    if (!payload_whole(n, p, ps))
+        return; /* RoCE has no trimming: a short payload is forged or broken */
     uint32_t q = h->psn % n->cfg.qps;
     struct nic_qp *qp = &p->qp[q];
     if (ps->ecn == 3) {
@@ -933,14 +957,17 @@ static void on_data_roce(struct ethp_nic *n, struct nic_peer *p, const struct et
         }
         return;
     }
-    struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag);
+    int refused;
+    struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag, &refused);
+    if (refused)
+        return;
     if (!m) {
         count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
         send_ctl(n, p, ETHP_OP_RNR, h->psn, q, 0, h->ts_ns, qp->ev, NULL, 0);
         count(n, p, ETHP_NC_tx_rnrs, 1);
         return;
     }
-    place(n, p, m, h, payload);
+    place(n, p, m, ps, payload);
     qp->rcv_nxt += n->cfg.qps;
     qp->nak_sent = 0;
     p->qp_ack_mask |= 1u << q;
@@ -959,6 +986,8 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         count(n, p, ETHP_NC_tx_nacks, 1);
         return;
     }
+    if (!payload_whole(n, p, ps))
+        return;
     if (ps->ecn == 3) {
         /* A CE mark is acked on its own, so that the echoed entropy value
          * (and with it the plane) is the marked packet's: flush the ack of
@@ -984,7 +1013,10 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     }
     if (d >= NIC_RWIN)
         return; /* beyond the window: the sender will resend */
-    struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag);
+    int refused;
+    struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag, &refused);
+    if (refused)
+        return;
     if (!m) {
         /* no receive posted for this tag yet: not acked; say so, so that the
          * sender backs off and retries instead of waiting for a timeout */
@@ -993,7 +1025,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         count(n, p, ETHP_NC_tx_rnrs, 1);
         return;
     }
-    place(n, p, m, h, payload);
+    place(n, p, m, ps, payload);
     p->rbits[(h->psn % NIC_RWIN) / 8] |= (uint8_t)(1u << (h->psn % 8));
     if ((int32_t)(h->psn - p->last_psn) > 0 || p->c[ETHP_NC_rx_data_pkts] == 1)
         p->last_psn = h->psn;
@@ -1236,7 +1268,7 @@ static void on_pause(struct ethp_nic *n, const uint8_t *f, uint32_t len, int ifi
 {
     for (uint32_t i = 0; i < n->n_ports; i++) {
         struct nic_port *pt = &n->ports[i];
-        if (pt->ifindex != ifindex || len < 20)
+        if (pt->ifindex != ifindex || len < 20 + 2 * ETHP_CLS_DATA)
             continue;
         uint16_t q = (uint16_t)(f[18 + 2 * ETHP_CLS_DATA] << 8 | f[19 + 2 * ETHP_CLS_DATA]);
         if (!(f[17] & (1u << ETHP_CLS_DATA)))
@@ -1335,7 +1367,7 @@ static void pump_inc(struct ethp_nic *n, uint64_t now)
 }
 
 static void on_agg_result(struct ethp_nic *n, const struct ethp_parsed *ps, const uint8_t *payload,
-                          uint64_t now)
+                          uint32_t plane, uint64_t now)
 {
     struct nic_inc *g = &n->inc;
     struct inc_agg *a = NULL;
@@ -1344,6 +1376,12 @@ static void on_agg_result(struct ethp_nic *n, const struct ethp_parsed *ps, cons
             a = &g->agg[i];
     if (!a || ps->hdr.src_ep != ETHP_AGG_EP_BASE + a->id) {
         n->c[ETHP_NC_rx_malformed]++;
+        return;
+    }
+    /* from its aggregator, on the plane this stream uses */
+    if (plane != a->plane ||
+        (ps->kind != ETHP_KIND_ETHP_COMPACT && ps->addr.src_ip != ETHP_AGG_NET + a->id)) {
+        n->c[ETHP_NC_rx_spoofed]++;
         return;
     }
     uint32_t psn = ps->hdr.psn;
@@ -1433,6 +1471,14 @@ struct rx_ctx {
 
 /* One received frame, read in place from the ring: payloads go straight
  * from the ring to the posted buffer, with no copy in between. */
+static int port_of_ifindex(const struct ethp_nic *n, int ifindex)
+{
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        if (n->ports[i].ifindex == ifindex)
+            return (int)i;
+    return -1;
+}
+
 static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
 {
     struct rx_ctx *c = arg;
@@ -1451,16 +1497,36 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
             n->c[ETHP_NC_rx_malformed]++;
         return;
     }
+    if (n->cfg.roce && kind == ETHP_KIND_IPV4 && ps.ip_proto == 17 &&
+        ps.addr.dst_port == ETHP_ROCE_UDP_PORT) {
+        n->c[ETHP_NC_rx_malformed]++; /* to the RoCE port, but no valid header */
+        return;
+    }
     if (n->cfg.roce ? kind != ETHP_KIND_ROCE_UDP
                     : kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
         return; /* the host's own traffic */
+    /* Who sent it: a frame counts only on one of this NIC's ports (never
+     * lo), from its switch (the MAC it rewrote), to this port's address,
+     * and from the address the claimed sender has on that plane.  The
+     * switches refuse a host's frame whose source is not that host's
+     * (switch.c, source guard), so a third node can forge neither. */
+    int plane = port_of_ifindex(n, ifindex);
+    if (plane < 0 || memcmp(ps.addr.src_mac, n->ports[plane].gw_mac, 6) ||
+        (kind != ETHP_KIND_ETHP_COMPACT && ps.addr.dst_ip != n->ports[plane].ip)) {
+        n->c[ETHP_NC_rx_spoofed]++;
+        return;
+    }
     if (ps.hdr.opcode == ETHP_OP_AGG_RESULT && ps.hdr.dst_ep == n->cfg.ep) {
-        on_agg_result(n, &ps, data + ps.payload_off, c->now);
+        on_agg_result(n, &ps, data + ps.payload_off, (uint32_t)plane, c->now);
         return;
     }
     struct nic_peer *p = peer_of(n, ps.hdr.src_ep);
     if (!p || ps.hdr.dst_ep != n->cfg.ep) {
         n->c[ETHP_NC_rx_malformed]++;
+        return;
+    }
+    if (kind != ETHP_KIND_ETHP_COMPACT && ps.addr.src_ip != p->ip[plane]) {
+        count(n, p, ETHP_NC_rx_spoofed, 1);
         return;
     }
     const uint8_t *payload = data + ps.payload_off;

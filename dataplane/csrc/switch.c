@@ -92,6 +92,8 @@ struct sw_port {
     uint64_t sched_wire_bytes;    /* wire bytes put on the link so far (INT's tx_bytes) */
     uint64_t paused_until[ETHP_NCLASSES];
     uint64_t paused_since[ETHP_NCLASSES];
+    uint64_t pause_began[ETHP_NCLASSES];      /* the peer's unbroken pause started, or 0 */
+    uint64_t pfc_ignore_until[ETHP_NCLASSES]; /* the watchdog released it: pauses ignored */
     uint64_t pfc_in_bytes[ETHP_NCLASSES]; /* buffered here, came in on this port */
     uint64_t pfc_refresh_ns[ETHP_NCLASSES]; /* 0: the peer is not paused by us */
     uint64_t pfc_headroom_bytes; /* lossless: what may come in past XOFF (set_link) */
@@ -233,18 +235,34 @@ static void pfc_send(struct ethp_switch *sw, struct sw_port *port, int cls, uint
         activate(sw, port);
 }
 
-static void pfc_receive(struct sw_port *port, const uint8_t *f, uint32_t len, uint64_t now)
+/* A pause or resume from the port's peer.  The watchdog: a class the peer
+ * has held paused for longer than pfc_watchdog_ns without a break is
+ * released and ignores the peer's pauses for as long again (a storm of
+ * pauses from a broken or hostile peer cannot stop the port forever). */
+static void pfc_receive(const struct ethp_switch *sw, struct sw_port *port, const uint8_t *f,
+                        uint32_t len, uint64_t now)
 {
     port->c[ETHP_SC_pause_rx]++;
     if (len < 18 + 16)
         return;
     uint16_t opcode = (uint16_t)(f[14] << 8 | f[15]);
     uint16_t mask = opcode == 0x0001 ? 0xff : (uint16_t)(f[16] << 8 | f[17]);
+    uint64_t wd = sw->cfg.pfc_watchdog_ns;
     for (int c = 0; c < ETHP_NCLASSES; c++) {
         if (!(mask & (1u << c)))
             continue;
         uint16_t quanta = opcode == 0x0001 ? (uint16_t)(f[16] << 8 | f[17])
                                            : (uint16_t)(f[18 + 2 * c] << 8 | f[19 + 2 * c]);
+        if (now < port->pfc_ignore_until[c])
+            continue;
+        if (now >= port->paused_until[c] || !quanta)
+            port->pause_began[c] = quanta ? now : 0; /* a new pause, or none */
+        if (wd && quanta && port->pause_began[c] && now - port->pause_began[c] > wd) {
+            port->c[ETHP_SC_pfc_watchdog]++;
+            port->pfc_ignore_until[c] = now + wd;
+            port->pause_began[c] = 0;
+            quanta = 0; /* released at once */
+        }
         if (port->paused_until[c] > port->paused_since[c]) {
             uint64_t end = now < port->paused_until[c] ? now : port->paused_until[c];
             port->cc[c][ETHP_CC_paused_ns] += end - port->paused_since[c];
@@ -417,6 +435,29 @@ static uint16_t choose(struct ethp_switch *sw, const struct sw_group *g,
 
 static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now);
 
+/* Source guard (strict reverse path, as a ToR's IP source guard does): a
+ * frame a host sends must come from an address (IPv4) or endpoint (compact
+ * form) this switch routes back out of the port it came in on.  A lab node
+ * then cannot pass itself off as another accelerator or an aggregator. */
+static int host_source_ok(const struct ethp_switch *sw, uint16_t in_port,
+                          const struct ethp_parsed *ps, int kind)
+{
+    uint16_t gi = 0;
+    if (kind == ETHP_KIND_ETHP_COMPACT)
+        gi = sw->route_ep[ps->hdr.src_ep];
+    else if (kind == ETHP_KIND_OTHER)
+        return 1; /* nothing routes it: dropped as no route */
+    else if (ps->addr.src_ip >> 16 == SW_LAB_NET)
+        gi = sw->route_ip[ps->addr.src_ip & 0xffff];
+    if (!gi)
+        return 0;
+    const struct sw_group *g = &sw->groups[gi - 1];
+    for (uint16_t i = 0; i < g->n; i++)
+        if (g->ports[i] == in_port)
+            return 1;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- aggregation */
 
 /* A frame the aggregator originates, into the pipeline as if it had arrived
@@ -464,6 +505,7 @@ static const int8_t agg_dropped[] = {
     [ETHP_AGG_BAD] = ETHP_SC_drop_malformed,
     [ETHP_AGG_FULL] = ETHP_SC_drop_agg_full,
     [ETHP_AGG_STALE] = ETHP_SC_drop_agg_stale,
+    [ETHP_AGG_FOREIGN] = ETHP_SC_drop_agg_foreign,
 };
 
 /* A contribution (op agg) or, at an inner node of a tree, the parent's
@@ -504,9 +546,17 @@ static void forward(struct ethp_switch *sw, struct ethp_pkt *p, uint64_t now)
         drop(sw, in, p, ETHP_SC_drop_malformed);
         return;
     }
+    int from_host = in->link.peer_is_host && !p->origin;
     if (kind == ETHP_KIND_MACCTL) {
-        pfc_receive(in, p->data, p->len, now);
+        if (from_host && !sw->cfg.hosts_may_pause)
+            in->c[ETHP_SC_pause_ignored]++;
+        else
+            pfc_receive(sw, in, p->data, p->len, now);
         drop(sw, in, p, ETHP_SC_ctl_consumed);
+        return;
+    }
+    if (from_host && !host_source_ok(sw, p->port, &ps, kind)) {
+        drop(sw, in, p, ETHP_SC_drop_spoofed);
         return;
     }
     if (sw->agg && is_ethp(kind) &&
@@ -1089,6 +1139,17 @@ int ethp_switch_agg_join(struct ethp_switch *sw, uint32_t group, uint32_t parent
 int ethp_switch_agg_leave(struct ethp_switch *sw, uint32_t group)
 {
     return sw->agg ? ethp_agg_leave(sw->agg, group) : -EINVAL;
+}
+
+int ethp_switch_agg_register(struct ethp_switch *sw, uint32_t group, const uint32_t *ips,
+                             const uint32_t *eps, uint32_t n_members, uint32_t quota_slots)
+{
+    return sw->agg ? ethp_agg_register(sw->agg, group, ips, eps, n_members, quota_slots) : -EINVAL;
+}
+
+int ethp_switch_agg_unregister(struct ethp_switch *sw, uint32_t group)
+{
+    return sw->agg ? ethp_agg_unregister(sw->agg, group) : -EINVAL;
 }
 
 uint32_t ethp_switch_port_count(const struct ethp_switch *sw) { return sw->n_ports; }

@@ -1,0 +1,402 @@
+"""Every frame from a lab node is untrusted: crafted lengths, forged
+sources, pause storms.  A raw-socket program inside a node (what anyone with
+`ethplus exec` can run) attacks a real transfer between two other nodes; the
+transfer must finish byte-exact and every refused frame must be counted."""
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import RUN_ID, ethplus
+from labtools import Lab
+
+from dataplane import core, stats
+from dataplane.nic import Endpoint
+
+pytestmark = pytest.mark.root
+
+MiB = 1 << 20
+ROCE_PORT = 4791
+ETH_BYTES, IP_UDP_BYTES = 14, 28
+# ETH+ header fields, by offset in the header (docs/wire-format.md)
+FLAGS_AT, LEN_AT = 1, 24
+AGG_EP_BASE, AGG_NET = core.lib.ETHP_AGG_EP_BASE, core.lib.ETHP_AGG_NET
+
+
+@pytest.fixture(scope="module")
+def erack():
+    name = f"{RUN_ID}-trust"
+    ethplus("lab", "up", "erack-8x4", "--name", name, check=True)
+    try:
+        yield Lab(name)
+    finally:
+        ethplus("lab", "down", name)
+
+
+def forge(
+    lab: Lab,
+    sender: str,
+    *,
+    to: str,
+    opcode: int,
+    src_ep: int,
+    src_ip: int | None = None,
+    plane: int = 0,
+    compact: bool,
+    udp_port: int = core.UDP_PORT,
+    psn: int = 0,
+    flags: int = 0,
+    tag: int = 0,
+    msg_id: int = 0,
+    offset: int = 0,
+    payload: bytes = b"",
+    dst_ip: int | None = None,
+) -> bytes:
+    """A frame as sender's port on plane puts it on the wire, claiming to
+    come from src_ep (and src_ip), to node to's port on that plane."""
+    me, them = lab.port(sender, plane=plane), lab.port(to, plane=plane)
+    addr = core.Addr(
+        dst_mac=me.gw_mac,
+        src_mac=me.mac,
+        src_ip=me.ip if src_ip is None else src_ip,
+        dst_ip=them.ip if dst_ip is None else dst_ip,
+        src_port=0xC000,
+        dst_port=udp_port,
+        tos=2,
+    )
+    hdr = core.Header(
+        opcode=opcode,
+        flags=flags,
+        src_ep=src_ep,
+        dst_ep=them.ep,
+        msg_id=msg_id,
+        psn=psn,
+        offset_bytes=offset,
+        tag=tag,
+        len_bytes=len(payload),
+        tos=2,
+    )
+    return core.build_frame(addr, hdr, payload, compact=compact)
+
+
+def patch_header(frame: bytes, compact: bool, *, flags: int | None = None, length: int) -> bytes:
+    """The same frame with its header's len (and flags) rewritten: a header
+    that lies about the payload it carries."""
+    at = ETH_BYTES + (0 if compact else IP_UDP_BYTES)
+    b = bytearray(frame)
+    if flags is not None:
+        b[at + FLAGS_AT] = flags
+    b[at + LEN_AT : at + LEN_AT + 2] = length.to_bytes(2, "big")
+    return bytes(b)
+
+
+def send_raw(lab: Lab, node: str, frames: list[bytes], plane: int = 0, gap_s: float = 0.0005):
+    hp = lab.port(node, plane=plane)
+    port, pool = core.Port(hp.ifname, hp.ns), core.Pool(256, 9300)
+    try:
+        for f in frames:
+            while port.send([f], pool) != 1:
+                time.sleep(0.001)
+            time.sleep(gap_s)
+    finally:
+        port.close()
+
+
+def rewrite_as_switch(lab: Lab, frame: bytes, to: str, plane: int = 0) -> bytes:
+    """The frame as the switch hands it to node to (MACs rewritten)."""
+    them = lab.port(to, plane=plane)
+    return them.mac + them.gw_mac + frame[12:]
+
+
+def send_from_switch(lab: Lab, to: str, frames: list[bytes], plane: int = 0) -> None:
+    """Put frames on to's link from the switch's side: what the switch would
+    deliver if it forwarded them (it drops a frame it cannot parse)."""
+    sw = lab.nodes[_switch_of(lab, to, plane)]
+    ifname = next(p["ifname"] for p in sw["ports"] if p["peer"] == to)
+    port, pool = core.Port(ifname, lab.rec["namespaces"][sw["name"]]), core.Pool(256, 9300)
+    try:
+        for f in frames:
+            while port.send([rewrite_as_switch(lab, f, to, plane)], pool) != 1:
+                time.sleep(0.001)
+            time.sleep(0.0005)
+    finally:
+        port.close()
+
+
+def _switch_of(lab: Lab, node: str, plane: int) -> str:
+    return next(p["peer"] for p in lab.nodes[node]["ports"] if p["plane"] == plane)
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def switch_drops(lab: Lab, reason: str) -> int:
+    return stats.totals(lab.stats()).get(reason, 0)
+
+
+def genuine_transfer(a: Endpoint, b: Endpoint, tag: int, size: int) -> tuple:
+    src = np.random.default_rng(tag).integers(0, 256, size, dtype=np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    hr = b.post_recv(a.rank, tag, dst)
+    hs = a.post_send(b.rank, tag, src)
+    assert a.wait(hs, 60) == size
+    assert b.wait(hr, 60) == size
+    return src, dst
+
+
+# ---------------------------------------------------------------- 1: lengths
+
+
+@pytest.mark.parametrize("mode", ["roce", "ethplus"])
+def test_a_payload_that_does_not_match_its_header_is_refused_not_read(erack, mode):
+    """A trimmed RoCE frame claiming 65535 bytes (the old receive copied
+    len_bytes from the header: up to 64 KiB past the frame), and frames whose
+    header promises more or less than they carry, into a NIC with a receive
+    posted for their tag: none is placed, each is counted as malformed, and
+    the buffer then holds exactly the genuine message."""
+    roce = mode == "roce"
+    compact = not roce  # erack-8x4 runs ETH+ in the compact form; RoCE is always UDP
+    a, b = Endpoint(erack.name, "h0", roce=roce), Endpoint(erack.name, "h1", roce=roce)
+    try:
+        tag, size = 4242, 256 * 1024
+        dst = np.zeros(size, dtype=np.uint8)
+        hr = b.post_recv(a.rank, tag, dst)
+        port = ROCE_PORT if roce else core.UDP_PORT
+        base = forge(
+            erack, "h0", to="h1", opcode=core.lib.ETHP_OP_DATA, src_ep=a.rank, compact=compact,
+            udp_port=port, flags=core.lib.ETHP_F_LAST, tag=tag, msg_id=0, payload=b"\xee" * 64,
+        )  # fmt: skip
+        trimmed = core.lib.ETHP_F_LAST | core.lib.ETHP_F_TRIMMED
+        crafted = [
+            patch_header(base, compact, length=65535),  # promises far more than it carries
+            patch_header(base, compact, length=16),  # carries more than it promises
+        ]
+        if roce:  # RoCE has no trimming: a trimmed frame is never placed
+            crafted.append(patch_header(base, compact, flags=trimmed, length=65535))
+        before = b.counters()
+        if roce:  # to a switch, any UDP datagram: it forwards them as h0 sent them
+            send_raw(erack, "h0", crafted)
+        else:  # a switch drops what it cannot parse: put them on h1's link behind it
+            send_from_switch(erack, "h1", crafted)
+        time.sleep(0.3)
+        mid = delta(b.counters(), before)
+        assert mid.get("rx_malformed", 0) == len(crafted), mid
+        assert mid.get("rx_data_bytes", 0) == 0 and not dst.any(), "a crafted payload was placed"
+        src = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
+        assert a.wait(a.post_send(b.rank, tag, src), 60) == size
+        assert b.wait(hr, 60) == size
+        assert np.array_equal(src, dst), "the buffer holds bytes that were not sent"
+    finally:
+        a.close()
+        b.close()
+
+
+# ---------------------------------------------------------------- 2: sources
+
+
+@pytest.mark.parametrize("mode", ["roce", "ethplus"])
+def test_forged_control_frames_from_a_third_node_are_refused(erack, mode):
+    """While h0 sends 16 MiB to h1, h3 forges acks that would acknowledge
+    everything, NACKs, receiver-not-ready replies and in-network results at
+    h0: claiming h1's (or an aggregator's) address, its own switch refuses
+    them (drop_spoofed); from its own address but claiming to be h1, h0's
+    NIC does (rx_spoofed).  The transfer completes byte-exact."""
+    roce = mode == "roce"
+    compact = not roce
+    port = ROCE_PORT if roce else core.UDP_PORT
+    a, b = Endpoint(erack.name, "h0", roce=roce), Endpoint(erack.name, "h1", roce=roce)
+    try:
+        h1 = erack.port("h1", plane=0)
+        lib = core.lib
+        ops = [lib.ETHP_OP_ACK, lib.ETHP_OP_NACK, lib.ETHP_OP_RNR]
+        claimed, own = [], []
+        for psn in range(0, 3000, 25):
+            for op in ops:
+                ack_body = b"\xff" * 8 if op == lib.ETHP_OP_ACK else b""
+                claimed.append(
+                    forge(erack, "h3", to="h0", opcode=op, src_ep=b.rank, src_ip=h1.ip,
+                          compact=compact, udp_port=port, psn=psn, payload=ack_body)
+                )  # fmt: skip
+                if not compact:  # the compact form has no address of its own to keep
+                    own.append(
+                        forge(erack, "h3", to="h0", opcode=op, src_ep=b.rank, compact=compact,
+                              udp_port=port, psn=psn, payload=ack_body)
+                    )  # fmt: skip
+            claimed.append(
+                forge(erack, "h3", to="h0", opcode=lib.ETHP_OP_AGG_RESULT, src_ep=AGG_EP_BASE,
+                      src_ip=AGG_NET, compact=compact, udp_port=port, psn=psn, payload=b"\0" * 64)
+            )  # fmt: skip
+        spoofed0 = switch_drops(erack, "drop_spoofed")
+        c0 = a.counters()
+        result: dict = {}
+
+        def move():
+            result["v"] = genuine_transfer(a, b, 777, 16 * MiB)
+
+        t = threading.Thread(target=move)
+        t.start()
+        send_raw(erack, "h3", claimed + own, gap_s=0.0002)
+        t.join(120)
+        assert not t.is_alive(), "the transfer did not finish"
+        src, dst = result["v"]
+        assert np.array_equal(src, dst)
+        time.sleep(0.2)
+        d = delta(a.counters(), c0)
+        assert switch_drops(erack, "drop_spoofed") - spoofed0 == len(claimed)
+        assert d.get("rx_spoofed", 0) == len(own), d
+    finally:
+        a.close()
+        b.close()
+
+
+def test_frames_on_loopback_are_not_the_nic_s(erack):
+    """A plain unprivileged UDP datagram to the RoCE port on a node's lo,
+    dressed as h1's data for h0, never reaches h0's NIC engine as traffic:
+    it is refused as not from one of its ports."""
+    a = Endpoint(erack.name, "h0", roce=True)
+    try:
+        frame = forge(
+            erack, "h1", to="h0", opcode=core.lib.ETHP_OP_ACK, src_ep=1, compact=False,
+            udp_port=ROCE_PORT, payload=b"\0" * 8,
+        )  # fmt: skip
+        body = frame[ETH_BYTES + IP_UDP_BYTES :]
+        before = a.counters()
+        fd = core.netns_socket(erack.rec["namespaces"]["h0"], socket.AF_INET, socket.SOCK_DGRAM)
+        with socket.socket(fileno=fd) as s:
+            for _ in range(5):
+                s.sendto(body, ("127.0.0.1", ROCE_PORT))
+        time.sleep(0.3)
+        d = delta(a.counters(), before)
+        assert d.get("rx_spoofed", 0) == 5 and d.get("rx_acks", 0) == 0, d
+    finally:
+        a.close()
+
+
+# ---------------------------------------------------------------- 7: pauses
+
+
+def test_a_host_cannot_pause_its_switch_unless_the_lab_allows_it(erack):
+    """Pause frames from an accelerator's port are ignored (counted as
+    pause_ignored, never as pause_rx): h0 cannot stop its plane."""
+    hp = erack.port("h0", plane=1)
+    pause = core.build_pfc(hp.mac, 0xFF, 0xFFFF)
+    before = stats.totals(erack.stats())
+    send_raw(erack, "h0", [pause] * 20, plane=1)
+    time.sleep(0.2)
+    after = stats.totals(erack.stats())
+    assert after.get("pause_ignored", 0) - before.get("pause_ignored", 0) == 20
+    assert after.get("pause_rx", 0) == before.get("pause_rx", 0)
+
+
+def test_the_pfc_watchdog_releases_a_class_paused_too_long(tmp_path, lab_name):
+    """A lab that lets hosts pause, with a 10 us (nominal) watchdog: h0 keeps
+    its plane-0 port paused with a storm of full-length pauses; the watchdog
+    releases the class (counted) and h1's message to h0 still arrives."""
+    lab_file = tmp_path / "wd.toml"
+    text = (Path(__file__).parents[1] / "netns-labs" / "erack-8x4.toml").read_text()
+    text = text.replace("[switch]\n", "[switch]\nhosts_may_pause = true\npfc_watchdog_us = 10\n")
+    lab_file.write_text(text)
+    ethplus("lab", "up", str(lab_file), "--name", lab_name, check=True)
+    lab = Lab(lab_name)
+    hp = lab.port("h0", plane=0)
+    stop = threading.Event()
+
+    def storm():
+        pause = core.build_pfc(hp.mac, 0xFF, 0xFFFF)
+        port, pool = core.Port(hp.ifname, hp.ns), core.Pool(64, 2048)
+        try:
+            while not stop.is_set():
+                port.send([pause], pool)
+                time.sleep(0.002)
+        finally:
+            port.close()
+
+    t = threading.Thread(target=storm)
+    t.start()
+    try:
+        time.sleep(0.5)
+        a, b = Endpoint(lab_name, "h1"), Endpoint(lab_name, "h0")
+        try:
+            src, dst = genuine_transfer(a, b, 99, 4 * MiB)
+            assert np.array_equal(src, dst)
+        finally:
+            a.close()
+            b.close()
+    finally:
+        stop.set()
+        t.join()
+    t1 = stats.totals(lab.stats())
+    assert t1.get("pfc_watchdog", 0) > 0 and t1.get("pause_rx", 0) > 0
+
+
+# ---------------------------------------------------------------- 3: aggregators
+
+
+def test_a_spoofing_node_cannot_redirect_or_starve_another_job_s_all_reduce(erack):
+    """h0..h2 run an in-network all-reduce.  h3, no member, knows the job's
+    group ids and throws at the aggregators: contributions as member 0 from
+    its own address (which used to make member 0's results go to h3),
+    contributions as member 0 from member 0's address (its switch's source
+    guard), and contributions to 1600 new group ids (which used to take every
+    group entry and slot).  Only the control plane's member lists count:
+    all three are refused and counted, h3 receives no result, and the job
+    is byte-exact."""
+    from dataplane import registry, routing
+    from dataplane.job import Job, Plan
+
+    plan = Plan(lab=erack.name, transport="ethplus", collective="all-reduce", sizes=[4 * MiB],
+                algo="in-network", iters=2, warmup=1, nodes=["h0", "h1", "h2"])  # fmt: skip
+    job = Job(plan, registry.load_lab(erack.name))
+    streams = plan.inc["streams"]
+    ids = {v: k for k, v in routing.switch_ids(erack.rec["topology"]).items()}
+    lib = core.lib
+    word = lib.ETHP_AGG_F32 << 24 | lib.ETHP_AGG_SUM << 16 | 64  # dtype, op, window
+    frames: dict[int, list[bytes]] = {}
+    for st in streams:
+        plane = erack.nodes[ids[st["root"]]]["plane"]
+        h3 = erack.port("h3", plane=plane)
+        agg_ip = AGG_NET + st["root"]
+        n = st["root_members"]
+        out = frames.setdefault(plane, [])
+        for psn in range(0, 400):
+            # (erack-8x4 is compact: a sender is its endpoint; member 0 is h0)
+            for src_ep, group in (
+                (3, st["group"]),  # as member 0, from h3's own endpoint
+                (0, st["group"]),  # as member 0, with member 0's endpoint
+                (3, (st["group"] + 0x100000 * (psn + 1)) & 0xFFFFFFFF),  # new groups
+            ):
+                addr = core.Addr(dst_mac=h3.gw_mac, src_mac=h3.mac, src_ip=h3.ip, dst_ip=agg_ip,
+                                 src_port=0xC000, dst_port=core.UDP_PORT, tos=2)  # fmt: skip
+                hdr = core.Header(opcode=lib.ETHP_OP_AGG, src_ep=src_ep,
+                                  dst_ep=AGG_EP_BASE + st["root"], msg_id=group, psn=psn,
+                                  offset_bytes=psn * 1024, tag=n << 16 | 0, len_bytes=1024,
+                                  tos=2, ts_ns=word)  # fmt: skip
+                out.append(core.build_frame(addr, hdr, b"\x7f" * 1024, compact=True))
+    before = stats.totals(erack.stats())
+    h3_nic = Endpoint(erack.name, "h3")  # would count results sent its way
+    try:
+        attack = [
+            threading.Thread(target=send_raw, args=(erack, "h3", fs), kwargs={"plane": p})
+            for p, fs in frames.items()
+        ]
+        for t in attack:
+            t.start()
+        res = job.run()
+        for t in attack:
+            t.join()
+        time.sleep(0.3)
+        results_at_h3 = h3_nic.counters()["inc_rx_results"] + h3_nic.counters()["rx_malformed"]
+    finally:
+        h3_nic.close()
+    assert all(r["wrong"] == 0 for r in res["rows"]), res["rows"]
+    after = stats.totals(erack.stats())
+    sent = sum(len(fs) for fs in frames.values())
+    foreign = after["drop_agg_foreign"] - before.get("drop_agg_foreign", 0)
+    spoofed = after["drop_spoofed"] - before.get("drop_spoofed", 0)
+    assert spoofed == sent // 3, (spoofed, sent)
+    assert foreign == sent - sent // 3, (foreign, sent)
+    assert results_at_h3 == 0
