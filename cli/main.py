@@ -13,6 +13,7 @@ from dataplane.bench import BenchError
 from dataplane.job import JobError
 from dataplane.lab import LabError
 from dataplane.labfile import LabFileError
+from dataplane.registry import RegistryError
 from dataplane.stats import table
 
 EXIT_USAGE = 2
@@ -316,11 +317,18 @@ def cmd_exec(args) -> int:
 def cmd_clean(args) -> int:
     from dataplane import lab
 
-    removed = lab.clean()
+    removed = lab.clean(args.names or None)
     print(
-        f"removed {removed['namespaces']} namespaces of {removed['labs']} recorded lab(s); "
+        f"removed {removed['namespaces']} namespaces of {removed['labs']} dead lab(s); "
         "objects ethplus did not make were left alone"
     )
+    if removed["live"]:
+        print(
+            f"left {len(removed['live'])} live lab(s) alone: {', '.join(removed['live'])} "
+            "(`ethplus lab down NAME` removes one)"
+        )
+    for why in removed["refused"]:
+        print(f"ethplus: warning: {why}", file=sys.stderr)
     return 0
 
 
@@ -344,7 +352,8 @@ def _bench_spec(args, transport: str, cc: str | None = None):
         tcp_streams=args.tcp_streams,
         adaptive=args.adaptive,
         cc=cc,
-        check=not args.no_check,
+        check=not args.no_check and args.check != "none",
+        check_all=args.check == "all" and not args.no_check,
         seed=args.seed,
     ).validate()
 
@@ -569,7 +578,14 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         " or rccc (receiver credits over nscc);"
         " compare takes a comma list and runs ethplus once per name (default: the lab file's)",
     )
-    p.add_argument("--no-check", action="store_true", help="skip the check against numpy")
+    p.add_argument(
+        "--check",
+        choices=("first", "all", "none"),
+        default="first",
+        help="check results against numpy: the first run of each size (first, default),"
+        " every warm-up and timed run too (all: #wrong counts them all), or none",
+    )
+    p.add_argument("--no-check", action="store_true", help="skip the check (= --check none)")
     p.add_argument("--seed", type=int, default=1, help="seed of the test data (1)")
     p.add_argument("--time-scale", type=float, help="time scale for a lab brought up from a file")
 
@@ -700,6 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
         adaptive=False,
         cc=None,
         no_check=False,
+        check="first",
         seed=1,
         time_scale=None,
     )
@@ -716,7 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--lab", help="a running lab or lab file instead of the scenario's")
     sr.set_defaults(func=cmd_scenario_run)
 
-    cl = sub.add_parser("clean", help="remove leftovers of ethplus after a crash (only those)")
+    cl = sub.add_parser(
+        "clean",
+        help="remove leftovers of ethplus after a crash (only those): labs whose creator "
+        "and fabric are dead; live labs stay",
+    )
+    cl.add_argument("names", nargs="*", metavar="NAME", help="only these labs (default: all)")
     cl.set_defaults(func=cmd_clean)
     return p
 
@@ -731,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"ethplus: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (LabError, JobError) as exc:
+    except (LabError, JobError, RegistryError) as exc:
         print(f"ethplus: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

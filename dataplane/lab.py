@@ -163,6 +163,7 @@ def _start(spec: LabSpec) -> registry.Journal:
             status="creating",
             namespaces=[registry.ns_path(spec.name, n) for n in spec.topology.nodes],
             pid=os.getpid(),
+            pid_start=registry.process_start(os.getpid()),
             file=spec.path,
         )
         journal.save()
@@ -242,7 +243,8 @@ def _start_fabric(name: str) -> int:
     log = open(fabric.log_path(name), "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataplane.fabric", name],
+            python_module("dataplane.fabric", name),
+            cwd="/",
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -252,6 +254,14 @@ def _start_fabric(name: str) -> int:
     finally:
         log.close()
     return proc.pid
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command that runs one of ethplus's modules as root: isolated (-I:
+    neither the working directory nor PYTHON* variables nor the user's site
+    reach sys.path), so a module planted where the caller stands never runs.
+    Start it with cwd="/" too."""
+    return [sys.executable, "-I", "-m", module, *args]
 
 
 def _fabric_log_tail(name: str, lines: int = 5) -> str:
@@ -319,10 +329,18 @@ def _teardown(journal: registry.Journal) -> int:
     return n
 
 
+def _journal(name: str) -> registry.Journal | None:
+    """The lab's journal; LabError for a bad name or a journal ethplus did not write."""
+    try:
+        return registry.Journal.load(name)
+    except registry.RegistryError as exc:
+        raise LabError(str(exc)) from None
+
+
 def down(name: str) -> int:
     """Remove a lab; returns how many namespaces were removed."""
     require_root("ethplus lab down")
-    journal = registry.Journal.load(name)
+    journal = _journal(name)
     if journal is None:
         known = ", ".join(registry.names()) or "none are running"
         raise LabError(f"no lab named {name!r} ({known})")
@@ -340,29 +358,60 @@ def down_all() -> list[str]:
     return names
 
 
-def clean() -> dict[str, int]:
-    """Remove every leftover that ethplus made, and nothing else.
+def lab_alive(journal: registry.Journal) -> bool:
+    """Is somebody still using this lab: its creator still running (a lab
+    being built, or one a bench or scenario holds), or it is up and its
+    fabric runs?  A lab that is neither is a leftover of a crash."""
+    if registry.process_alive(journal.pid, journal.pid_start):
+        return True
+    return journal.status == "up" and fabric_alive(journal)
 
-    A namespace is ours if a journal lists it, or if its `lo` carries the
-    ethplus marker; a namespace that merely starts with "ethp-" is left alone.
+
+def clean(only: list[str] | None = None) -> dict:
+    """Remove the leftovers ethplus made (of the labs named in only, or all):
+    labs whose creator and fabric are dead, and namespaces that carry the
+    ethplus marker but no lab records.  Live labs stay (`lab down` removes
+    those); a namespace that merely starts with "ethp-" is left alone, and
+    so is a lab whose journal ethplus did not write.
     """
     require_root("ethplus clean")
-    removed = {"labs": 0, "namespaces": 0}
+    for name in only or []:
+        try:
+            registry.check_name(name)
+        except registry.RegistryError as exc:
+            raise LabError(str(exc)) from None
+    removed: dict = {"labs": 0, "namespaces": 0, "live": [], "refused": []}
     with registry.locked():
-        for name in registry.names():
-            j = registry.Journal.load(name)
+        for name in only if only is not None else registry.names():
+            if not registry.lab_dir(name).exists():
+                continue
+            try:
+                j = registry.Journal.load(name)
+            except registry.RegistryError as exc:
+                removed["refused"].append(str(exc))
+                continue
+            if j is not None and lab_alive(j):
+                removed["live"].append(name)
+                continue
             if j is not None:
                 removed["namespaces"] += _teardown(j)
             else:
                 registry.remove(name)
             removed["labs"] += 1
         stray = []
+        wanted = {kernel.marker(n) for n in only} if only is not None else None
         if registry.NETNS_DIR.is_dir():
             for entry in os.scandir(registry.NETNS_DIR):
-                if entry.name.startswith(registry.NS_PREFIX):
-                    m = kernel.read_marker(entry.path)
-                    if m and m.startswith(kernel.MARKER_PREFIX):
-                        stray.append(entry.path)
+                if not entry.name.startswith(registry.NS_PREFIX):
+                    continue
+                m = kernel.read_marker(entry.path)
+                if not m or not m.startswith(kernel.MARKER_PREFIX):
+                    continue
+                lab_of = m[len(kernel.MARKER_PREFIX) :]
+                if (wanted is None or m in wanted) and not (
+                    registry.valid_name(lab_of) and registry.lab_dir(lab_of).exists()
+                ):
+                    stray.append(entry.path)
         removed["namespaces"] += kernel.delete_namespaces(stray)
     return removed
 
@@ -373,7 +422,7 @@ def clean() -> dict[str, int]:
 def get(name: str) -> dict:
     rec = registry.load_lab(name)
     if rec is None:
-        j = registry.Journal.load(name)
+        j = _journal(name)
         if j is not None:
             raise LabError(
                 f"lab {name!r} is {j.status} (pid {j.pid}); if that process is gone, "
@@ -410,7 +459,7 @@ def listing() -> list[dict]:
 def control(name: str, req: dict) -> dict:
     """A request to a running lab's fabric; LabError if the lab or fabric is gone."""
     get(name)
-    j = registry.Journal.load(name)
+    j = _journal(name)
     if j is None or not fabric_alive(j):
         raise LabError(
             f"the fabric of lab {name!r} is not running (it crashed or was killed): "

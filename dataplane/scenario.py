@@ -336,7 +336,9 @@ def _check_against_lab(sc: Scenario, rec: dict) -> None:
 # ---------------------------------------------------------------- running
 
 
-def _spec(sc: Scenario, j: JobSpec, run_name: str) -> bench.Spec:
+def _spec(sc: Scenario, j: JobSpec, run_name: str, check_all: bool = False) -> bench.Spec:
+    """check_all: verify every iteration (a fault phase: corruption while
+    faults hit must not pass unseen)."""
     transport_name, cc = split_run(run_name)
     return bench.Spec(
         collective=j.collective,
@@ -352,6 +354,7 @@ def _spec(sc: Scenario, j: JobSpec, run_name: str) -> bench.Spec:
         adaptive=sc.adaptive,
         cc=cc or (sc.cc if transport_name == "ethplus" else None),
         seed=sc.seed,
+        check_all=check_all,
     ).validate()
 
 
@@ -369,7 +372,11 @@ def _run_jobs(
 
     runs = [
         bench.Run(
-            _spec(sc, j, transport_name), rec, nodes=j.nodes, on_progress=progress, sample=(i == 0)
+            _spec(sc, j, transport_name, check_all=with_faults and bool(sc.faults)),
+            rec,
+            nodes=j.nodes,
+            on_progress=progress,
+            sample=(i == 0),
         )
         for i, j in enumerate(jobs)
     ]

@@ -59,6 +59,18 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def checked_run(link: Link, case: Case, barrier: str) -> tuple[int, float]:
+    """--check all: fresh inputs, then every rank ready (a peer writes into
+    this rank's buffers as soon as it runs), one run, timed, then its check.
+    Returns (elements wrong, seconds the run took)."""
+    case.fill()
+    link.barrier(barrier)
+    t = time.monotonic()
+    case.run()
+    dt = time.monotonic() - t
+    return case.wrong(), dt
+
+
 def run(link: Link, plan: dict, node: str) -> None:
     rec = registry.load_lab(plan["lab"])
     if rec is None:
@@ -82,22 +94,31 @@ def run(link: Link, plan: dict, node: str) -> None:
                 comm, plan["collective"], size // item, dtype=plan["dtype"], op=plan["op"],
                 algo=plan["algo"], root=plan["root"], uneven=plan["uneven"], seed=plan["seed"],
             )  # fmt: skip
+            every = plan.get("check_all", False)
             case.fill()
             link.barrier(f"check-{i}")
             case.run()
-            wrong = case.wrong() if plan["check"] else 0
+            wrong = case.wrong() if plan["check"] or every else 0
             link.barrier(f"warm-{i}")
-            for _ in range(max(0, plan["warmup"] - 1)):
-                case.run()
+            for k in range(max(0, plan["warmup"] - 1)):
+                if every:
+                    wrong += checked_run(link, case, f"warm-{i}-{k}")[0]
+                else:
+                    case.run()
             link.barrier(f"time-{i}")
             t0 = time.monotonic()
-            ends = []
-            for _ in range(plan["iters"]):
-                case.run()
+            ends, run_s = [], 0.0
+            for k in range(plan["iters"]):
+                if every:
+                    w, dt = checked_run(link, case, f"time-{i}-{k}")
+                    wrong, run_s = wrong + w, run_s + dt
+                else:
+                    case.run()
                 ends.append(time.monotonic())
             t1 = ends[-1]
+            timing = {"t0": t0, "t1": t1, "ends": ends, **({"run_s": run_s} if every else {})}
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
-                              "t0": t0, "t1": t1, "ends": ends, "cpu_s": _cpu_s()})  # fmt: skip
+                              **timing, "cpu_s": _cpu_s()})  # fmt: skip
             del case
         # Nobody closes before everyone is through: a closing rank would leave
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.

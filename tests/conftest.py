@@ -60,7 +60,7 @@ def lab_name(request):
 
 def fabric_pids(prefix: str, module: str = "dataplane.fabric") -> dict[int, str]:
     """Fabric (or worker) processes whose lab name starts with prefix: pid -> lab."""
-    lab_arg = 3 if module == "dataplane.fabric" else 4
+    lab_arg = 1 if module == "dataplane.fabric" else 2  # after the module's name
     out = {}
     for e in os.scandir("/proc"):
         if not e.name.isdigit():
@@ -69,12 +69,11 @@ def fabric_pids(prefix: str, module: str = "dataplane.fabric") -> dict[int, str]
             argv = Path(f"/proc/{e.name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            module.encode() in argv
-            and len(argv) > lab_arg
-            and argv[lab_arg].startswith(prefix.encode())
-        ):
-            out[int(e.name)] = argv[lab_arg].decode()
+        if module.encode() not in argv:
+            continue
+        at = argv.index(module.encode()) + lab_arg
+        if len(argv) > at and argv[at].startswith(prefix.encode()):
+            out[int(e.name)] = argv[at].decode()
     return out
 
 

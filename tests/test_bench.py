@@ -291,3 +291,18 @@ def test_a_run_the_machine_cannot_keep_up_with_is_marked_behind(tmp_path):
     assert "PACING FELL BEHIND" in r.stdout
     result = json.loads(js.read_text())
     assert result["rows"][0]["fell_behind"] and not result["fidelity"]["clean"]
+
+
+@pytest.mark.parametrize("transport_name", ["ethplus", "tcp"])
+def test_check_all_verifies_every_warm_up_and_timed_run(erack, transport_name, tmp_path):
+    """--check all refills and checks every run of an in-place all-reduce (a
+    run over the previous run's result would be wrong: sums of sums), and
+    its times are of the runs alone."""
+    js = tmp_path / "r.json"
+    r = ethplus("bench", "all-reduce", "--lab", erack, "--transport", transport_name,
+                "--sizes", "64K,1M", "--iters", "3", "--warmup", "2", "--check", "all",
+                "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(js.read_text())["rows"]
+    assert [x["wrong"] for x in rows] == [0, 0]
+    assert all(x["time_us"] > 0 for x in rows)

@@ -108,3 +108,55 @@ def test_in_network_all_reduce_needs_a_transport_that_offers_it():
         _wrong(2, "all-reduce", "in-network", 10)
     with pytest.raises(ValueError, match="ring, halving-doubling, in-network"):
         _wrong(2, "all-reduce", "butterfly", 10)
+
+
+def test_check_all_counts_a_corruption_that_the_first_run_check_misses():
+    """--check all (worker.checked_run): inputs refilled, every rank ready,
+    one run, its check, for every run.  A transport that corrupts one byte
+    of one message in the third run: the first run's check sees nothing,
+    the checks of every run count the damage."""
+    import threading
+
+    from localtransport import Hub, LocalTransport
+
+    from dataplane.collectives import Comm
+    from dataplane.worker import checked_run
+    from dataplane.workload import Case
+
+    world, bad = 4, 2 * 2 * (4 - 1) * 4 + 5  # a send of the third run (ring: 6 per rank)
+    hub = Hub(world)
+    sent = [0]
+
+    class Corrupting(LocalTransport):
+        def _isend(self, peer, tag, view):
+            with hub.cond:
+                sent[0] += 1
+                n = sent[0]
+            if n == bad:
+                view = bytearray(view)
+                view[0] ^= 0xFF
+            return super()._isend(peer, tag, view)
+
+    gate = threading.Barrier(world)
+
+    class Link:
+        def barrier(self, name: str) -> None:
+            gate.wait(20)
+
+    out: list = [None] * world
+
+    def one(r: int) -> None:
+        case = Case(Comm(Corrupting(hub, r), "float32"), "all-reduce", 4096)
+        case.fill()
+        case.run()
+        first = case.wrong()
+        every = first + sum(checked_run(Link(), case, f"time-0-{k}")[0] for k in range(3))
+        out[r] = (first, every)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(f for f, _ in out) == 0
+    assert sum(e for _, e in out) > 0

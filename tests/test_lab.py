@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import ethplus, fabric_pids, lab_namespaces, netns_names
 
+from dataplane import registry
+
 pytestmark = pytest.mark.root
 
 ERACK = "netns-labs/erack-8x4.toml"
@@ -185,7 +187,7 @@ def test_sigkill_mid_up_then_clean_removes_only_what_ethplus_made(lab_name):
         assert journal["status"] == "creating"  # killed in the middle
         assert lab_namespaces(lab_name)  # and it had made something
 
-        r = ethplus("clean", check=True)
+        r = ethplus("clean", lab_name, check=True)  # never a global clean in tests
         assert "removed" in r.stdout
         assert fabric_pids(lab_name) == {}  # even one the killed command never recorded
         assert lab_namespaces(lab_name) == {decoy_ns}  # looks like a node of the lab, is not
@@ -203,7 +205,7 @@ def test_clean_recognises_its_namespaces_even_without_the_journal(lab_name):
     try:
         ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
         subprocess.run(["rm", "-rf", f"/run/ethplus/labs/{lab_name}"], check=True)
-        ethplus("clean", check=True)
+        ethplus("clean", lab_name, check=True)
         assert lab_namespaces(lab_name) == {decoy_ns}
     finally:
         subprocess.run(["ip", "netns", "del", decoy_ns], check=False)
@@ -237,3 +239,99 @@ def test_down_unknown_lab_is_a_clear_error():
     assert r.returncode == 1 and "no lab named 'no-such-lab-here'" in r.stderr
     r = ethplus("lab", "down")
     assert r.returncode == 1 and "--all" in r.stderr
+
+
+# ---------------------------------------------------------------- trust
+
+
+@pytest.mark.parametrize("bad", ["../../x", "x\n", "Upper", "a/b", "_x", "x" * 25])
+def test_a_lab_name_that_is_not_one_is_refused_before_it_becomes_a_path(bad):
+    for cmd in (["lab", "down", bad], ["lab", "show", bad], ["clean", bad]):
+        r = ethplus(*cmd)
+        assert r.returncode == 1, (cmd, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and "lab name" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"namespaces": ["/proc/1/ns/net"]},
+        {"namespaces": ["/run/netns/ethp-someone-else-h0"]},
+        {"name": "another-lab"},
+        {"tag": "zz", "slot": 3},
+        {"pid": "1; rm -rf /"},
+    ],
+)
+def test_a_journal_ethplus_did_not_write_is_refused_and_nothing_is_touched(lab_name, change):
+    """A crafted journal (teardown trusts its namespaces: /proc/1/ns/net
+    would kill every process of the host's network namespace): `lab down`
+    refuses it in one line, `clean` warns and leaves it, nothing is killed."""
+    d = Path(f"/run/ethplus/labs/{lab_name}")
+    journal = {
+        "name": lab_name,
+        "tag": registry.tag_for(7),
+        "slot": 7,
+        "status": "up",
+        "namespaces": [f"/run/netns/ethp-{lab_name}-h0"],
+        "pid": 1,
+        "file": "",
+        "fabric_pid": 1,
+        **change,
+    }
+    d.mkdir(parents=True)
+    try:
+        (d / "journal.json").write_text(json.dumps(journal))
+        r = ethplus("lab", "down", lab_name)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "did not write it" in r.stderr, r.stderr
+        r = ethplus("clean", lab_name, check=True)
+        assert "did not write it" in r.stderr and "removed 0 namespaces" in r.stdout
+        assert (d / "journal.json").exists()
+        os.kill(1, 0)  # init is untouched (it would be dead, with this shell's whole namespace)
+    finally:
+        subprocess.run(["rm", "-rf", str(d)], check=True)
+
+
+def test_clean_removes_a_dead_lab_and_leaves_a_live_one(lab_name):
+    """`clean` removes leftovers only: a lab whose fabric was killed (and whose
+    creator is gone) goes, a healthy one named beside it stays."""
+    dead = f"{lab_name}d"
+    try:
+        ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+        ethplus("lab", "up", ERACK, "--name", dead, check=True)
+        for pid in fabric_pids(dead):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        r = ethplus("clean", lab_name, dead, check=True)
+        assert "left 1 live lab(s) alone" in r.stdout, r.stdout
+        assert lab_namespaces(dead) == set()
+        assert not Path(f"/run/ethplus/labs/{dead}").exists()
+        assert len(lab_namespaces(lab_name)) == 12 and fabric_pids(lab_name)
+        listed = json.loads(ethplus("lab", "ls", "--json", check=True).stdout)
+        assert any(x["name"] == lab_name and x["status"] == "up" for x in listed)
+    finally:
+        ethplus("lab", "down", dead)
+
+
+def test_a_module_planted_in_the_working_directory_is_never_run(lab_name, tmp_path):
+    """The fabric and the workers run as root: started from a directory that
+    holds a ./dataplane/ of somebody else's, they still run ethplus's own."""
+    planted = tmp_path / "dataplane"
+    planted.mkdir()
+    mark = tmp_path / "pwned"
+    for mod in ("__init__", "fabric", "worker"):
+        (planted / f"{mod}.py").write_text(f"open({str(mark)!r}, 'a').write('{mod}')\n")
+    cli = str(Path(sys.executable).parent / "ethplus")
+    lab_file = str(Path(__file__).parents[1] / ERACK)
+    subprocess.run([cli, "lab", "up", lab_file, "--name", lab_name], cwd=tmp_path, check=True)
+    r = subprocess.run(
+        [cli, "bench", "all-reduce", "--lab", lab_name, "--sizes", "64K", "--iters", "1",
+         "--warmup", "0", "--nodes", "h0,h1"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not mark.exists(), f"a planted module ran as root: {mark.read_text()}"
+    sock = Path(f"/run/ethplus/labs/{lab_name}/fabric.sock")
+    assert sock.stat().st_uid == 0 and sock.stat().st_mode & 0o077 == 0  # root's alone
+    assert Path(f"/run/ethplus/labs/{lab_name}/job").stat().st_mode & 0o777 == 0o700
