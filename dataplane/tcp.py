@@ -15,6 +15,7 @@ posted is held aside and copied in when it is.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import os
 import selectors
@@ -28,6 +29,9 @@ MIN_CHUNK_BYTES = 64 * 1024  # NCCL socket transport's minimum chunk per stream
 _HDR = struct.Struct("<IQQQ")  # tag, message bytes, chunk offset, chunk bytes
 _HELLO = struct.Struct("<II")  # rank, stream
 _READ_BUDGET_BYTES = 8 << 20  # per connection per pass, so no stream starves the rest
+# Chunks held for receives not yet posted, all peers together: a peer that
+# announces more is refused (an error naming it), never a huge allocation.
+EARLY_MAX_BYTES = 2 << 30
 
 
 class _Msg:
@@ -95,6 +99,7 @@ class TcpTransport(Transport):
             for h in hosts
         }
         planes = len(ips[self.rank])
+        self._ips, self._planes = ips, planes
         self.streams = opts.tcp_streams or planes
         if self.streams < 1:
             raise TransportError("--tcp-streams must be at least 1")
@@ -117,7 +122,9 @@ class TcpTransport(Transport):
             "early_bytes": 0,
             "msgs_sent": 0,
             "msgs_received": 0,
+            "refused_conns": 0,
         }
+        self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
         listeners = []
         try:
             for ip in ips[self.rank]:
@@ -158,18 +165,35 @@ class TcpTransport(Transport):
             if not events:
                 raise OSError(errno.ETIMEDOUT, f"only {got} of {expected} peers connected")
             for key, _ in events:
-                s, _addr = key.fileobj.accept()
-                s.settimeout(30)
+                s, addr = key.fileobj.accept()
+                s.settimeout(5)
                 buf = b""
-                while len(buf) < _HELLO.size:
-                    part = s.recv(_HELLO.size - len(buf))
-                    if not part:
-                        raise OSError(errno.ECONNRESET, "peer closed during the hello")
-                    buf += part
-                peer, st = _HELLO.unpack(buf)
+                with contextlib.suppress(OSError):
+                    while len(buf) < _HELLO.size:
+                        part = s.recv(_HELLO.size - len(buf))
+                        if not part:
+                            break
+                        buf += part
+                peer, st = _HELLO.unpack(buf) if len(buf) == _HELLO.size else (-1, -1)
+                if not self._expected(peer, st, addr[0]):
+                    s.close()  # not a peer that should connect here: refused, counted
+                    self._bytes["refused_conns"] += 1
+                    continue
                 self._add(s, peer, st)
                 got += 1
         sel.close()
+
+    def _expected(self, peer: int, stream: int, src_ip: str) -> bool:
+        """Is this hello one the job expects: a peer ranked below us (it
+        connects, we accept), a stream it has not opened yet, and from that
+        peer's address on the stream's plane?"""
+        return (
+            peer in self._conns
+            and peer < self.rank
+            and 0 <= stream < self.streams
+            and all(c.stream != stream for c in self._conns[peer])
+            and src_ip == self._ips[peer][stream % self._planes]
+        )
 
     def _add(self, s: socket.socket, peer: int, stream: int) -> None:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -205,6 +229,7 @@ class TcpTransport(Transport):
         early = self._early.pop(key, None)
         if early is not None:
             m.total = self._check_fits(m, early.total)
+            self._early_bytes -= sum(len(d) for _, d in early.chunks)
             for off, data in early.chunks:
                 view[off : off + len(data)] = data
                 m.done_bytes += len(data)
@@ -297,12 +322,22 @@ class TcpTransport(Transport):
                 if c.body_got == len(c.body):
                     self._chunk_done(c)
 
+    def _bad_chunk(self, c: _Conn, what: str) -> TransportError:
+        return TransportError(
+            f"rank {self.rank}: rank {c.peer} sent a bad chunk on TCP stream {c.stream}: {what}"
+        )
+
     def _header(self, c: _Conn) -> None:
+        """A chunk header: bounded by the message it belongs to (the same
+        length in every chunk, the chunk inside it) and by the buffer posted
+        for it, before a byte of the body is read."""
         tag, total, off, clen = _HDR.unpack(c.hdr)
         c.hdr_got = 0
         key = (c.peer, tag)
         m = self._posted.get(key)
         c.off = off
+        if off + clen > total:
+            raise self._bad_chunk(c, f"bytes {off}..{off + clen} of a {total}-byte message")
         if m is not None:
             if m.total < 0:
                 try:
@@ -310,11 +345,20 @@ class TcpTransport(Transport):
                 except TransportError as e:
                     m.error = str(e)
                     raise
+            elif total != m.total:
+                raise self._bad_chunk(c, f"tag {tag} was {m.total} bytes long, now {total}")
             c.sink, c.body = m, m.view[off : off + clen]
         else:
             early = self._early.get(key)
             if early is None:
                 early = self._early[key] = _Early(total)
+            elif total != early.total:
+                raise self._bad_chunk(c, f"tag {tag} was {early.total} bytes long, now {total}")
+            if self._early_bytes + clen > EARLY_MAX_BYTES:
+                raise self._bad_chunk(
+                    c, f"{clen} more bytes before a receive was posted (at most {EARLY_MAX_BYTES})"
+                )
+            self._early_bytes += clen
             self._bytes["early_bytes"] += clen
             c.sink, c.body = early, memoryview(bytearray(clen))
         c.body_got = 0
@@ -330,6 +374,7 @@ class TcpTransport(Transport):
                 return
             m = sink.msg  # adopted while this chunk was in flight: copy it in
             m.view[c.off : c.off + n] = c.body
+            self._early_bytes -= n
         else:
             m = sink
         c.body, c.sink = None, None

@@ -400,3 +400,80 @@ def test_a_spoofing_node_cannot_redirect_or_starve_another_job_s_all_reduce(erac
     assert spoofed == sent // 3, (spoofed, sent)
     assert foreign == sent - sent // 3, (foreign, sent)
     assert results_at_h3 == 0
+
+
+# ---------------------------------------------------------------- 7: kernel TCP
+
+
+def _tcp_pair(impostor: bool = False):
+    """Two TcpTransports on loopback (ranks 0 and 1, 127.0.0.1 and .2); rank
+    1 accepts.  With impostor, a socket from 127.0.0.3 claiming to be rank 0
+    connects to rank 1 first."""
+    from dataplane.tcp import _HELLO, PORT, TcpTransport
+    from dataplane.transport import Options
+
+    def port(i: int) -> list:
+        return [{"plane": 0, "ip": f"127.0.0.{i + 1}"}]
+
+    nodes = [{"name": f"h{i}", "role": "host", "index": i, "ports": port(i)} for i in range(2)]
+    rec = {"topology": {"nodes": nodes}}
+    gate = threading.Barrier(2)
+    out: dict = {}
+
+    def barrier(node: str) -> None:
+        gate.wait(20)
+        if impostor and node == "h0":  # before rank 0 connects for real
+            fake = socket.create_connection(("127.0.0.2", PORT), source_address=("127.0.0.3", 0))
+            fake.sendall(_HELLO.pack(0, 0))
+            out["fake"] = fake
+
+    def make(node: str) -> None:
+        out[node] = TcpTransport("lab", node, rec, Options(), lambda _n: barrier(node))
+
+    threads = [threading.Thread(target=make, args=(n,)) for n in ("h1", "h0")]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # rank 1 listens before rank 0 connects
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
+    """A connection that says it is rank 0 but comes from another address is
+    closed and counted; the real rank 0 connects.  A chunk header whose bytes
+    lie outside its message, or whose message length changes, or that
+    announces more unposted data than the transport holds, is an error
+    naming the peer, never a write outside the posted buffer or a huge
+    allocation."""
+    import struct
+
+    from dataplane import tcp
+    from dataplane.transport import TransportError
+
+    out = _tcp_pair(impostor=True)
+    t0, t1 = out["h0"], out["h1"]
+    try:
+        assert t1.counters()["refused_conns"] == 1
+        src = np.arange(1000, dtype=np.uint8)
+        dst = np.zeros(1000, dtype=np.uint8)
+        h = t1.irecv(0, 5, dst)
+        t0.wait(t0.isend(1, 5, src))
+        t1.wait(h)
+        assert np.array_equal(src, dst)  # the genuine connection works
+        sock = t0._conns[1][0].sock
+        for i, (hdr, why) in enumerate((
+            ((6, 100, 90, 50), "bytes 90..140 of a 100-byte message"),
+            ((7, 1 << 40, 0, 1 << 39), "before a receive was posted"),
+        )):  # fmt: skip
+            sock.setblocking(True)
+            sock.sendall(struct.pack("<IQQQ", *hdr))
+            with pytest.raises(TransportError, match=f"rank 1: rank 0 sent a bad chunk.*{why}"):
+                t1.wait(t1.irecv(0, 90 + i, np.zeros(10, np.uint8)))
+            t1._conns[0][0].hdr_got = 0  # (the stream is broken now; reset it for the next case)
+        assert tcp.EARLY_MAX_BYTES < 1 << 39
+    finally:
+        t0.close()
+        t1.close()
+        if "fake" in out:
+            out["fake"].close()
