@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 25
+ABI_VERSION = 26
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -130,6 +130,8 @@ class Header:
     tos: int = 0
     hops: int = 0
     ts_ns: int = 0
+    src_epoch: int = 0
+    dst_epoch: int = 0
 
 
 @dataclass

@@ -28,6 +28,22 @@ CC_ALGOS = dict(
 UNSCALED_RTT_NS = 2_000_000
 
 
+# Where each frame an endpoint takes (rx_frames) ends: exactly one of these.
+RX_FATES = (
+    "rx_malformed", "rx_spoofed", "rx_stale_epoch", "rx_data_pkts", "rx_dup_pkts",
+    "rx_unexpected_pkts", "rx_trimmed_pkts", "rx_oos_drops", "rx_beyond_window", "rx_acks",
+    "rx_nacks", "rx_rnrs", "rx_cnps", "rx_hellos", "inc_rx_results", "inc_dup_results",
+)  # fmt: skip
+
+
+def conservation(counters: dict[str, int]) -> dict[str, int]:
+    """An endpoint's receive side balances: every frame it took ended in one
+    fate (RX_FATES).  The difference must be zero."""
+    fates = sum(counters.get(k, 0) for k in RX_FATES)
+    taken = counters.get("rx_frames", 0)
+    return {"rx_frames": taken, "fates": fates, "difference": taken - fates}
+
+
 class NicError(RuntimeError):
     """A transfer failed: the peer was unreachable, or a buffer was too small."""
 
@@ -214,6 +230,7 @@ class Endpoint:
             "planes": len(ports),
             "mode": "roce" if roce else "ethplus",
             "cc": "dcqcn" if roce else cc,
+            "epoch": lib.ethp_nic_epoch(self._nic),
         }
         if inc is not None:
             self.config.update(inc_groups=[x[0] for x in inc.streams],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 DROP_REASONS = (
     "drop_queue_full", "drop_shared_full", "drop_headroom", "drop_loss", "drop_corrupt",
-    "drop_link_down", "drop_node_down", "drop_malformed", "drop_no_route", "drop_tx_error",
-    "drop_agg_full", "drop_agg_stale",
+    "drop_link_down", "drop_node_down", "drop_malformed", "drop_spoofed", "drop_no_route",
+    "drop_tx_error", "drop_agg_full", "drop_agg_stale", "drop_agg_foreign",
 )  # fmt: skip
 # Lost before any port read them: counted per switch, on its one RX ring.
 LOST_BEFORE_READ = ("drop_ring", "drop_no_buf", "drop_foreign")

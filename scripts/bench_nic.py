@@ -69,7 +69,7 @@ def part_a(size: int) -> None:
                 f"(a) erack-8x4, 4 planes, {mode:9s}: {bps / 1e6:7.1f} Mbit/s real = "
                 f"{bps * k / 1e12:.3f} Tbit/s nominal = {bps * k / nominal:.3f} of the planes' "
                 f"1.6 Tbit/s (target 0.95; payload/wire ceiling "
-                f"{4096 / core.wire_bytes(4096 + 46):.3f}); pacer: {t['late_frames']} frames "
+                f"{4096 / core.wire_bytes(4096 + 54):.3f}); pacer: {t['late_frames']} frames "
                 f">100 us late, worst {late_ms:.1f} ms",
                 flush=True,
             )

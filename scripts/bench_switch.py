@@ -94,8 +94,8 @@ def frame(size: int) -> bytes:
         src_mac=bytes.fromhex(MAC["A"].replace(":", "")),
         src_ip=0xC6120001, dst_ip=0xC6120101, src_port=1000, ttl=64,
     )  # fmt: skip
-    if size >= 74:  # an ETH+ data frame: the switch's full ETH+ path
-        return core.build_frame(a, core.Header(len_bytes=size - 74), bytes(size - 74))
+    if size >= 82:  # an ETH+ data frame: the switch's full ETH+ path
+        return core.build_frame(a, core.Header(len_bytes=size - 82), bytes(size - 82))
     f = bytearray(core.build_frame(a, core.Header(len_bytes=0)))  # then cut to a plain UDP frame
     f = f[:size]
     f[16:18] = (size - 14).to_bytes(2, "big")

@@ -150,6 +150,12 @@ def _workers(lab: str) -> dict[int, str]:
     return fabric_pids(lab, "dataplane.worker")
 
 
+def _node_of(worker_pid: int) -> str:
+    """A worker's node: its argv is ... dataplane.worker SOCK LAB NODE NS."""
+    argv = open(f"/proc/{worker_pid}/cmdline").read().split("\0")
+    return argv[argv.index("dataplane.worker") + 3]
+
+
 def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
     p = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
@@ -161,8 +167,7 @@ def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
         while len(_workers(erack)) < 8 and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)  # mid-collective
-        victim = next(pid for pid, _ in _workers(erack).items()
-                      if open(f"/proc/{pid}/cmdline").read().split("\0")[5] == "h3")  # fmt: skip
+        victim = next(pid for pid in _workers(erack) if _node_of(pid) == "h3")
         t_kill = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         out, err = p.communicate(timeout=30)

@@ -93,7 +93,7 @@ def test_acks_and_unflagged_packets_carry_no_records(erack):
     def frames(s, d):
         ack = ethp_frame(s, d, psn=1, size=8, flags=INT)
         ack = bytearray(ack)
-        ack[42] = 0x10 | core.OPCODES["ack"]  # version 1, opcode ack
+        ack[42] = core.lib.ETHP_VERSION << 4 | core.OPCODES["ack"]  # opcode ack
         return [bytes(ack), ethp_frame(s, d, psn=2, size=100)]
 
     ack, plain = sorted(_send_and_capture(erack, "h2", "h3", frames), key=lambda p: p.header.psn)
@@ -172,11 +172,11 @@ def test_a_lab_file_chooses_hpcc_for_every_endpoint(tmp_path, lab_name):
         c = a.counters(b.rank)
         assert c["int_acks"] > 0 and c["int_hops_max"] == 1
         # 84 bytes of every packet are the INT block: 4012 payload bytes each
-        # (768 packets of 4096 would do without it), each frame 74 + 84 bytes
+        # (768 packets of 4096 would do without it), each frame 82 + 84 bytes
         # of headers and block
         pkts, nbytes = (x - x0 for x, x0 in zip(sent(), (pkts0, bytes0), strict=True))
         least = -(-src.size // 4012)
-        assert pkts >= least and nbytes >= src.size + least * (74 + 84), (pkts, nbytes)
+        assert pkts >= least and nbytes >= src.size + least * (82 + 84), (pkts, nbytes)
     finally:
         a.close()
         b.close()

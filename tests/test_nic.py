@@ -18,6 +18,7 @@ from dataplane.nic import BufferTooSmall, Endpoint, NicError, NoReceive, Unreach
 pytestmark = pytest.mark.root
 
 KiB, MiB = 1024, 1024 * 1024
+OTHER_VERSIONS = [v for v in range(16) if v != core.lib.ETHP_VERSION]
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +226,7 @@ def test_adaptive_spraying_fills_the_free_planes(erack, record_property):
     finally:
         lab.link_set("h3-plane0", "rate", "400G")
     plane_bps = lab.rec["topology"]["links"][0]["params"]["rate_bps"] / lab.k
-    ideal = (3 * plane_bps + plane_bps / 4) * 4096 / core.wire_bytes(4096 + 46)
+    ideal = (3 * plane_bps + plane_bps / 4) * 4096 / core.wire_bytes(4096 + 54)
     for k, v in results.items():
         record_property(f"{k}_fraction_of_ideal", round(v / ideal, 3))
     assert results["adaptive"] > 1.5 * results["oblivious"], results
@@ -358,9 +359,9 @@ def test_fuzz_malformed_eth_frames_at_an_endpoint(erack):
         f = bytearray(good)
         kind = i % 4
         if kind == 0:
-            f = f[: rng.randrange(15, 46)]  # truncated header
+            f = f[: rng.randrange(15, 54)]  # truncated header
         elif kind == 1:
-            f[14] = rng.randrange(2, 16) << 4 | 1  # unknown version
+            f[14] = rng.choice(OTHER_VERSIONS) << 4 | 1  # unknown version
         elif kind == 2:
             f[14 + 24 : 14 + 26] = rng.randrange(601, 65536).to_bytes(2, "big")  # length lies
         else:
@@ -470,3 +471,42 @@ def test_late_receive_and_tag_mismatch(erack):
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("roce", [False, True])
+def test_a_restarted_endpoint_talks_to_peers_that_kept_their_state(erack, roce):
+    """Connection epochs: h6 and h7 exchange messages; h6 posts 8 MiB more for
+    h7, which h7 never receives: h7 closes and a new h7 opens.  The new
+    incarnation tells h6 (its stale frames draw a HELLO), h6 starts its
+    unfinished message over, and messages both ways then arrive byte-exact
+    within a bounded time."""
+    lab, eps = erack
+    for node in ("h6", "h7"):  # one NIC per node: close the module's
+        if node in eps:
+            eps.pop(node).close()
+    a = Endpoint(lab.name, "h6", roce=roce)
+    b = Endpoint(lab.name, "h7", roce=roce)
+    b2 = None
+    try:
+        transfer(a, b, 1 * MiB, tag=1)
+        transfer(b, a, 1 * MiB, tag=2)
+        src = np.random.default_rng(3).integers(0, 256, 8 * MiB, dtype=np.uint8)
+        hs = a.post_send(b.rank, 3, src)  # in flight to a receiver that will be gone
+        time.sleep(0.2)
+        b.close()
+        b2 = Endpoint(lab.name, "h7", roce=roce)
+        t0 = time.monotonic()
+        dst = np.zeros(src.size, dtype=np.uint8)
+        hr = b2.post_recv(a.rank, 3, dst)
+        assert a.wait(hs, 30) == src.size and b2.wait(hr, 30) == src.size
+        assert np.array_equal(src, dst), "the unfinished message was not started over whole"
+        transfer(b2, a, 4 * MiB, tag=4, timeout_s=30)
+        transfer(a, b2, 4 * MiB, tag=5, timeout_s=30)
+        took = time.monotonic() - t0
+        assert took < 15, f"{took:.1f} s to talk again after the restart"
+        ca, cb = a.counters(), b2.counters()
+        assert ca["peer_resets"] == 1, ca
+        assert cb["tx_hellos"] >= 1 and cb["rx_stale_epoch"] >= 1, cb
+    finally:
+        a.close()
+        (b2 or b).close()

@@ -715,7 +715,7 @@ def _garbage(rng: random.Random, src, agg_id: int) -> bytes:
         b[24:26] = c.to_bytes(2, "big")
         return bytes(b)
     b = bytearray(good)  # ETH+ length larger than the payload it carries
-    b[42 + 24 : 42 + 26] = (len(good) - 74 + rng.randrange(1, 1000)).to_bytes(2, "big")
+    b[42 + 24 : 42 + 26] = (len(good) - 82 + rng.randrange(1, 1000)).to_bytes(2, "big")
     return bytes(b)
 
 

@@ -54,6 +54,7 @@ def forge(
     offset: int = 0,
     payload: bytes = b"",
     dst_ip: int | None = None,
+    src_epoch: int = 0,
 ) -> bytes:
     """A frame as sender's port on plane puts it on the wire, claiming to
     come from src_ep (and src_ip), to node to's port on that plane."""
@@ -78,6 +79,7 @@ def forge(
         tag=tag,
         len_bytes=len(payload),
         tos=2,
+        src_epoch=src_epoch,
     )
     return core.build_frame(addr, hdr, payload, compact=compact)
 
@@ -169,6 +171,7 @@ def test_a_payload_that_does_not_match_its_header_is_refused_not_read(erack, mod
         base = forge(
             erack, "h0", to="h1", opcode=core.lib.ETHP_OP_DATA, src_ep=a.rank, compact=compact,
             udp_port=port, flags=core.lib.ETHP_F_LAST, tag=tag, msg_id=0, payload=b"\xee" * 64,
+            src_epoch=a.config["epoch"],  # h0's own: past the epoch check, to the payload's
         )  # fmt: skip
         trimmed = core.lib.ETHP_F_LAST | core.lib.ETHP_F_TRIMMED
         crafted = [

@@ -42,13 +42,15 @@ HDR = Header(
     tos=1,
     hops=2,
     ts_ns=0xFFFFFFFF,
+    src_epoch=0x01020304,
+    dst_epoch=0xA0B0C0D0,
 )
 PAYLOAD = bytes(range(256)) * 3 + bytes(232)
 
 
 def test_udp_round_trip_keeps_every_field():
     frame = build_frame(ADDR, HDR, PAYLOAD)
-    assert len(frame) == 14 + 20 + 8 + 32 + len(PAYLOAD)
+    assert len(frame) == 14 + 20 + 8 + 40 + len(PAYLOAD)
     p = parse_frame(frame)
     assert p.kind == "ethp-udp"
     assert p.header == HDR
@@ -58,12 +60,12 @@ def test_udp_round_trip_keeps_every_field():
     assert p.addr.dst_mac == ADDR.dst_mac and p.addr.src_mac == ADDR.src_mac
     assert p.addr.ttl == 17 and p.addr.ip_id == 321
     assert p.ecn == 2
-    assert p.offsets == {"l3": 14, "l4": 34, "hdr": 42, "payload": 74}
+    assert p.offsets == {"l3": 14, "l4": 34, "hdr": 42, "payload": 82}
 
 
 def test_compact_round_trip_and_overhead():
     frame = build_frame(ADDR, HDR, PAYLOAD, compact=True)
-    assert len(frame) == 14 + 32 + len(PAYLOAD)
+    assert len(frame) == 14 + 40 + len(PAYLOAD)
     assert frame[12:14] == b"\x88\xb5"
     p = parse_frame(frame)
     assert p.kind == "ethp-compact"
@@ -73,15 +75,16 @@ def test_compact_round_trip_and_overhead():
 
 def test_byte_layout_matches_wire_format_doc():
     frame = build_frame(ADDR, HDR, PAYLOAD)
-    h = frame[42:74]
-    assert h[0] == 0x11  # version 1, opcode 1 (data)
+    h = frame[42:82]
+    assert h[0] == 0x21  # version 2, opcode 1 (data)
     assert h[1] == HDR.flags
     assert h[2:4] == b"\xbe\xef"  # entropy
     assert struct.unpack("!HHIIII", h[4:24]) == (3, 65000, 0xDEADBEEF, 123456, 4096000, 77)
     assert struct.unpack("!HBBI", h[24:32]) == (1000, 1, 2, 0xFFFFFFFF)
+    assert struct.unpack("!II", h[32:40]) == (0x01020304, 0xA0B0C0D0)  # epochs
     ip = frame[14:34]
     assert ip[0] == 0x45 and ip[9] == 17
-    assert struct.unpack("!H", ip[2:4])[0] == 20 + 8 + 32 + len(PAYLOAD)
+    assert struct.unpack("!H", ip[2:4])[0] == 20 + 8 + 40 + len(PAYLOAD)
     assert struct.unpack("!H", frame[36:38])[0] == core.UDP_PORT
 
 
@@ -106,7 +109,7 @@ def test_bad_checksum_rejected():
         parse_frame(bytes(frame))
 
 
-@pytest.mark.parametrize("cut", [0, 5, 13, 20, 33, 40, 60, 73, 100])
+@pytest.mark.parametrize("cut", [0, 5, 13, 20, 33, 40, 60, 81, 100])
 def test_truncated_frames_rejected(cut):
     frame = build_frame(ADDR, HDR, PAYLOAD)
     with pytest.raises(WireError, match="truncated"):
@@ -115,7 +118,7 @@ def test_truncated_frames_rejected(cut):
 
 def test_truncated_compact_rejected():
     frame = build_frame(ADDR, HDR, PAYLOAD, compact=True)
-    for cut in (20, 45, 46 + 10):
+    for cut in (20, 53, 54 + 10):
         with pytest.raises(WireError, match="truncated"):
             parse_frame(frame[:cut])
 
@@ -151,9 +154,10 @@ def test_trimmed_packet_keeps_its_length_field():
 
 def test_unknown_version_rejected():
     bad = bytearray(build_frame(ADDR, HDR, PAYLOAD, compact=True))
-    bad[14] = 0x21
-    with pytest.raises(WireError, match="version"):
-        parse_frame(bytes(bad))
+    for v in (1, 3):  # version 1 (the 32-byte header without epochs) is refused too
+        bad[14] = v << 4 | 1
+        with pytest.raises(WireError, match="version"):
+            parse_frame(bytes(bad))
 
 
 def test_other_traffic_is_classified_not_rejected():
@@ -181,7 +185,7 @@ def test_pfc_frame_layout():
     assert parse_frame(f).kind == "macctl"
 
 
-@pytest.mark.parametrize("compact,int_off", [(False, 74), (True, 46)])
+@pytest.mark.parametrize("compact,int_off", [(False, 82), (True, 54)])
 def test_int_block_sits_between_header_and_payload(compact, int_off):
     hdr = Header(**{**HDR.__dict__, "flags": HDR.flags | core.FLAGS["int"]})
     frame = build_frame(ADDR, hdr, PAYLOAD, compact=compact)
@@ -202,7 +206,7 @@ def test_int_block_cut_short_is_rejected_and_kept_when_trimmed():
     flags = core.FLAGS["int"] | core.FLAGS["trimmed"]
     trimmed = build_frame(ADDR, Header(flags=flags, len_bytes=4000), compact=True)
     p = parse_frame(trimmed)  # a trimmed packet keeps its INT block: switches still stamp it
-    assert p.payload == b"" and p.offsets["int"] == 46 and p.int_hops == []
+    assert p.payload == b"" and p.offsets["int"] == 54 and p.int_hops == []
     with pytest.raises(WireError):
         parse_frame(trimmed[:-1])
 
@@ -210,9 +214,9 @@ def test_int_block_cut_short_is_rejected_and_kept_when_trimmed():
 def test_int_records_decode_in_network_order():
     hdr = Header(flags=core.FLAGS["int"], len_bytes=4)
     frame = bytearray(build_frame(ADDR, hdr, b"abcd", compact=True))
-    frame[46] = 2  # two records, as two switches would write them
-    frame[50:66] = struct.pack("!HHIII", 1025, 3, 0xFFFFFFF0, 123456, 400_000_000)
-    frame[66:82] = struct.pack("!HHIII", 2050, 0, 7, 9, 62_500)
+    frame[54] = 2  # two records, as two switches would write them
+    frame[58:74] = struct.pack("!HHIII", 1025, 3, 0xFFFFFFF0, 123456, 400_000_000)
+    frame[74:90] = struct.pack("!HHIII", 2050, 0, 7, 9, 62_500)
     hops = parse_frame(bytes(frame)).int_hops
     assert hops == [
         {"port_id": 1025, "qlen_64b": 3, "ts_ns": 0xFFFFFFF0, "tx_bytes": 123456,

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 25
+#define ETHP_ABI_VERSION 26
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -26,11 +26,11 @@ enum {
     ETHP_ETHERTYPE_MACCTL = 0x8808,  /* 802.3x / 802.1Qbb pause */
     ETHP_UDP_PORT = 4793,            /* destination port of ETH+ over IPv4/UDP */
     ETHP_ROCE_UDP_PORT = 4791,       /* RoCEv2's: the emulated RoCE mode of the NIC */
-    ETHP_VERSION = 1,
+    ETHP_VERSION = 2, /* 2: the header carries connection epochs (40 bytes) */
     ETHP_ETH_HDR_BYTES = 14,
     ETHP_IPV4_HDR_BYTES = 20,
     ETHP_UDP_HDR_BYTES = 8,
-    ETHP_HDR_BYTES = 32,
+    ETHP_HDR_BYTES = 40,
     ETHP_MAX_FRAME_BYTES = 9216 + 14, /* largest lab MTU plus Ethernet header */
 };
 
@@ -43,6 +43,7 @@ enum ethp_opcode {
     ETHP_OP_CNP = 5, /* roce: congestion notification (DCQCN) */
     ETHP_OP_AGG = 6,        /* in-network all-reduce: a member's contribution */
     ETHP_OP_AGG_RESULT = 7, /* in-network all-reduce: the aggregator's result */
+    ETHP_OP_HELLO = 8, /* "this is my incarnation": to a peer that addressed an earlier one */
 };
 /* In-network aggregation (docs/wire-format.md).  Aggregator k (a switch) is
  * ETH+ endpoint ETHP_AGG_EP_BASE + k and IPv4 address ETHP_AGG_NET + k
@@ -133,6 +134,8 @@ struct ethp_hdr_fields {
     uint8_t tos;         /* compact form only: traffic class << 2 | ECN */
     uint8_t hops;
     uint32_t ts_ns;      /* sender timestamp (data) or its echo (ack), mod 2^32 */
+    uint32_t src_epoch;  /* the sender's incarnation (0: not an endpoint's frame) */
+    uint32_t dst_epoch;  /* the receiver's incarnation as the sender knows it (0: none yet) */
 };
 
 /* Addresses of one frame, host byte order. */
@@ -505,6 +508,7 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
 
 /* Per-endpoint counters.  X(name, help) */
 #define ETHP_NIC_COUNTERS(X)                                                    \
+    X(rx_frames, "frames taken as this endpoint's (ETH+ or RoCE, valid or not): each ends in exactly one rx_ fate below") \
     X(tx_data_pkts, "data packets sent (first transmissions and retransmissions)") \
     X(tx_data_bytes, "payload bytes sent")                                      \
     X(retx_pkts, "data packets retransmitted")                                  \
@@ -520,6 +524,11 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_ce_pkts, "CE-marked packets seen")                                     \
     X(rx_malformed, "frames refused: not valid ETH+ for this endpoint, a payload not its header's length, a msg_id bound to another tag") \
     X(rx_spoofed, "frames refused: not on one of its ports, or not from the address its claimed sender has there") \
+    X(rx_stale_epoch, "frames refused: from an earlier incarnation of their sender, or for an earlier one of this endpoint") \
+    X(peer_resets, "peers seen to restart: their unfinished messages, both ways, started over") \
+    X(tx_hellos, "incarnation announcements sent to peers that addressed an earlier one") \
+    X(rx_hellos, "incarnation announcements received") \
+    X(rx_beyond_window, "data packets beyond the receive window, discarded (the sender resends)") \
     X(tx_acks, "acks sent")                                                     \
     X(rx_acks, "acks received")                                                 \
     X(tx_nacks, "nacks sent")                                                   \
@@ -637,6 +646,8 @@ int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t
 void ethp_nic_counters(struct ethp_nic *nic, int32_t peer, uint64_t *out);
 /* Take a plane out of (or back into) the sender's rotation. */
 int ethp_nic_set_plane(struct ethp_nic *nic, uint32_t plane, uint32_t up);
+/* This endpoint's incarnation (its connection epoch, in every frame it sends). */
+uint32_t ethp_nic_epoch(const struct ethp_nic *nic);
 /* In-network all-reduce.  One aggregator a job's chunks go to, and the port
  * (plane) that reaches it. */
 struct ethp_nic_agg {

@@ -55,6 +55,8 @@ struct ethp_wire_hdr {
     uint8_t tos;
     uint8_t hops;
     uint32_t ts_ns;
+    uint32_t src_epoch;
+    uint32_t dst_epoch;
 } ETHP_PACKED;
 
 /* The INT block (ETHP_F_INT): a count, then one record per switch hop. */

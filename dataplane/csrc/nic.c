@@ -144,6 +144,8 @@ struct nic_peer {
     struct nic_qp qp[ETHP_NIC_MAX_PLANES]; /* roce */
     uint32_t qp_ack_mask;                  /* roce: QPs owing a cumulative ack */
     uint32_t rx_open; /* recv: messages from it under way (bound, not complete) */
+    uint32_t epoch;    /* its incarnation as last heard (0: never heard from it) */
+    uint64_t hello_ns; /* when we last told it ours (at most one a base RTT) */
     uint64_t c[ETHP_NIC_NCOUNTERS];
 };
 
@@ -187,6 +189,7 @@ struct ethp_nic {
     struct nic_inc inc;
     const struct ethp_cc_ops *cc;
     int credits;         /* rccc: windows capped by the receivers' grants */
+    uint32_t epoch;      /* this endpoint's incarnation, in every frame it sends */
     uint64_t bdp_bytes;  /* of all planes: rate x planes x base RTT */
     uint32_t data_bytes; /* payload per data packet */
     char netns_path[256];
@@ -396,7 +399,8 @@ static void send_ctl(struct ethp_nic *n, struct nic_peer *p, uint8_t op, uint32_
     struct ethp_hdr_fields h = {.opcode = op, .flags = flags, .entropy = ev,
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
                                 .psn = psn, .offset_bytes = aux, .len_bytes = (uint16_t)len,
-                                .tos = 0x02, .ts_ns = ts};
+                                .tos = 0x02, .ts_ns = ts, .src_epoch = n->epoch,
+                                .dst_epoch = p->epoch};
     if (!n->cfg.roce && (op == ETHP_OP_ACK || op == ETHP_OP_NACK))
         h.tag = rx_grant(n); /* receiver credits */
     emit(n, plane, &a, &h, body, len, p->int_echo);
@@ -602,7 +606,8 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
                                 .src_ep = (uint16_t)n->cfg.ep, .dst_ep = (uint16_t)p->ep,
                                 .msg_id = t->m->msg_id, .psn = psn, .offset_bytes = t->off,
                                 .tag = t->m->tag, .len_bytes = t->len, .tos = 0x02,
-                                .ts_ns = (uint32_t)now};
+                                .ts_ns = (uint32_t)now, .src_epoch = n->epoch,
+                                .dst_epoch = p->epoch};
     int fl = 0; /* the frame's length; 0: dropped by fault injection */
     if (n->cfg.drop_psn_plus1 && psn + 1 == n->cfg.drop_psn_plus1 && !t->retx) {
         n->cfg.drop_psn_plus1 = 0; /* lost on the wire, once */
@@ -1011,8 +1016,10 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         p->dup_seen = 1;
         return;
     }
-    if (d >= NIC_RWIN)
-        return; /* beyond the window: the sender will resend */
+    if (d >= NIC_RWIN) {
+        count(n, p, ETHP_NC_rx_beyond_window, 1); /* the sender will resend */
+        return;
+    }
     int refused;
     struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag, &refused);
     if (refused)
@@ -1471,6 +1478,144 @@ struct rx_ctx {
 
 /* One received frame, read in place from the ring: payloads go straight
  * from the ring to the posted buffer, with no copy in between. */
+/* ---------------------------------------------------------------- connection epochs
+ *
+ * Every frame carries its sender's incarnation (src_epoch, set when the
+ * endpoint is made, increasing across restarts) and the receiver's as the
+ * sender last heard it (dst_epoch, 0 before it heard any).  A frame from an
+ * incarnation older than the one heard is refused; a newer one means the
+ * peer restarted: its state here starts over (peer_reset).  A frame for an
+ * earlier incarnation of this endpoint is refused and answered with a
+ * HELLO, from which its sender learns ours and starts over too. */
+
+static uint32_t new_epoch(void)
+{
+    static uint32_t last; /* two endpoints made in one ms by one process */
+    uint32_t e = (uint32_t)(ethp_now_ns() / 1000000u);
+    uint32_t prev = __atomic_load_n(&last, __ATOMIC_RELAXED);
+    if ((int32_t)(e - prev) <= 0)
+        e = prev + 1;
+    __atomic_store_n(&last, e, __ATOMIC_RELAXED);
+    return e ? e : 1;
+}
+
+/* Unfinished messages to and from p start over: sends from their first
+ * byte (new message ids, from 0, in their order), receives unbound and
+ * first in line again; sequence numbers, windows and timers as new. */
+static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
+{
+    count(n, p, ETHP_NC_peer_resets, 1);
+    /* send: the messages of the window (in PSN order), then the queue */
+    struct nic_msg *head = NULL, *tail = NULL;
+    for (uint32_t psn = p->snd_una; p->win && psn != p->snd_nxt; psn++) {
+        struct nic_msg *m = p->win[psn % NIC_WIN].m;
+        if (!m || m == tail || m == p->sq_head || m->status != ETHP_NIC_PENDING)
+            continue;
+        m->next = NULL;
+        if (tail)
+            tail->next = m;
+        else
+            head = m;
+        tail = m;
+    }
+    if (tail)
+        tail->next = p->sq_head;
+    else
+        head = p->sq_head;
+    for (tail = head; tail && tail->next; tail = tail->next)
+        ;
+    p->sq_head = head;
+    p->sq_tail = tail;
+    p->msg_id_next = 0;
+    for (struct nic_msg *m = head; m; m = m->next) {
+        m->next_off = 0;
+        m->done_bytes = 0;
+        m->msg_id = p->msg_id_next++;
+    }
+    if (p->win)
+        memset(p->win, 0, NIC_WIN * sizeof(*p->win));
+    p->snd_una = p->snd_nxt = p->high_sack = 0;
+    p->have_sack = 0;
+    p->inflight_bytes = 0;
+    p->n_lost = 0;
+    p->retx_due_ns = 0;
+    p->rto_ns = n->cfg.rto_ns;
+    p->rto_deadline = 0;
+    p->timeouts = 0;
+    p->rnr_until = p->rnr_backoff_ns = 0;
+    p->rnr_rounds = 0;
+    p->rnr_since_progress = 0;
+    struct ethp_cc_params pp = cc_params(n);
+    for (uint32_t i = 0; i < ETHP_NIC_MAX_PLANES; i++) {
+        p->cc[i].inflight = 0;
+        p->cc[i].next_tx_ns = 0;
+        if (i < (n->cfg.roce ? n->cfg.qps : n->n_ports))
+            n->cc->init(&p->cc[i].st, &pp);
+    }
+    /* receive: bound messages back in line, in the order they were posted */
+    struct nic_msg *back[64];
+    int nb = 0;
+    for (int i = 0; i < 64; i++) {
+        struct nic_msg *m = p->bound[i];
+        if (!m)
+            continue;
+        p->bound[i] = NULL;
+        rx_open(n, p, -1);
+        if (m->status != ETHP_NIC_PENDING)
+            continue; /* failed already (too small): nothing to redo */
+        m->bound = 0;
+        m->done_bytes = 0;
+        m->total = UINT64_MAX;
+        int j = nb++;
+        for (; j > 0 && back[j - 1]->handle > m->handle; j--)
+            back[j] = back[j - 1];
+        back[j] = m;
+    }
+    for (int i = nb - 1; i >= 0; i--) {
+        back[i]->next = p->rq_head;
+        p->rq_head = back[i];
+        if (!p->rq_tail)
+            p->rq_tail = back[i];
+    }
+    p->rcv_nxt = p->last_psn = 0;
+    memset(p->rbits, 0, NIC_RWIN / 8);
+    p->ack_pending = p->ack_count = 0;
+    p->ce_seen = p->dup_seen = p->int_have = 0;
+    p->qp_ack_mask = 0;
+    for (uint32_t q = 0; q < ETHP_NIC_MAX_PLANES; q++) {
+        p->qp[q].rcv_nxt = q;
+        p->qp[q].nak_sent = 0;
+        p->qp[q].last_cnp_ns = 0;
+        p->qp[q].sent_bytes = 0;
+    }
+    activate(n, p);
+}
+
+/* 1 if a frame from p may go on: its epochs are current (see above). */
+static int epoch_ok(struct ethp_nic *n, struct nic_peer *p, const struct ethp_hdr_fields *h,
+                    uint64_t now)
+{
+    if (!h->src_epoch || (p->epoch && (int32_t)(h->src_epoch - p->epoch) < 0)) {
+        count(n, p, ETHP_NC_rx_stale_epoch, 1); /* its sender is gone (or never was one) */
+        return 0;
+    }
+    if (h->src_epoch != p->epoch) {
+        if (p->epoch)
+            peer_reset(n, p); /* it restarted */
+        p->epoch = h->src_epoch;
+    }
+    if (h->dst_epoch && h->dst_epoch != n->epoch) {
+        count(n, p, ETHP_NC_rx_stale_epoch, 1); /* meant for an earlier incarnation here */
+        if (!p->hello_ns || now - p->hello_ns >= n->cfg.base_rtt_ns) {
+            p->hello_ns = now;
+            send_ctl(n, p, ETHP_OP_HELLO, 0, 0, 0, 0, 0, NULL, 0);
+            count(n, p, ETHP_NC_tx_hellos, 1);
+        }
+        return 0;
+    }
+    return 1;
+}
+
 static int port_of_ifindex(const struct ethp_nic *n, int ifindex)
 {
     for (uint32_t i = 0; i < n->n_ports; i++)
@@ -1492,19 +1637,25 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     int ethertype_ethp = ps.ethertype == ETHP_ETHERTYPE_COMPACT;
     int udp_ethp = ps.ethertype == ETHP_ETHERTYPE_IPV4 && ps.ip_proto == 17 &&
                    ps.addr.dst_port == ETHP_UDP_PORT;
+    /* From here on, every frame taken (rx_frames) ends in exactly one rx_
+     * counter: malformed, spoofed, stale epoch, or its opcode's fate. */
     if (kind < 0 && (ethertype_ethp || udp_ethp || ps.l4_off == 0)) {
-        if (ethertype_ethp || udp_ethp || ps.ethertype == ETHP_ETHERTYPE_IPV4)
+        if (ethertype_ethp || udp_ethp || ps.ethertype == ETHP_ETHERTYPE_IPV4) {
+            n->c[ETHP_NC_rx_frames]++;
             n->c[ETHP_NC_rx_malformed]++;
+        }
         return;
     }
     if (n->cfg.roce && kind == ETHP_KIND_IPV4 && ps.ip_proto == 17 &&
         ps.addr.dst_port == ETHP_ROCE_UDP_PORT) {
+        n->c[ETHP_NC_rx_frames]++;
         n->c[ETHP_NC_rx_malformed]++; /* to the RoCE port, but no valid header */
         return;
     }
     if (n->cfg.roce ? kind != ETHP_KIND_ROCE_UDP
                     : kind != ETHP_KIND_ETHP_UDP && kind != ETHP_KIND_ETHP_COMPACT)
         return; /* the host's own traffic */
+    n->c[ETHP_NC_rx_frames]++;
     /* Who sent it: a frame counts only on one of this NIC's ports (never
      * lo), from its switch (the MAC it rewrote), to this port's address,
      * and from the address the claimed sender has on that plane.  The
@@ -1529,6 +1680,8 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
         count(n, p, ETHP_NC_rx_spoofed, 1);
         return;
     }
+    if (!epoch_ok(n, p, &ps.hdr, c->now))
+        return;
     const uint8_t *payload = data + ps.payload_off;
     switch (ps.hdr.opcode) {
     case ETHP_OP_DATA:
@@ -1551,6 +1704,9 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
         break;
     case ETHP_OP_RNR:
         on_rnr(n, p, &ps, c->now);
+        break;
+    case ETHP_OP_HELLO: /* its epoch did all there is to do */
+        count(n, p, ETHP_NC_rx_hellos, 1);
         break;
     default:
         n->c[ETHP_NC_rx_malformed]++;
@@ -1808,6 +1964,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
         return NULL;
     }
     n->cfg = *cfg;
+    n->epoch = new_epoch();
     n->cc = cfg->cc == ETHP_CCA_HPCC ? &ethp_cc_hpcc : &ethp_cc_nscc;
     n->credits = cfg->cc == ETHP_CCA_RCCC && !cfg->roce;
     if (cfg->roce) {
@@ -2124,3 +2281,5 @@ int ethp_nic_set_plane(struct ethp_nic *n, uint32_t plane, uint32_t up)
     ethp_kick(n->evfd);
     return 0;
 }
+
+uint32_t ethp_nic_epoch(const struct ethp_nic *n) { return n->epoch; }

@@ -51,6 +51,8 @@ static void put_hdr(uint8_t *out, const struct ethp_hdr_fields *h)
     w->tos = h->tos;
     w->hops = h->hops;
     w->ts_ns = htonl(h->ts_ns);
+    w->src_epoch = htonl(h->src_epoch);
+    w->dst_epoch = htonl(h->dst_epoch);
 }
 
 static void get_hdr(const uint8_t *in, struct ethp_hdr_fields *h)
@@ -69,6 +71,8 @@ static void get_hdr(const uint8_t *in, struct ethp_hdr_fields *h)
     h->tos = w->tos;
     h->hops = w->hops;
     h->ts_ns = ntohl(w->ts_ns);
+    h->src_epoch = ntohl(w->src_epoch);
+    h->dst_epoch = ntohl(w->dst_epoch);
 }
 
 /* Bytes between the ETH+ header and the payload. */
