@@ -480,3 +480,48 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
         t1.close()
         if "fake" in out:
             out["fake"].close()
+
+
+def test_a_pause_frame_cut_short_is_not_read_past_its_end(erack):
+    """A MAC control frame of 20 bytes (enable vector, no room for the data
+    class's quanta) on h0's link: h0's NIC honours no pause from it (it used
+    to read the two bytes after the frame as the quanta)."""
+    a = Endpoint(erack.name, "h0")
+    try:
+        hp = erack.port("h0", plane=2)
+        short = (hp.mac + hp.gw_mac + b"\x88\x08\x01\x01\x00\xff\xff\xff")[:20]
+        before = a.counters()["pauses_rx"]
+        send_from_switch(erack, "h0", [short] * 10, plane=2)
+        whole = core.build_pfc(hp.gw_mac, 0x02, 0)  # a genuine resume: honoured
+        send_from_switch(erack, "h0", [whole], plane=2)
+        time.sleep(0.2)
+        assert a.counters()["pauses_rx"] - before == 1
+    finally:
+        a.close()
+
+
+def test_a_run_directory_root_does_not_own_alone_is_refused(tmp_path):
+    import os
+
+    from dataplane import registry
+
+    d = tmp_path / "run"
+    (d / "labs").mkdir(parents=True)
+    os.chmod(d, 0o755)
+    registry.check_run_dir(d)  # root's, 0755: fine
+    os.chmod(d / "labs", 0o777)
+    with pytest.raises(registry.RegistryError, match="writable by root only"):
+        registry.check_run_dir(d)
+    os.chmod(d / "labs", 0o755)
+    os.chown(d, 65534, 65534)
+    with pytest.raises(registry.RegistryError, match="owner uid 65534"):
+        registry.check_run_dir(d)
+
+
+def test_a_closed_switch_raises_instead_of_passing_null_into_c():
+    sw = core.Switch(core.SwitchConfig(), 4)
+    sw.close()
+    with pytest.raises(OSError, match="closed"):
+        sw.set_up(False)
+    with pytest.raises(OSError, match="closed"):
+        sw.counters(0)
