@@ -453,7 +453,7 @@ def _print_comparison(results: list[dict]) -> None:
                 ]
                 + ["-" if x is None else f"{x['ratio_to_best']:.2f}" for x in cells]
             )
-        print(f"\n{coll}: busbw (GB/s, nominal; * = pacing fell behind) and ratio to the best")
+        print(f"\n{coll}: busbw (GB/s, nominal; * = the emulation fell behind) and ratio to best")
         print(table(rows, ["SIZE", *(t.upper() for t in names), *(f"{t}/BEST" for t in names)]))
 
 

@@ -151,6 +151,7 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
         "wrong": row["wrong"],
         "time_real_us": row["time_real_s"] * 1e6,
         "pacing": row.get("pacing"),
+        "endpoints": row.get("endpoints"),
         "fell_behind": bool(row.get("fell_behind")),
     }
 

@@ -118,3 +118,16 @@ def process_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def process_waited_s(pid: int) -> float:
+    """Seconds process pid's threads spent runnable but not running (waiting
+    on a run queue: ready, not scheduled), from schedstat; 0.0 without it."""
+    total_ns = 0
+    for t in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(t) as f:
+                total_ns += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that just exited
+    return total_ns / 1e9

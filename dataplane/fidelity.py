@@ -4,11 +4,16 @@ while a job ran (dataplane/job.py), never assumed.
 Per row (one size), over that row's window, a row is marked as fallen behind
 when the switches could not give the links their configured rate (a pacer
 woke so late that it lost more than LOST_SHARE_MAX of a link's time beyond
-what its bounded catch-up recovers), or when frames left their delay lines so
+what its bounded catch-up recovers), when frames left their delay lines so
 late that the emulated path delay grew by more than ADDED_DELAY_MAX of the
-lab's base RTT.  Per run: configured against achieved rate of the
-busiest links, pacer lateness, CPU used by the fabric and the workers and how
-busy the whole machine was, drops by switch and reason, the time scale, and
+lab's base RTT, or when a NIC engine ran so late that its ports lost more
+than LOST_SHARE_MAX of the window beyond the catch-up, or its RX ring
+overflowed (the endpoints fell behind: links go under-used with no switch
+late, which the pacers alone cannot see), or when a rank's threads waited
+for a CPU for more than WAITED_SHARE_MAX of the window.  Per run: configured
+against achieved rate of the busiest links, pacer lateness, each NIC
+engine's lateness, CPU used by the fabric and the workers and how busy the
+whole machine was, drops by switch and reason, the time scale, and
 what is not time-scaled.
 """
 
@@ -19,6 +24,14 @@ from dataplane import stats
 LOST_SHARE_MAX = 0.05  # a link lost more than 5% of its time: the rate was not honoured
 ADDED_DELAY_MAX = 0.10  # mean lateness above 10% of the base RTT: the delay was not honoured
 BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
+# a NIC engine ran behind its schedule (by more than 100 us) for more than
+# this share of a size's timed window
+ENGINE_BEHIND_MAX = 0.05
+# a rank's threads (the worker and its NIC engine) were ready to run but not
+# scheduled for more than this share of the window: the machine, not the
+# fabric, set the pace (measured: kernel TCP's 16 MiB all-reduce on erack-8x4
+# waited 0.87 of the window at k=6400, 151 GB/s, and 0.19 at k=25600, 183)
+WAITED_SHARE_MAX = 0.25
 _TX_BYTES, _Q_BYTES, _LATE_FRAMES, _LATE_SUM_NS, _TX_FRAMES, _LOST_NS = range(6)
 
 
@@ -65,11 +78,47 @@ def base_rtt_real_ns(rec: dict) -> float:
     return rec["topology"]["base_rtt_ns"] * float(rec["time_scale"])
 
 
+def engines_window(row: dict) -> dict | None:
+    """The endpoints over a row's timed window: did any fall behind?  A NIC
+    engine that ran later than its pacers' catch-up allows lost link time
+    (LOST_SHARE_MAX of the window, as a switch port), one that ran behind its
+    schedule for ENGINE_BEHIND_MAX of it delayed its packets and acks, one
+    whose RX ring overflowed lost frames a NIC would not have; a rank whose
+    threads waited for a CPU for WAITED_SHARE_MAX of it was paced by the
+    machine (kernel TCP's ranks too).  None without the ranks' figures."""
+    engines = row.get("engines") or []
+    if not engines:
+        return None
+    span_ns = max((row["t1"] - row["t0"]) * 1e9, 1.0)
+    worst = max(engines, key=lambda e: e.get("eng_lost_ns", 0))
+    behind = max(engines, key=lambda e: e.get("eng_late_sum_ns", 0))
+    waited = max(engines, key=lambda e: e.get("waited_s", 0.0))
+    out = {
+        "late_wakeups": sum(e.get("eng_late_wakeups", 0) for e in engines),
+        "late_sum_ns": sum(e.get("eng_late_sum_ns", 0) for e in engines),
+        "behind_share_max": behind.get("eng_late_sum_ns", 0) / span_ns,
+        "lost_share_max": worst.get("eng_lost_ns", 0) / span_ns,
+        "lost_share_rank": worst["rank"],
+        "waited_share_max": waited.get("waited_s", 0.0) * 1e9 / span_ns,
+        "rx_ring_drops": sum(e.get("rx_ring_drops", 0) for e in engines),
+    }
+    out["fell_behind"] = (
+        out["lost_share_max"] > LOST_SHARE_MAX
+        or out["behind_share_max"] > ENGINE_BEHIND_MAX
+        or out["waited_share_max"] > WAITED_SHARE_MAX
+        or out["rx_ring_drops"] > 0
+    )
+    return out
+
+
 def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
-    """Add the window's fidelity (and fell_behind) to a job's row."""
+    """Add the window's fidelity (and fell_behind) to a job's row: the
+    switches' pacing and the NIC engines (every part must have kept up)."""
     w = window(samples, row["t0"], row["t1"], base_rtt_real_ns(rec))
+    e = engines_window(row)
     row["pacing"] = w
-    row["fell_behind"] = bool(w and w["fell_behind"])
+    row["endpoints"] = e
+    row["fell_behind"] = bool(w and w["fell_behind"]) or bool(e and e["fell_behind"])
 
 
 def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
@@ -103,6 +152,23 @@ def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
         })  # fmt: skip
     out.sort(key=lambda x: x["peak_real_bps"], reverse=True)
     return out[:top]
+
+
+def engines(result: dict) -> list[dict]:
+    """Each rank's NIC engine over the whole run: how late it ran, the link
+    time its ports lost beyond the pacers' catch-up, its RX ring's drops
+    (none for kernel TCP)."""
+    out = []
+    for r in result["ranks"]:
+        c = r.get("counters", {})
+        if "eng_late_wakeups" not in c:
+            continue
+        out.append({
+            "rank": r["rank"], "node": r["node"], "late_wakeups": c["eng_late_wakeups"],
+            "late_sum_ns": c["eng_late_sum_ns"], "late_max_ns": c["eng_late_max_ns"],
+            "lost_ns": c["eng_lost_ns"], "rx_ring_drops": c.get("rx_ring_drops", 0),
+        })  # fmt: skip
+    return out
 
 
 # What a switch did to frames besides forwarding them, reported with its drops.
@@ -168,6 +234,7 @@ def report(result: dict, rec: dict) -> dict:
             "saturated": busy > BUSY_MAX,
         },
         "drops": drops(before, after),
+        "engines": engines(result),
         # packets resent: messages' and in-network all-reduce chunks'
         "nic_retransmissions": sum(
             r.get("counters", {}).get(k, 0)
@@ -205,6 +272,20 @@ def render(f: dict) -> str:
         f"  cpu: fabric {c['fabric_cores']:.2f} cores, workers {c['workers_cores']:.2f} cores,"
         f" machine {c['machine_busy_share']:.0%} busy{' (SATURATED)' if c['saturated'] else ''}"
     )
+    engs = f.get("engines") or []
+    if engs:
+        worst = max(engs, key=lambda e: e["late_max_ns"])
+        lost = [e for e in engs if e["lost_ns"] or e["rx_ring_drops"]]
+        lines.append(
+            f"  endpoints: {len(engs)} NIC engines; worst lateness {worst['late_max_ns'] / 1e6:.1f}"
+            f" ms ({worst['node']}); {sum(e['late_wakeups'] for e in engs)} late passes;"
+            f" {len(lost)} lost link time beyond catch-up or RX frames"
+        )
+        for e in lost[:8]:
+            lines.append(
+                f"    {e['node']}: link time lost {e['lost_ns'] / 1e6:.1f} ms,"
+                f" RX ring drops {e['rx_ring_drops']}, late passes {e['late_wakeups']}"
+            )
     if f["drops"]:
         for sw, d in f["drops"].items():
             lines.append(f"  {sw}: " + " ".join(f"{k}={v}" for k, v in d.items()))
@@ -212,7 +293,8 @@ def render(f: dict) -> str:
         lines.append("  switches: no drops, marks, trims or pauses")
     if f["fell_behind_sizes"]:
         lines.append(
-            f"  PACING FELL BEHIND at sizes {f['fell_behind_sizes']} (pacing 'behind' in the table)"
+            f"  FELL BEHIND at sizes {f['fell_behind_sizes']} (a switch's pacer or a NIC engine"
+            " could not keep up: 'behind' in the table)"
         )
     lines.append("  not time-scaled: " + "; ".join(f["not_time_scaled"]))
     return "\n".join(lines)

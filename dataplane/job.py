@@ -354,6 +354,10 @@ class Job:
             "t1": max(x["t1"] for x in per_rank),
             # when each timed iteration had ended on every rank
             "ends": [max(e) for e in zip(*(x["ends"] for x in per_rank), strict=True)],
+            # each rank's NIC engine over its timed window (none for kernel TCP)
+            "engines": [
+                {"rank": r, **x["engine"]} for r, x in enumerate(per_rank) if x.get("engine")
+            ],
         }
 
     async def _sample(self) -> None:

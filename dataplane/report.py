@@ -3,7 +3,7 @@
 Input: bench results (dataplane/bench.py), one per (collective, transport),
 all on the same lab.  The report has a table per collective (busbw per size
 per transport and each one's ratio to the best at that size, sizes whose
-pacing fell behind marked), then the fidelity report of every run.
+a size where the emulation fell behind marked), then the fidelity report of every run.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def by_collective(results: list[dict]) -> dict[str, list[dict]]:
 
 def comparison(runs: list[dict]) -> list[dict]:
     """Per size: each transport's busbw, its ratio to the best, and whether
-    its pacing fell behind."""
+    the emulation fell behind (a switch's pacer or an endpoint)."""
     sizes = sorted({row["size_bytes"] for r in runs for row in r["rows"]})
     out = []
     for size in sizes:
@@ -199,7 +199,7 @@ def _fidelity_md(r: dict) -> list[str]:
         + (" (saturated)." if c["saturated"] else "."),
         f"- Switch drops and marks: {drops or 'none'};"
         f" NIC retransmissions: {f['nic_retransmissions']}.",
-        f"- Sizes whose pacing fell behind: {behind or 'none'}.",
+        f"- Sizes where the emulation fell behind (switches or endpoints): {behind or 'none'}.",
         f"- Time scale {f['time_scale']:g}. Not time-scaled: "
         + "; ".join(f["not_time_scaled"])
         + ".",

@@ -22,7 +22,7 @@ import traceback
 
 import numpy as np
 
-from dataplane import core, reference, registry
+from dataplane import core, cpu, reference, registry
 from dataplane.collectives import Comm
 from dataplane.transport import Options, TransportError, open_transport
 from dataplane.workload import Case
@@ -57,6 +57,10 @@ class Link:
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+# The NIC engine's own fidelity counters, taken over each timed window.
+ENGINE_KEYS = ("eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops")
 
 
 def checked_run(link: Link, case: Case, barrier: str) -> tuple[int, float]:
@@ -106,6 +110,7 @@ def run(link: Link, plan: dict, node: str) -> None:
                 else:
                     case.run()
             link.barrier(f"time-{i}")
+            c0, waited0 = t.counters(), cpu.process_waited_s(os.getpid())
             t0 = time.monotonic()
             ends, run_s = [], 0.0
             for k in range(plan["iters"]):
@@ -116,9 +121,12 @@ def run(link: Link, plan: dict, node: str) -> None:
                     case.run()
                 ends.append(time.monotonic())
             t1 = ends[-1]
+            c1 = t.counters()
+            engine = {k: c1[k] - c0.get(k, 0) for k in ENGINE_KEYS if k in c1}
+            engine["waited_s"] = cpu.process_waited_s(os.getpid()) - waited0
             timing = {"t0": t0, "t1": t1, "ends": ends, **({"run_s": run_s} if every else {})}
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
-                              **timing, "cpu_s": _cpu_s()})  # fmt: skip
+                              **timing, "engine": engine, "cpu_s": _cpu_s()})  # fmt: skip
             del case
         # Nobody closes before everyone is through: a closing rank would leave
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.

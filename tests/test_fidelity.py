@@ -28,3 +28,29 @@ def test_no_samples_no_verdict():
     row = {"t0": 0.0, "t1": 1.0}
     fidelity.mark_row(row, [], {"topology": {"base_rtt_ns": 2000}, "time_scale": 10})
     assert row["fell_behind"] is False and row["pacing"] is None
+
+
+def _row(**engine) -> dict:
+    return {"t0": 0.0, "t1": 1.0, "engines": [{"rank": 0}, {"rank": 1, **engine}]}
+
+
+def test_an_endpoint_that_fell_behind_marks_the_row():
+    """The switches' pacers can be on time while an endpoint is starved: its
+    NIC engine ran behind its schedule, lost link time, dropped frames in
+    its RX ring, or its threads waited for a CPU.  Each alone marks the row."""
+    rec = {"topology": {"base_rtt_ns": 2000}, "time_scale": 10}
+    fine = _row(eng_late_sum_ns=40_000_000, eng_lost_ns=10_000_000, waited_s=0.2)
+    fidelity.mark_row(fine, [], rec)
+    assert fine["fell_behind"] is False and fine["endpoints"]["behind_share_max"] == 0.04
+    for engine in (
+        {"eng_late_sum_ns": 60_000_000},  # behind its schedule 6% of the window
+        {"eng_lost_ns": 60_000_000},  # its ports lost 6% of their time
+        {"rx_ring_drops": 1},
+        {"waited_s": 0.3},  # ready, not scheduled, 30% of the window
+    ):
+        row = _row(**engine)
+        fidelity.mark_row(row, [], rec)
+        assert row["fell_behind"] and row["endpoints"]["fell_behind"], engine
+    tcp = {"t0": 0.0, "t1": 1.0}  # no figures from the ranks: no endpoint verdict
+    fidelity.mark_row(tcp, [], rec)
+    assert tcp["endpoints"] is None and tcp["fell_behind"] is False

@@ -563,6 +563,11 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_one_by_one, "frames received one at a time while the RX ring was down") \
     X(ring_builds, "times the RX ring was set up for a run of traffic")        \
     X(ring_parks, "times the RX ring was taken down after idling")           \
+    X(eng_late_wakeups, "the engine ran more than 100 us after the time its next packet or timer was due") \
+    X(eng_late_sum_ns, "how late the engine ran, summed (real ns; each ns counted once)") \
+    X(eng_late_max_ns, "the engine's worst lateness (real ns)") \
+    X(eng_lost_ns, "engine lateness beyond the pacers' catch-up: link time its ports lost (real ns)") \
+    X(rx_ring_drops, "frames the kernel dropped before the engine read them: its RX ring was full") \
     X(credit_bytes, "rccc: what the receivers let this sender have in flight now (sum over peers)") \
     X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)")
 

@@ -57,6 +57,7 @@
 #define NIC_EVFD_TAG 1u
 #define NIC_RING_TAG 0u
 #define NIC_CATCHUP_NS 2000000ull
+#define NIC_LATE_NS 100000ull /* as the switch's late_frames */
 
 enum { PKT_FREE = 0, PKT_INFLIGHT, PKT_ACKED, PKT_LOST };
 
@@ -1869,14 +1870,36 @@ static uint64_t next_due(struct ethp_nic *n)
     return t;
 }
 
+/* Did the engine run when its next packet or timer was due?  Lateness
+ * against the earlier of the due time and the previous pass (each ns of it
+ * counted once); what the pacers' catch-up cannot make up is link time
+ * lost.  The fidelity report's verdict on the endpoints (fidelity.py). */
+static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uint64_t now)
+{
+    if (due == UINT64_MAX)
+        return;
+    uint64_t from = due > prev ? due : prev;
+    if (now <= from + NIC_LATE_NS)
+        return;
+    uint64_t late = now - from;
+    n->c[ETHP_NC_eng_late_wakeups]++;
+    n->c[ETHP_NC_eng_late_sum_ns] += late;
+    if (late > n->c[ETHP_NC_eng_late_max_ns])
+        n->c[ETHP_NC_eng_late_max_ns] = late;
+    if (late > NIC_CATCHUP_NS)
+        n->c[ETHP_NC_eng_lost_ns] += late - NIC_CATCHUP_NS;
+}
+
 static void *nic_main(void *arg)
 {
     struct ethp_nic *n = arg;
     struct epoll_event evs[8];
     prctl(PR_SET_TIMERSLACK, 1UL);
+    uint64_t prev = ethp_now_ns();
     while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
         uint64_t due = next_due(n), due_inc = inc_due(n);
-        int k = ethp_epoll_until(n->epfd, evs, 8, due < due_inc ? due : due_inc);
+        due = due < due_inc ? due : due_inc;
+        int k = ethp_epoll_until(n->epfd, evs, 8, due);
         for (int i = 0; i < k; i++)
             if ((uint32_t)evs[i].data.u64 != NIC_EVFD_TAG) {
                 ethp_port_event(n->io, evs[i].data.u64);
@@ -1886,6 +1909,8 @@ static void *nic_main(void *arg)
             }
         take_commands(n);
         uint64_t now = ethp_now_ns();
+        engine_lateness(n, due, prev, now);
+        prev = now;
         rx(n, now);
         /* Peers take turns: the one served first moves on every pass, so a
          * port's free slots are shared among its peers (as a NIC's QP
@@ -2258,6 +2283,7 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
         out[ETHP_NC_rx_one_by_one] = io[ETHP_PC_rx_one_by_one];
         out[ETHP_NC_ring_builds] = io[ETHP_PC_ring_builds];
         out[ETHP_NC_ring_parks] = io[ETHP_PC_ring_parks];
+        out[ETHP_NC_rx_ring_drops] = io[ETHP_PC_rx_ring_drops];
         out[ETHP_NC_rate_bps] = 0;
         for (uint32_t i = 0; i < n->max_peers; i++)
             out[ETHP_NC_rate_bps] += __atomic_load_n(&n->peers[i].c[ETHP_NC_rate_bps], __ATOMIC_RELAXED);
