@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 26
+#define ETHP_ABI_VERSION 27
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
