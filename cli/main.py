@@ -509,7 +509,7 @@ def cmd_scenario_run(args) -> int:
         res = scenario.run(sc, rec, log=lambda m: print(m, file=sys.stderr, flush=True))
         paths = report.write_scenario(out_dir, res, rec)
     s = res["summary"]
-    print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['metric']}")
+    print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['unit']}")
     for t, v in s["figures"].items():
         adv = s["ethplus_advantage"].get(t)
         wrong = sum(j.get("wrong", 0) for j in res["transports"][t]["jobs"].values())
@@ -517,6 +517,7 @@ def cmd_scenario_run(args) -> int:
             f"  {t:12s} {'stalled or failed' if v is None else f'{v:.3f}'}"
             + (f"   {s['reference']}'s advantage {adv:.2f}x" if adv else "")
             + f"   #wrong {wrong}"
+            + ("   (fell behind: rerun at a larger time scale)" if t in s["fell_behind"] else "")
         )
     print(f"report: {paths['report']}")
     failed = any(

@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
-from dataplane import transport  # noqa: E402
+from dataplane import scenario, transport  # noqa: E402
 
 PLOT_WIDTH_IN, PLOT_DPI = 12, 100  # every plot is 1200 pixels wide
 PLOTS = ("busbw.png", "link-utilisation.png", "queue-depth.png")
@@ -141,8 +141,8 @@ def markdown(results: list[dict], rec: dict) -> str:
         "",
         "- `busbw.png`: busbw against size, per transport, one panel per collective.",
         "- `link-utilisation.png`: utilisation of each plane's switch egress links over"
-        " (real) time, one panel per run.",
-        "- `queue-depth.png`: the deepest egress queue of each switch over (real) time,"
+        " (nominal) time, one panel per run.",
+        "- `queue-depth.png`: the deepest egress queue of each switch over (nominal) time,"
         " one panel per run.",
         "",
         "## Fidelity",
@@ -244,15 +244,17 @@ def _plot_series(results: list[dict], path: Path, key: str, ylabel: str, scale: 
     fig, axes = _fig(len(results))
     for ax, r in zip(axes, results, strict=True):
         s = r.get("series", {})
+        ms = 1e3 / float(r["lab"]["time_scale"])  # real s -> nominal ms
         for i, (size, a, b) in enumerate(s.get("windows", [])):
-            ax.axvspan(a, b, color="grey", alpha=0.12 if i % 2 else 0.22, linewidth=0)
-            ax.text((a + b) / 2, 1.0, human_size(size), transform=ax.get_xaxis_transform(),
+            ax.axvspan(a * ms, b * ms, color="grey", alpha=0.12 if i % 2 else 0.22, linewidth=0)
+            ax.text((a + b) / 2 * ms, 1.0, human_size(size), transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=7)  # fmt: skip
         for name, ys in sorted(s.get(key, {}).items()):
-            ax.plot(s["t_s"][: len(ys)], [y * scale for y in ys], label=name, linewidth=1)
+            xs = [t * ms for t in s["t_s"][: len(ys)]]
+            ax.plot(xs, [y * scale for y in ys], label=name, linewidth=1)
         ax.set_title(f"{r['collective']} over {run_name(r)} (shaded: timed part of each size)",
                      pad=14)  # fmt: skip
-        ax.set_xlabel("time since the run started (s, real)")
+        ax.set_xlabel("time since the run started (ms, nominal)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         if s.get(key):
@@ -288,22 +290,24 @@ def write(out_dir: str, results: list[dict], rec: dict) -> dict[str, str]:
 # ---------------------------------------------------------------- scenarios
 
 
-def plot_timeline(result: dict, path: Path) -> None:
-    """Per-job busbw of every timed iteration over time, one panel per
-    transport, the fault events as vertical lines."""
+def plot_timeline(result: dict, path: Path, k: float) -> None:
+    """Per-job busbw of every timed iteration over nominal time (k: the
+    lab's time scale), one panel per transport, the fault events as
+    vertical lines."""
     ts = result["transports"]
+    ms = 1e3 / k  # real s -> nominal ms
     fig, axes = _fig(len(ts))
     for ax, r in zip(axes, ts.values(), strict=True):
         for jname, j in r["jobs"].items():
             its = j.get("iterations", [])
             if its:
-                xs = [v for x in its for v in (x["start_s"], x["end_s"])]
+                xs = [v * ms for x in its for v in (x["start_s"], x["end_s"])]
                 ys = [x["busbw_GBps"] for x in its for _ in (0, 1)]
                 ax.plot(xs, ys, label=jname, linewidth=1.2)
         for f in r["faults_applied"]:
-            ax.axvline(f["at_s"], color="red", linestyle="--", linewidth=1)
+            ax.axvline(f["at_s"] * ms, color="red", linestyle="--", linewidth=1)
             ax.text(
-                f["at_s"],
+                f["at_s"] * ms,
                 1.0,
                 f" {f['name']} {f['set']}",
                 transform=ax.get_xaxis_transform(),
@@ -314,7 +318,7 @@ def plot_timeline(result: dict, path: Path) -> None:
             )
         stalled = f" (stalled: {', '.join(r['stalled'])})" if r["stalled"] else ""
         ax.set_title(f"{result['scenario']} over {r['label']}{stalled}")
-        ax.set_xlabel("time since the timed phase started (s, real)")
+        ax.set_xlabel("time since the timed phase started (ms, nominal)")
         ax.set_ylabel("busbw per iteration (GB/s, nominal)")
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # a stalled job may have no iteration to plot
@@ -335,18 +339,13 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         result["explain"],
         "",
         f"Lab `{rec['name']}` ({rec['family']}) from `{rec['file']}`, time scale k = {k:g};"
-        f" seed {result['seed']}. Times marked real are wall-clock on this machine;"
-        " bandwidths are nominal.",
+        f" seed {result['seed']}. Times and bandwidths are nominal (the fabric's time: real"
+        " time / k); times marked real are wall-clock on this machine, for reference only.",
         "",
         "## Result",
         "",
     ]
-    unit = {
-        "jct": "job completion time, real s (lower is better)",
-        "slowdown": "slowdown (lower is better)",
-        "busbw": "busbw, GB/s nominal (higher is better)",
-        "phases": "busbw in the last phase / in the first",
-    }[s["metric"]]
+    unit = scenario.METRIC_UNITS[s["metric"]]
     rows = [
         [
             t,
@@ -357,6 +356,13 @@ def scenario_markdown(result: dict, rec: dict) -> str:
     ]
     ref = s.get("reference") or "ethplus"
     lines += _md_table(["transport", unit, f"{ref}'s advantage"], rows) + [""]
+    if s.get("fell_behind"):
+        lines += [
+            f"**Fell behind** in {', '.join(s['fell_behind'])}: some part of the emulation (a"
+            " switch's pacer or an endpoint) could not keep up during a size of a job, so those"
+            " figures are partly the machine's; rerun at a larger time scale.",
+            "",
+        ]
     planes = sorted({n.get("plane") for n in rec["topology"]["nodes"]
                      if n["role"] == "switch" and n.get("plane") is not None})  # fmt: skip
     if s["metric"] == "slowdown" and result["planned_faults"] and len(planes) > 1:
@@ -368,30 +374,33 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         rows = []
         for jname, j in r["jobs"].items():
             if j["status"] == "failed":
-                rows.append([jname, "FAILED", "-", "-", "-", j["error"]])
+                rows.append([jname, "FAILED", "-", "-", "-", "-", "-", j["error"]])
                 continue
             rows.append(
                 [
                     jname,
                     j["collective"],
+                    f"{j['jct_nominal_us']:.1f}",
                     f"{j['jct_real_s']:.2f}",
                     f"{j['busbw_GBps']:.2f}",
                     str(j["wrong"]),
                     f"{j['slowdown_vs_alone']:.2f}x" if j["slowdown_vs_alone"] else "-",
+                    "behind" if j.get("fell_behind") else "ok",
                 ]
             )
         lines += _md_table(
-            ["job", "collective", "JCT (real s)", "busbw (GB/s)", "#wrong", "slowdown vs alone"],
+            ["job", "collective", "JCT (nominal us)", "JCT (real s, this machine)",
+             "busbw (GB/s)", "#wrong", "slowdown vs alone", "fidelity"],
             rows,
-        ) + [""]
-        lines += _stall_lines(r)
+        ) + [""]  # fmt: skip
+        lines += _stall_lines(r, k)
         for jname, j in r["jobs"].items():
             if len(j.get("phases", [])) > 1:
                 lines.append(
                     f"Phases of {jname}: "
                     + "; ".join(
                         f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations,"
-                        f" the longest {p['longest_iteration_s']:.2f} s)"
+                        f" the longest {p['longest_iteration_s'] / k * 1e6:.1f} us nominal)"
                         for p in j["phases"]
                     )
                     + "."
@@ -399,9 +408,11 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         if r["faults_applied"]:
             lines += [
                 "",
-                "Faults applied (planned and actual seconds after the timed phase began): "
+                "Faults applied (after the timed phase began; the scenario plans them in real"
+                " seconds: planned, actual, and actual in nominal time): "
                 + "; ".join(
-                    f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s)"
+                    f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s real,"
+                    f" {f['at_s'] / k * 1e6:.1f} us nominal)"
                     for f in r["faults_applied"]
                 )
                 + ".",
@@ -420,19 +431,24 @@ def scenario_markdown(result: dict, rec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _stall_lines(r: dict) -> list[str]:
-    """Whether each job stalled, and the deepest queues sampled."""
+def _stall_lines(r: dict, k: float) -> list[str]:
+    """Whether each job stalled (iteration times nominal: k, the time
+    scale), and the deepest queues sampled."""
     out = []
+
+    def us(real_s: float) -> str:
+        return f"{real_s / k * 1e6:.1f} us"
+
     for jname, j in r["jobs"].items():
         if j.get("stalled_s"):
             out.append(
-                f"**{jname} stalled**: its longest iteration took {j['longest_iteration_s']:.2f} s"
-                f" against a typical {j['typical_iteration_s']:.2f} s."
+                f"**{jname} stalled**: its longest iteration took {us(j['longest_iteration_s'])}"
+                f" against a typical {us(j['typical_iteration_s'])} (nominal)."
             )
         elif j["status"] != "failed" and r["faults_applied"]:
             out.append(
-                f"{jname} did not stall (longest iteration {j['longest_iteration_s']:.2f} s,"
-                f" typical {j['typical_iteration_s']:.2f} s)."
+                f"{jname} did not stall (longest iteration {us(j['longest_iteration_s'])},"
+                f" typical {us(j['typical_iteration_s'])}, nominal)."
             )
     sampled = r["results"].get(next(iter(r["jobs"])), {}).get("series", {})
     deepest = {sw: max(q) for sw, q in sampled.get("queue_bytes", {}).items() if q}
@@ -453,7 +469,7 @@ def write_scenario(out_dir: str, result: dict, rec: dict) -> dict[str, str]:
     }
     paths["results"].write_text(json.dumps(result, indent=1) + "\n")
     paths["report"].write_text(scenario_markdown(result, rec))
-    plot_timeline(result, paths["timeline"])
+    plot_timeline(result, paths["timeline"], float(rec["time_scale"]))
     runs = []
     for r in result["transports"].values():
         for jname, res in r["results"].items():

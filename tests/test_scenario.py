@@ -229,5 +229,23 @@ def test_the_timeline_of_a_job_that_stalled_before_any_iteration_plots_cleanly(t
     out = tmp_path / "timeline.png"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        report.plot_timeline(result, out)
+        report.plot_timeline(result, out, k=6400.0)
     assert out.stat().st_size > 1000
+
+
+def test_scenario_times_are_nominal_and_a_behind_job_is_said():
+    """The headline JCT is nominal (us), comparable across time scales; a run
+    any of whose jobs fell behind is listed, and the report says so."""
+    from dataplane import scenario as sc_mod
+
+    sc = sc_mod.load("netns-labs/scenarios/ecmp-collision.toml")
+    out = {"transports": {
+        "ethplus": {"jobs": {"a": {"status": "ok", "jct_real_s": 6.4, "jct_nominal_us": 1000.0,
+                                   "fell_behind": False}}},
+        "tcp": {"jobs": {"a": {"status": "ok", "jct_real_s": 12.8, "jct_nominal_us": 2000.0,
+                               "fell_behind": True}}},
+    }}  # fmt: skip
+    s = sc_mod.summary(sc, out)
+    assert s["metric"] == "jct" and "nominal us" in s["unit"]
+    assert s["figures"] == {"ethplus": 1000.0, "tcp": 2000.0}
+    assert s["ethplus_advantage"] == {"tcp": 2.0} and s["fell_behind"] == ["tcp"]
