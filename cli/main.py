@@ -365,12 +365,30 @@ def _announce(rec: dict) -> None:
     )
 
 
-def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True) -> dict:
+def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool = True) -> dict:
     from cli.progress import Reporter
-    from dataplane import bench
+    from dataplane import bench, governor
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
 
     with Reporter(spec.sizes, f"{spec.collective} over {bench.run_name(spec)}", echo_rows) as rep:
-        return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress, nodes=nodes)
+        if not govern:
+            return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
+                             nodes=nodes)  # fmt: skip
+        return governor.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
+                            nodes=nodes, log=log)  # fmt: skip
+
+
+def _governor_line(result: dict) -> str | None:
+    g = result.get("governor")
+    if not g:
+        return None
+    tried = ", ".join(f"k={t['k']:g} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"])
+    return (
+        f"# governed time scale: k={g['k']:g} (floor {g['floor_k']:g}; the largest size tried at"
+        f" {tried}{'; the run repeated once at a larger k' if g['reruns'] else ''})"
+    )
 
 
 def cmd_bench(args) -> int:
@@ -381,8 +399,10 @@ def cmd_bench(args) -> int:
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
         nodes = bench.check_nodes(args.nodes, rec)
         print(bench.header(bench.meta(spec, rec, nodes)), flush=True)
-        result = _run_one(spec, rec, nodes)
+        result = _run_one(spec, rec, nodes, govern=not args.no_govern)
     print(bench.footer(result))
+    if _governor_line(result):
+        print(_governor_line(result))
     print(fidelity.render(result["fidelity"]))
     if args.json:
         bench.write_json(result, args.json)
@@ -421,7 +441,9 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
         nodes = bench.check_nodes(getattr(args, "nodes", None), rec)
         for spec in specs:
             print(bench.header(bench.meta(spec, rec, nodes)), flush=True)
-            res = _run_one(spec, rec, nodes)
+            res = _run_one(spec, rec, nodes, govern=not args.no_govern)
+            if _governor_line(res):
+                print(_governor_line(res), file=sys.stderr)
             print(bench.footer(res))
             if not res["fidelity"]["clean"]:
                 print(fidelity.render(res["fidelity"]))
@@ -588,7 +610,11 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-check", action="store_true", help="skip the check (= --check none)")
     p.add_argument("--seed", type=int, default=1, help="seed of the test data (1)")
-    p.add_argument("--time-scale", type=float, help="time scale for a lab brought up from a file")
+    p.add_argument("--time-scale", type=float, help="time scale for a lab brought up from a file"
+                   " (pins it: no governor)")  # fmt: skip
+    p.add_argument("--no-govern", action="store_true",
+                   help="on a lab whose time scale is auto, run at its k as it is, without the"
+                   " governor (default: the smallest k at which every part keeps up)")  # fmt: skip
 
 
 # ---------------------------------------------------------------- parser
@@ -701,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="compare all-reduce and all-to-all on erack-8x4 (< 3 min)")
     d.add_argument("--lab", default="erack-8x4", help=argparse.SUPPRESS)
     d.add_argument("--out", default="results/demo", metavar="DIR", help="report directory")
-    d.add_argument("--sizes", default="64K,1M,16M", help=argparse.SUPPRESS)  # tests: smaller
+    d.add_argument("--sizes", default="64K,1M,4M", help=argparse.SUPPRESS)  # tests: smaller
     d.set_defaults(
         func=cmd_demo,
         collective="all-reduce",
@@ -717,6 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
         adaptive=False,
         cc=None,
         no_check=False,
+        no_govern=False,
         check="first",
         seed=1,
         time_scale=None,

@@ -194,6 +194,20 @@ class Fabric:
                     mtu_bytes=nl.mtu_bytes,
                 )
 
+    def rescale(self, k: float) -> dict:
+        """A new time scale for the whole fabric: every switch port's link and
+        every host uplink's shaper from the nominal values at k (faults set
+        on links stay, in nominal units).  Frames already queued or on a
+        delay line keep the times they were given."""
+        if not k >= 1 or k != k:  # also refuses NaN
+            raise ValueError(f"time scale: expected a number >= 1, got {k!r}")
+        self.k = float(k)
+        self.rec["time_scale"] = self.k
+        for name in self.links:
+            self.apply_link(name)
+        self.shape_hosts()
+        return {"time_scale": self.k}
+
     def apply_link(self, name: str) -> None:
         lk = self.links[name]
         for end, port in ((lk["a"], lk["a_port"]), (lk["b"], lk["b_port"])):
@@ -289,6 +303,9 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
                 # pyroute2 (tc) runs on a worker thread, never on the uvloop loop
                 res = await loop.run_in_executor(pool, fabric.set_link, req["link"], req["set"])
                 resp = {"ok": True, "link": res}
+            elif op == "scale":
+                res = await loop.run_in_executor(pool, fabric.rescale, float(req["k"]))
+                resp = {"ok": True, **res}
             elif op == "node":
                 resp = {"ok": True, **fabric.set_node(req["node"], bool(req["up"]))}
             elif op == "inc":

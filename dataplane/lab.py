@@ -474,6 +474,19 @@ def control(name: str, req: dict) -> dict:
     return resp
 
 
+def rescale(rec: dict, k: float) -> None:
+    """Change a running lab's time scale: its fabric first (links and
+    shapers), then its record, which jobs started from now on read (rec is
+    updated in place)."""
+    control(rec["name"], {"op": "scale", "k": k})
+    rec["time_scale"] = float(k)
+    with registry.locked():
+        saved = registry.load_lab(rec["name"])
+        if saved is not None:
+            saved["time_scale"] = float(k)
+            registry.save_lab(rec["name"], saved)
+
+
 def node_ns(name: str, node: str) -> str:
     rec = get(name)
     ns = rec["namespaces"].get(node)

@@ -331,3 +331,33 @@ def test_check_all_verifies_every_warm_up_and_timed_run(erack, transport_name, t
     rows = json.loads(js.read_text())["rows"]
     assert [x["wrong"] for x in rows] == [0, 0]
     assert all(x["time_us"] > 0 for x in rows)
+
+
+def test_the_governor_raises_k_until_every_part_keeps_up(tmp_path):
+    """A size that falls behind at the lab's auto time scale when pinned
+    there (--time-scale pins it) is run by the governor at a k where nothing
+    fell behind; every k it tried is in the JSON, and the lab is back at its
+    floor afterwards."""
+    name = f"{RUN_ID}-gv"
+    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
+    pinned, governed = tmp_path / "p.json", tmp_path / "g.json"
+    common = ["all-reduce", "--transport", "tcp", "--sizes", "16M", "--iters", "2", "--warmup", "1"]
+    ethplus("lab", "up", str(f), check=True)  # time_scale "auto": governed, floor the auto k
+    try:
+        floor = json.loads(ethplus("lab", "show", name, "--json", check=True).stdout)["time_scale"]
+        r = ethplus("bench", *common, "--lab", name, "--no-govern", "--json", str(pinned))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(pinned.read_text())["rows"][0]["fell_behind"], "not behind at the floor"
+        r = ethplus("bench", *common, "--lab", name, "--json", str(governed))
+        assert r.returncode == 0, r.stderr
+        res = json.loads(governed.read_text())
+        g = res["governor"]
+        assert g["floor_k"] == floor and g["k"] > floor and g["trials"][0]["fell_behind"]
+        assert not res["rows"][0]["fell_behind"], res["rows"][0]
+        assert res["lab"]["time_scale"] == g["k"] and "governed time scale" in r.stdout
+        after = json.loads(ethplus("lab", "show", name, "--json", check=True).stdout)
+        assert after["time_scale"] == floor  # back at its floor
+    finally:
+        ethplus("lab", "down", name)
