@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Do nominal results depend on the machine?  The governor against a pinned
+time scale, in one run.
+
+On erack-8x4 (time scale auto: governed), for each transport and workload
+(all-reduce; all-to-all with MoE-like uneven sizes) at --size: busbw
+governed, against busbw pinned at 4x the k the governor settled at (a k at
+which the machine is surely not the bottleneck), and (--hog) governed
+while a busy loop holds one of the two cores for the whole run.  Prints
+each ratio (target: 0.93-1.07 for ethplus and roce, 0.90-1.10 for tcp),
+the k settled at, and the real seconds each run took.
+
+    sudo .venv/bin/python scripts/bench_fidelity.py [--size 16M] [--iters 3]
+        [--transports ethplus,roce,tcp] [--hog] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import time
+
+from dataplane import bench, governor, lab
+from dataplane.job import JobError
+
+WORKLOADS = (("all-reduce", False), ("all-to-all", True))
+
+
+def _hog() -> None:
+    os.sched_setaffinity(0, {1})
+    while True:
+        pass
+
+
+def _one(spec: bench.Spec, rec: dict, govern: bool) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    res = governor.run(spec, rec) if govern else bench.run(spec, rec)
+    return res, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="16M")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--transports", default="ethplus,roce,tcp")
+    ap.add_argument("--collectives", default="all-reduce,all-to-all")
+    ap.add_argument("--hog", action="store_true", help="also governed with a CPU hog")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    size = bench.parse_size(args.size)
+    out = []
+    with lab.session("erack-8x4") as rec:
+        floor = float(rec["time_scale"])
+        for collective, uneven in WORKLOADS:
+            if collective not in args.collectives.split(","):
+                continue
+            for t in args.transports.split(","):
+                spec = bench.Spec(collective=collective, transport=t, sizes=[size],
+                                  iters=args.iters, warmup=1, uneven=uneven).validate()  # fmt: skip
+                try:
+                    g, g_s = _one(spec, rec, True)
+                    kg = g["governor"]["k"]
+                    lab.rescale(rec, 4 * kg)
+                    try:
+                        p, p_s = _one(spec, rec, False)
+                    finally:
+                        lab.rescale(rec, floor)
+                except JobError as e:
+                    print(f"{collective:10s} {t:8s} failed: {e}", flush=True)
+                    continue
+                row = {"collective": collective, "transport": t, "k_governed": kg,
+                       "busbw_governed": g["rows"][0]["busbw_GBps"],
+                       "busbw_pinned_4x": p["rows"][0]["busbw_GBps"],
+                       "behind_governed": g["rows"][0]["fell_behind"],
+                       "behind_pinned_4x": p["rows"][0]["fell_behind"],
+                       "real_s_governed": g_s, "real_s_pinned_4x": p_s}  # fmt: skip
+                if args.hog:
+                    hog = multiprocessing.Process(target=_hog, daemon=True)
+                    hog.start()
+                    try:
+                        h, h_s = _one(spec, rec, True)
+                    finally:
+                        hog.terminate()
+                        hog.join()
+                    row.update(k_hog=h["governor"]["k"], busbw_hog=h["rows"][0]["busbw_GBps"],
+                               real_s_hog=h_s)  # fmt: skip
+                out.append(row)
+                line = (f"{collective:10s} {t:8s} governed k={kg:<7g} {row['busbw_governed']:7.1f}"
+                        f" GB/s ({g_s:5.1f} s real)  pinned 4x k={4 * kg:<7g}"
+                        f" {row['busbw_pinned_4x']:7.1f} GB/s ({p_s:5.1f} s)  governed/pinned"
+                        f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
+                if args.hog:
+                    line += (f"  hog: k={row['k_hog']:g} {row['busbw_hog']:.1f} GB/s"
+                             f" ({row['real_s_hog']:.1f} s), hog/pinned"
+                             f" {row['busbw_hog'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
+                print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
