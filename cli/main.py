@@ -387,7 +387,7 @@ def _governor_line(result: dict) -> str | None:
     tried = ", ".join(f"k={t['k']:g} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"])
     return (
         f"# governed time scale: k={g['k']:g} (floor {g['floor_k']:g}; the largest size tried at"
-        f" {tried}{'; the run repeated once at a larger k' if g['reruns'] else ''})"
+        f" {tried})"
     )
 
 
