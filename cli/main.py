@@ -380,6 +380,12 @@ def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool =
                             nodes=nodes, log=log)  # fmt: skip
 
 
+def _governs(args, rec: dict) -> bool:
+    from dataplane import governor
+
+    return governor.governed(rec) and not args.no_govern
+
+
 def _governor_line(result: dict) -> str | None:
     g = result.get("governor")
     if not g:
@@ -398,7 +404,7 @@ def cmd_bench(args) -> int:
     lab.require_root("ethplus bench")
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
         nodes = bench.check_nodes(args.nodes, rec)
-        print(bench.header(bench.meta(spec, rec, nodes)), flush=True)
+        print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
         result = _run_one(spec, rec, nodes, govern=not args.no_govern)
     print(bench.footer(result))
     if _governor_line(result):
@@ -440,7 +446,7 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
             specs = [s for s in specs if s.algo != "in-network"]
         nodes = bench.check_nodes(getattr(args, "nodes", None), rec)
         for spec in specs:
-            print(bench.header(bench.meta(spec, rec, nodes)), flush=True)
+            print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
             res = _run_one(spec, rec, nodes, govern=not args.no_govern)
             if _governor_line(res):
                 print(_governor_line(res), file=sys.stderr)

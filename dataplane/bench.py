@@ -174,12 +174,17 @@ def _line(cells) -> str:
     return " ".join(str(c).rjust(w) for c, w in zip(cells, _WIDTHS, strict=True))
 
 
-def header(meta: dict) -> str:
+def header(meta: dict, governed: bool = False) -> str:
     return "\n".join(
         [
             f"# ethplus bench {meta['collective']} over {meta['transport']}"
             f" ({meta['transport_label']}) on lab {meta['lab']['name']}: {meta['world']} ranks,"
-            f" time scale {meta['lab']['time_scale']:g}",
+            f" time scale {meta['lab']['time_scale']:g}"
+            + (
+                " (governed: from this k up; the k used follows the rows)"
+                if meta["lab"].get("governed")
+                else ""
+            ),  # fmt: skip
             f"# dtype {meta['dtype']}  op {meta['op']}  algo {meta['algo']}  iters {meta['iters']}"
             f"  warmup {meta['warmup']}  (times and bandwidths nominal; GB = 1e9 B)",
             "#",

@@ -17,11 +17,15 @@ Used by ``tests/test_fuzz.py`` and ``scripts/fuzz_frames.py``.
 
 from __future__ import annotations
 
+import ipaddress
 import random
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dataplane import core
+from dataplane import core, job, nic, registry, stats
+from dataplane.job import Job, Plan
 
 lib = core.lib
 ROCE_UDP_PORT = lib.ETHP_ROCE_UDP_PORT
@@ -197,8 +201,6 @@ class Fuzzer:
 
 def node(rec: dict, name: str, plane: int = 0) -> Node:
     """A lab node's port on plane, as a Node."""
-    import ipaddress
-
     nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
     p = next(q for q in nodes[name]["ports"] if q.get("plane", 0) == plane)
     sw = nodes[p["peer"]]
@@ -231,8 +233,6 @@ def send(rec: dict, attacker: str, target: str, n_frames: int, rate_fps: float, 
     put on target's plane-0 link from the switch's side, as the switch would
     deliver them (the target's NIC sees even what a switch would drop).
     Paced at rate_fps.  Returns what was sent: frames, seconds, by route."""
-    import time
-
     src, dst = node(rec, attacker), node(rec, target)
     ids = {n["name"]: i for i, n in enumerate(
         x for x in rec["topology"]["nodes"] if x["role"] == "switch")}  # fmt: skip
@@ -272,8 +272,6 @@ def send(rec: dict, attacker: str, target: str, n_frames: int, rate_fps: float, 
 
 
 def _flush(port, pool, frames: list[bytes]) -> None:
-    import time
-
     done = 0
     while done < len(frames):
         k = port.send(frames[done:], pool)
@@ -290,11 +288,6 @@ def campaign(lab: str, n_frames: int, *, attacker: str = "h3", target: str = "h0
     sent (every run of every job checked against numpy).  Returns what was
     sent, each job's rows, the switches' drops by reason and their
     conservation check, and the endpoints' receive fates and theirs."""
-    import threading
-
-    from dataplane import job, nic, registry, stats
-    from dataplane.job import Job, Plan
-
     rec = registry.load_lab(lab)
     hosts = [n["name"] for n in rec["topology"]["nodes"] if n["role"] == "host"]
     members = [h for h in hosts if h != attacker]
@@ -350,10 +343,6 @@ def campaign(lab: str, n_frames: int, *, attacker: str = "h3", target: str = "h0
 
 def _quiet(lab: str, timeout_s: float = 20.0) -> dict:
     """The fabric's counters once nothing is queued or on a wire in it."""
-    import time
-
-    from dataplane import job, stats
-
     deadline = time.monotonic() + timeout_s
     while True:
         st = job.fabric_stats(lab)

@@ -34,6 +34,10 @@ def _hog() -> None:
         pass
 
 
+def _verdict(behind: bool) -> str:
+    return "behind" if behind else "ok"
+
+
 def _one(spec: bench.Spec, rec: dict, govern: bool) -> tuple[dict, float]:
     t0 = time.monotonic()
     res = governor.run(spec, rec) if govern else bench.run(spec, rec)
@@ -85,14 +89,16 @@ def main() -> int:
                         hog.terminate()
                         hog.join()
                     row.update(k_hog=h["governor"]["k"], busbw_hog=h["rows"][0]["busbw_GBps"],
-                               real_s_hog=h_s)  # fmt: skip
+                               behind_hog=h["rows"][0]["fell_behind"], real_s_hog=h_s)  # fmt: skip
                 out.append(row)
                 line = (f"{collective:10s} {t:8s} governed k={kg:<7g} {row['busbw_governed']:7.1f}"
-                        f" GB/s ({g_s:5.1f} s real)  pinned 4x k={4 * kg:<7g}"
-                        f" {row['busbw_pinned_4x']:7.1f} GB/s ({p_s:5.1f} s)  governed/pinned"
+                        f" GB/s {_verdict(row['behind_governed'])} ({g_s:5.1f} s real)"
+                        f"  pinned 4x k={4 * kg:<7g} {row['busbw_pinned_4x']:7.1f} GB/s"
+                        f" {_verdict(row['behind_pinned_4x'])} ({p_s:5.1f} s)  governed/pinned"
                         f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
                 if args.hog:
                     line += (f"  hog: k={row['k_hog']:g} {row['busbw_hog']:.1f} GB/s"
+                             f" {_verdict(row['behind_hog'])}"
                              f" ({row['real_s_hog']:.1f} s), hog/pinned"
                              f" {row['busbw_hog'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
                 print(line, flush=True)

@@ -178,22 +178,27 @@ int ethp_agg_unregister(struct ethp_agg *a, uint32_t group)
     return 0;
 }
 
-/* Copy a registered group's member list into member[members]; its quota,
- * or 0 if the group is not registered with that many members. */
-static uint32_t registered(struct ethp_agg *a, uint32_t group, uint32_t members,
-                           struct ethp_agg_member *member)
+/* A copy of a registered group's member list (its quota in *quota), or
+ * NULL if the group is not registered with that many members.  Nothing is
+ * allocated for a group nobody registered: a node throwing frames at new
+ * group ids costs the switch one table scan each. */
+static struct ethp_agg_member *registered(struct ethp_agg *a, uint32_t group, uint32_t members,
+                                          uint32_t *quota)
 {
-    uint32_t quota = 0;
+    struct ethp_agg_member *copy = NULL;
     pthread_mutex_lock(&a->lock);
-    for (int i = 0; i < AGG_MAX_REGS; i++) {
+    for (int i = 0; i < AGG_MAX_REGS && !copy; i++) {
         const struct agg_reg *r = &a->regs[i];
         if (r->live && r->group == group && r->members == members) {
-            memcpy(member, r->member, members * sizeof(*member));
-            quota = r->quota;
+            copy = malloc(members * sizeof(*copy));
+            if (copy) {
+                memcpy(copy, r->member, members * sizeof(*copy));
+                *quota = r->quota;
+            }
         }
     }
     pthread_mutex_unlock(&a->lock);
-    return quota;
+    return copy;
 }
 
 static struct agg_uplink uplink_of(struct ethp_agg *a, uint32_t group)
@@ -304,11 +309,11 @@ static struct agg_group *group_of(struct ethp_agg *a, const struct ethp_parsed *
             return NULL;
         }
     } else {
-        struct ethp_agg_member *member = calloc(members, sizeof(*member));
-        uint32_t quota = member ? registered(a, id, members, member) : 0;
-        if (!quota || !from_member(ps, &member[index])) {
+        uint32_t quota = 0;
+        struct ethp_agg_member *member = registered(a, id, members, &quota);
+        if (!member || !from_member(ps, &member[index])) {
             free(member);
-            *action = member ? ETHP_AGG_FOREIGN : ETHP_AGG_FULL;
+            *action = ETHP_AGG_FOREIGN; /* (or out of memory: the member resends) */
             return NULL;
         }
         if (!empty) {

@@ -1477,8 +1477,6 @@ struct rx_ctx {
     uint64_t now;
 };
 
-/* One received frame, read in place from the ring: payloads go straight
- * from the ring to the posted buffer, with no copy in between. */
 /* ---------------------------------------------------------------- connection epochs
  *
  * Every frame carries its sender's incarnation (src_epoch, set when the
@@ -1498,6 +1496,23 @@ static uint32_t new_epoch(void)
         e = prev + 1;
     __atomic_store_n(&last, e, __ATOMIC_RELAXED);
     return e ? e : 1;
+}
+
+/* A peer's congestion state, queue pairs' sequence state and retransmit
+ * timeout as when it was added (and again after it restarts). */
+static void peer_fresh(struct ethp_nic *n, struct nic_peer *p)
+{
+    struct ethp_cc_params pp = cc_params(n);
+    uint32_t subs = n->cfg.roce ? n->cfg.qps : n->n_ports;
+    for (uint32_t i = 0; i < subs; i++) {
+        p->cc[i] = (struct nic_cc){0};
+        n->cc->init(&p->cc[i].st, &pp);
+    }
+    for (uint32_t q = 0; n->cfg.roce && q < n->cfg.qps; q++) {
+        uint16_t ev = p->qp[q].ev; /* a QP keeps its path */
+        p->qp[q] = (struct nic_qp){.rcv_nxt = q, .ev = ev};
+    }
+    p->rto_ns = n->cfg.rto_ns;
 }
 
 /* Unfinished messages to and from p start over: sends from their first
@@ -1546,13 +1561,7 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
     p->rnr_until = p->rnr_backoff_ns = 0;
     p->rnr_rounds = 0;
     p->rnr_since_progress = 0;
-    struct ethp_cc_params pp = cc_params(n);
-    for (uint32_t i = 0; i < ETHP_NIC_MAX_PLANES; i++) {
-        p->cc[i].inflight = 0;
-        p->cc[i].next_tx_ns = 0;
-        if (i < (n->cfg.roce ? n->cfg.qps : n->n_ports))
-            n->cc->init(&p->cc[i].st, &pp);
-    }
+    peer_fresh(n, p);
     /* receive: bound messages back in line, in the order they were posted */
     struct nic_msg *back[64];
     int nb = 0;
@@ -1583,12 +1592,6 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
     p->ack_pending = p->ack_count = 0;
     p->ce_seen = p->dup_seen = p->int_have = 0;
     p->qp_ack_mask = 0;
-    for (uint32_t q = 0; q < ETHP_NIC_MAX_PLANES; q++) {
-        p->qp[q].rcv_nxt = q;
-        p->qp[q].nak_sent = 0;
-        p->qp[q].last_cnp_ns = 0;
-        p->qp[q].sent_bytes = 0;
-    }
     activate(n, p);
 }
 
@@ -1625,6 +1628,8 @@ static int port_of_ifindex(const struct ethp_nic *n, int ifindex)
     return -1;
 }
 
+/* One received frame, read in place from the ring: payloads go straight
+ * from the ring to the posted buffer, with no copy in between. */
 static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
 {
     struct rx_ctx *c = arg;
@@ -2069,17 +2074,12 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
     p->rbits = calloc(NIC_RWIN / 8, 1);
     if (!p->rbits)
         return -ENOMEM;
-    struct ethp_cc_params pp = cc_params(n);
-    uint32_t subs = n->cfg.roce ? n->cfg.qps : n->n_ports;
-    for (uint32_t i = 0; i < subs; i++)
-        n->cc->init(&p->cc[i].st, &pp);
     for (uint32_t q = 0; n->cfg.roce && q < n->cfg.qps; q++) {
         /* a fixed UDP source port per QP (the ECMP hash input), its plane in the low bits */
         uint64_t h = (uint64_t)n->cfg.ep * 0x9E3779B97F4A7C15ull ^ (uint64_t)(ep * 64 + q) * 0xC2B2AE3D27D4EB4Full;
         p->qp[q].ev = (uint16_t)(((h >> 32) % n->cfg.n_evs) << 4 | (q % n->n_ports));
-        p->qp[q].rcv_nxt = q;
     }
-    p->rto_ns = n->cfg.rto_ns;
+    peer_fresh(n, p);
     /* half a base RTT, at least 4 ms: this machine reorders sprayed packets by
      * a few ms (1 ms ring timers per hop, late thread wake-ups per plane) */
     p->reo_ns = n->cfg.base_rtt_ns / 2 > 4000000 ? n->cfg.base_rtt_ns / 2 : 4000000;
