@@ -225,6 +225,21 @@ def cmd_node_set(args) -> int:
     return 0
 
 
+def cmd_lab_scale(args) -> int:
+    from dataplane import lab
+
+    if not 1 <= args.k <= 1e9:
+        raise LabError(f"lab scale: K is the new time scale, from 1 to 1e9, not {args.k:g}")
+    rec = lab.get(args.name)
+    before = float(rec["time_scale"])
+    lab.rescale(rec, args.k)
+    print(
+        f"{args.name}: time scale {before:g} -> {args.k:g} (the fabric, its host shapers and "
+        "every NIC engine follow; nominal results are unchanged, real time is k times nominal)"
+    )
+    return 0
+
+
 def cmd_lab_stats(args) -> int:
     from dataplane import lab, stats
 
@@ -662,6 +677,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name", metavar="NAME")
     show.add_argument("--json", action="store_true", help="machine-readable, for scripts")
     show.set_defaults(func=cmd_lab_show)
+
+    sc_ = lsub.add_parser(
+        "scale", help="change a running lab's time scale k (real = nominal x k), at once"
+    )
+    sc_.add_argument("name", metavar="NAME")
+    sc_.add_argument("k", type=float, metavar="K", help="the new time scale (>= 1)")
+    sc_.set_defaults(func=cmd_lab_scale)
 
     stats = lsub.add_parser("stats", help="switch counters: traffic, drops by reason, queues")
     stats.add_argument("name", metavar="NAME")

@@ -137,8 +137,9 @@ def ideal_busbw_Bps(rec: dict, algo: str = "ring", world: int = 0) -> float:
 
 
 def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
-    """A job's row (real seconds) in nominal units, with the bandwidths."""
-    t_s = row["time_real_s"] / k
+    """A job's row in nominal units (from the fabric clock: time_nominal_s;
+    real seconds / k for a row without it), with the bandwidths."""
+    t_s = row["time_nominal_s"] if "time_nominal_s" in row else row["time_real_s"] / k
     alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
     return {
         "size_bytes": row["size"],
@@ -294,7 +295,10 @@ class Run:
             "nic_counters": _sum_counters(res["ranks"]),
             "wall_s": res["wall_s"],
             "series": series(res, self.rec),
-            "real_rows": [{k: r[k] for k in ("size", "t0", "t1", "ends")} for r in res["rows"]],
+            "real_rows": [
+                {k: r[k] for k in ("size", "t0", "t1", "ends", "n0", "n1", "nends") if k in r}
+                for r in res["rows"]
+            ],
         }
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import uvloop
 
-from dataplane import core, cpu, kernel, registry, routing
+from dataplane import clock, core, cpu, kernel, registry, routing
 
 SOCKET_NAME = "fabric.sock"
 
@@ -107,6 +107,7 @@ class Fabric:
             for name, lk in self.links.items()
         }
         self.switches: dict[str, core.Switch] = {}
+        self.clock = clock.Clock(self.name, create=True, k=self.k)
         self.node_up = {n: True for n in self.nodes if self.nodes[n]["role"] == "switch"}
         self.started_ns = time.monotonic_ns()
 
@@ -203,6 +204,7 @@ class Fabric:
             raise ValueError(f"time scale: expected a number >= 1, got {k!r}")
         self.k = float(k)
         self.rec["time_scale"] = self.k
+        self.clock.set_k(self.k)  # the NIC engines follow it
         for name in self.links:
             self.apply_link(name)
         self.shape_hosts()
@@ -242,6 +244,11 @@ class Fabric:
         return {
             "lab": self.name,
             "time_scale": self.k,
+            "clock": {
+                "gen": self.clock.gen,
+                "nominal_ns": self.clock.nominal_ns(),
+                **self.clock.reports(),
+            },  # fmt: skip
             "uptime_s": (time.monotonic_ns() - self.started_ns) / 1e9,
             "cpu_s": cpu.process_s(os.getpid()),
             "switches": out,

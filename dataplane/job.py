@@ -349,11 +349,16 @@ class Job:
             "count": per_rank[0]["count"],
             # the runs alone (--check all puts a check and a barrier between runs)
             "time_real_s": max(x.get("run_s", x["t1"] - x["t0"]) for x in per_rank) / iters,
+            # the same on the lab's fabric clock: right even when k moved
+            "time_nominal_s": max(x.get("run_ns", x["n1"] - x["n0"]) for x in per_rank) / iters,
             "wrong": sum(x["wrong"] for x in per_rank),
             "t0": min(x["t0"] for x in per_rank),
             "t1": max(x["t1"] for x in per_rank),
+            "n0": min(x["n0"] for x in per_rank),
+            "n1": max(x["n1"] for x in per_rank),
             # when each timed iteration had ended on every rank
             "ends": [max(e) for e in zip(*(x["ends"] for x in per_rank), strict=True)],
+            "nends": [max(e) for e in zip(*(x["nends"] for x in per_rank), strict=True)],
             # each rank's NIC engine over its timed window (none for kernel TCP)
             "engines": [
                 {"rank": r, **x["engine"]} for r, x in enumerate(per_rank) if x.get("engine")

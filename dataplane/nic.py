@@ -11,7 +11,7 @@ import ipaddress
 import json
 from dataclasses import dataclass
 
-from dataplane import registry
+from dataplane import clock, registry
 from dataplane.core import ffi, lib
 from dataplane.labfile import CC_NAMES
 
@@ -26,6 +26,9 @@ CC_ALGOS = dict(
     zip(CC_NAMES, (lib.ETHP_CCA_NSCC, lib.ETHP_CCA_HPCC, lib.ETHP_CCA_RCCC), strict=True)
 )
 UNSCALED_RTT_NS = 2_000_000
+# No retransmit timeout under this (real): the unscaled part of a real RTT
+# (ring retire timers, scheduling) is a few ms on this machine.
+RTO_FLOOR_NS = 20_000_000
 
 
 # Where each frame an endpoint takes (rx_frames) ends: exactly one of these.
@@ -110,7 +113,7 @@ def _roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn,
     cfg.roce_spray = bool(spray)
     cfg.dcqcn = bool(nic.get("dcqcn", True) if dcqcn is None else dcqcn)
     us = 1000 * k  # one nominal microsecond, in real ns
-    cfg.rto_ns = max(int(nic.get("roce_rto_us", 131.072) * us), 20_000_000)
+    cfg.rto_ns = max(int(nic.get("roce_rto_us", 131.072) * us), RTO_FLOOR_NS)
     cfg.cnp_interval_ns = int(nic.get("cnp_interval_us", 50.0) * us)
     cfg.dcqcn_timer_ns = int(nic.get("dcqcn_timer_us", 55.0) * us)
     cfg.dcqcn_byte_counter_bytes = int(nic.get("dcqcn_byte_counter_bytes", 10_000_000))
@@ -160,7 +163,10 @@ class Endpoint:
         self.rank = me["index"]
         hosts = sorted((n for n in nodes.values() if n["role"] == "host"), key=lambda n: n["index"])
         self.world = len(hosts)
-        k = float(rec["time_scale"])
+        # the lab's fabric clock, when its fabric runs: its k is the current
+        # one (the record's may be older), and the engine follows its changes
+        self._clock = clock.Clock.open(lab)
+        k = self._clock.k if self._clock is not None else float(rec["time_scale"])
         ports = sorted(me["ports"], key=lambda p: p["plane"])
         link = {lk["name"]: lk for lk in rec["topology"]["links"]}[ports[0]["link"]]
         rate_real = int(link["params"]["rate_bps"] / k)
@@ -182,7 +188,7 @@ class Endpoint:
         cfg.base_rtt_ns = base_rtt_real
         # 4 base RTTs, but never under 20 ms: the unscaled part of a real RTT
         # (ring retire timers, scheduling) is a few ms on this machine.
-        cfg.rto_ns = max(4 * base_rtt_real, 20_000_000)
+        cfg.rto_ns = max(4 * base_rtt_real, RTO_FLOOR_NS)
         cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
         cc = cc or rec["nic"].get("cc", "nscc")
         if cc not in CC_ALGOS:
@@ -191,6 +197,9 @@ class Endpoint:
         cfg.seed = seed
         cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
         cfg.ring_idle_ms = rec["nic"].get("ring_idle_ms", 100)
+        cfg.time_scale = k
+        cfg.unscaled_rtt_ns = UNSCALED_RTT_NS
+        cfg.rto_floor_ns = RTO_FLOOR_NS
         if roce:
             _roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
         err = ffi.new("int *")
@@ -217,6 +226,8 @@ class Endpoint:
         self.inc_window = 0
         if inc is not None:
             self._inc_setup(inc, ports, rate_real, base_rtt_real, link["params"]["buffer_bytes"])
+        if self._clock is not None and lib.ethp_nic_set_clock(self._nic, self._clock.ptr) < 0:
+            raise NicError(f"cannot follow the clock of lab {lab!r}")
         rc = lib.ethp_nic_start(self._nic)
         if rc < 0:
             raise OSError(-rc, "cannot start the NIC thread")
@@ -272,6 +283,14 @@ class Endpoint:
             ffi.release(self._nic)
             self._nic = None
             self._keep.clear()
+        if self._clock is not None:  # after the engine that reads it
+            self._clock.close()
+            self._clock = None
+
+    @property
+    def time_scale(self) -> float:
+        """The k the engine runs at now (the clock's, once it has seen it)."""
+        return lib.ethp_nic_time_scale(self._nic)
 
     def __enter__(self) -> Endpoint:
         return self

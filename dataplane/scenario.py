@@ -433,25 +433,36 @@ def _run_jobs(
 
 
 def _iterations(result: dict, t0: float) -> list[dict]:
-    """Every timed iteration of a job: start, end (s after t0) and busbw."""
+    """Every timed iteration of a job: start, end (real s after t0) and busbw
+    (nominal: from the fabric clock's times of the same iteration)."""
     out = []
     world, coll = result["world"], result["collective"]
     k = result["lab"]["time_scale"]
     for rr in result.get("real_rows", []):
         start = rr["t0"]
-        for end in rr["ends"]:
-            dt = end - start
-            bw = rr["size"] / (dt / k) / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
+        nstart = rr.get("n0")
+        for i, end in enumerate(rr["ends"]):
+            dt = rr["nends"][i] - nstart if "nends" in rr else (end - start) / k
+            bw = rr["size"] / dt / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
             out.append(
                 {"size": rr["size"], "start_s": start - t0, "end_s": end - t0, "busbw_GBps": bw}
             )
             start = end
+            nstart = rr["nends"][i] if "nends" in rr else None
     return out
 
 
 def _jct_s(result: dict) -> float:
+    """Real seconds the job's timed runs took."""
     rows = result.get("real_rows", [])
     return sum(r["t1"] - r["t0"] for r in rows)
+
+
+def _jct_nominal_s(result: dict) -> float:
+    """Nominal seconds the same runs took, on the fabric clock."""
+    rows = result.get("real_rows", [])
+    k = result["lab"]["time_scale"]
+    return sum(r["n1"] - r["n0"] if "n1" in r else (r["t1"] - r["t0"]) / k for r in rows)
 
 
 def _phases(iters: list[dict], applied: list[dict]) -> list[dict]:
@@ -492,7 +503,7 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
                 log(f"# {sc.name}: {tname}, job {j.name} alone")
                 a = _run_jobs(sc, rec, tname, [j], False, log)
                 if j.name in a["jobs"]:
-                    alone[j.name] = _jct_s(a["jobs"][j.name])
+                    alone[j.name] = _jct_nominal_s(a["jobs"][j.name])
         per_job = {}
         for j in sc.jobs:
             r = res["jobs"].get(j.name)
@@ -515,12 +526,14 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
                 "collective": j.collective,
                 "nodes": j.nodes,
                 "jct_real_s": jct,
-                "jct_nominal_us": jct / r["lab"]["time_scale"] * 1e6,
+                "jct_nominal_us": _jct_nominal_s(r) * 1e6,
                 "wrong": sum(x["wrong"] for x in r["rows"]),
                 "busbw_GBps": r["rows"][-1]["busbw_GBps"],
                 "iterations": iters,
                 "phases": _phases(iters, res["faults"]),
-                "slowdown_vs_alone": jct / alone[j.name] if alone.get(j.name) else None,
+                "slowdown_vs_alone": (
+                    _jct_nominal_s(r) / alone[j.name] if alone.get(j.name) else None
+                ),
                 # an iteration that took over three typical ones (before any
                 # fault): the transport stalled for about the difference
                 "typical_iteration_s": typical,

@@ -22,7 +22,7 @@ import traceback
 
 import numpy as np
 
-from dataplane import core, cpu, reference, registry
+from dataplane import clock, core, cpu, reference, registry
 from dataplane.collectives import Comm
 from dataplane.transport import Options, TransportError, open_transport
 from dataplane.workload import Case
@@ -63,16 +63,30 @@ def _cpu_s() -> float:
 ENGINE_KEYS = ("eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops")
 
 
-def checked_run(link: Link, case: Case, barrier: str) -> tuple[int, float]:
+class Timer:
+    """Real and nominal seconds: nominal from the lab's fabric clock (so a
+    change of k in the middle of a run is accounted for exactly), or real / k
+    when the lab has no clock."""
+
+    def __init__(self, lab: str, k: float):
+        self.clock = clock.Clock.open(lab)
+        self.k = k
+
+    def now(self) -> tuple[float, float]:
+        t = time.monotonic()
+        return t, self.clock.nominal_s() if self.clock is not None else t / self.k
+
+
+def checked_run(link: Link, case: Case, barrier: str, timer: Timer) -> tuple[int, float, float]:
     """--check all: fresh inputs, then every rank ready (a peer writes into
     this rank's buffers as soon as it runs), one run, timed, then its check.
-    Returns (elements wrong, seconds the run took)."""
+    Returns (elements wrong, real and nominal seconds the run took)."""
     case.fill()
     link.barrier(barrier)
-    t = time.monotonic()
+    t, n = timer.now()
     case.run()
-    dt = time.monotonic() - t
-    return case.wrong(), dt
+    t1, n1 = timer.now()
+    return case.wrong(), t1 - t, n1 - n
 
 
 def run(link: Link, plan: dict, node: str) -> None:
@@ -91,6 +105,7 @@ def run(link: Link, plan: dict, node: str) -> None:
     comm = Comm(t, plan["dtype"])
     link.send(ready=t.describe())
     item = reference.itemsize(plan["dtype"])
+    timer = Timer(plan["lab"], float(rec["time_scale"]))
     np.seterr(all="ignore")  # timed runs reduce already-reduced data: overflow is fine
     try:
         for i, size in enumerate(plan["sizes"]):
@@ -106,25 +121,28 @@ def run(link: Link, plan: dict, node: str) -> None:
             link.barrier(f"warm-{i}")
             for k in range(max(0, plan["warmup"] - 1)):
                 if every:
-                    wrong += checked_run(link, case, f"warm-{i}-{k}")[0]
+                    wrong += checked_run(link, case, f"warm-{i}-{k}", timer)[0]
                 else:
                     case.run()
             link.barrier(f"time-{i}")
             c0, waited0 = t.counters(), cpu.process_waited_s(os.getpid())
-            t0 = time.monotonic()
-            ends, run_s = [], 0.0
+            t0, n0 = timer.now()
+            ends, nends, run_s, run_ns = [], [], 0.0, 0.0
             for k in range(plan["iters"]):
                 if every:
-                    w, dt = checked_run(link, case, f"time-{i}-{k}")
-                    wrong, run_s = wrong + w, run_s + dt
+                    w, dt, dn = checked_run(link, case, f"time-{i}-{k}", timer)
+                    wrong, run_s, run_ns = wrong + w, run_s + dt, run_ns + dn
                 else:
                     case.run()
-                ends.append(time.monotonic())
-            t1 = ends[-1]
+                end, nend = timer.now()
+                ends.append(end)
+                nends.append(nend)
+            t1, n1 = ends[-1], nends[-1]
             c1 = t.counters()
             engine = {k: c1[k] - c0.get(k, 0) for k in ENGINE_KEYS if k in c1}
             engine["waited_s"] = cpu.process_waited_s(os.getpid()) - waited0
-            timing = {"t0": t0, "t1": t1, "ends": ends, **({"run_s": run_s} if every else {})}
+            timing = {"t0": t0, "t1": t1, "ends": ends, "n0": n0, "n1": n1, "nends": nends,
+                      **({"run_s": run_s, "run_ns": run_ns} if every else {})}  # fmt: skip
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
                               **timing, "engine": engine, "cpu_s": _cpu_s()})  # fmt: skip
             del case

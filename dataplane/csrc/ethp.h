@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 27
+#define ETHP_ABI_VERSION 28
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -567,6 +567,7 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(eng_late_sum_ns, "how late the engine ran, summed (real ns; each ns counted once)") \
     X(eng_late_max_ns, "the engine's worst lateness (real ns)") \
     X(eng_lost_ns, "engine lateness beyond the pacers' catch-up: link time its ports lost (real ns)") \
+    X(rescales, "changes of the lab's time scale the engine followed (fabric clock)") \
     X(rx_ring_drops, "frames the kernel dropped before the engine read them: its RX ring was full") \
     X(credit_bytes, "rccc: what the receivers let this sender have in flight now (sum over peers)") \
     X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)")
@@ -626,9 +627,19 @@ struct ethp_nic_cfg {
      * drop_psn_plus1 - 1 (towards any peer) is dropped at the sender, once. */
     uint32_t drop_psn_plus1;
     uint32_t ring_idle_ms;      /* the NIC's port: see struct ethp_port_cfg */
+    /* The time scale the real values above were computed at, and the parts
+     * that do not scale with it: when the lab's fabric clock (set with
+     * ethp_nic_set_clock) moves to another k, every real time above is
+     * multiplied, and every rate divided, by k / time_scale (the part of
+     * base_rtt_ns that is unscaled_rtt_ns stays; rto_ns never goes under
+     * rto_floor_ns). */
+    double time_scale;
+    uint64_t unscaled_rtt_ns;
+    uint64_t rto_floor_ns;
 };
 
 struct ethp_nic;
+struct ethp_clock;
 struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_path,
                               uint32_t max_peers, int *err);
 /* A port (plane): interface, its MAC and IPv4 address, the next hop's MAC. */
@@ -651,6 +662,12 @@ int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t
 void ethp_nic_counters(struct ethp_nic *nic, int32_t peer, uint64_t *out);
 /* Take a plane out of (or back into) the sender's rotation. */
 int ethp_nic_set_plane(struct ethp_nic *nic, uint32_t plane, uint32_t up);
+/* Follow a lab's fabric clock (before ethp_nic_start; the clock must outlive
+ * the NIC): the engine takes every change of k as it comes, and reports its
+ * lateness to the clock. */
+int ethp_nic_set_clock(struct ethp_nic *nic, struct ethp_clock *clock);
+/* The time scale the engine runs at now. */
+double ethp_nic_time_scale(const struct ethp_nic *nic);
 /* This endpoint's incarnation (its connection epoch, in every frame it sends). */
 uint32_t ethp_nic_epoch(const struct ethp_nic *nic);
 /* In-network all-reduce.  One aggregator a job's chunks go to, and the port
@@ -672,6 +689,37 @@ int ethp_nic_inc_setup(struct ethp_nic *nic, const struct ethp_nic_agg *aggs, ui
  * same calls in the same order.  Returns a handle for ethp_nic_wait. */
 int64_t ethp_nic_post_allreduce(struct ethp_nic *nic, uint8_t *buf, uint64_t count,
                                 uint32_t dtype, uint32_t op);
+
+/* ----------------------------------------------------------------- clock */
+
+/* The fabric clock of a lab: one shared page (a file under the lab's run
+ * directory) the fabric owns and writes, every NIC engine and worker of the
+ * lab maps.  It holds the time scale k and the anchor pair (real, nominal) it
+ * was set at:  nominal(t) = anchor_nominal + (t - anchor_real) / k,  with t
+ * CLOCK_MONOTONIC, so nominal time is continuous across changes of k.  Read
+ * under a sequence lock.  Engines add what they lost (late wake-ups past the
+ * catch-up allowance, ring drops) to the page's reports, for the governor. */
+enum {
+    ETHP_CLOCK_R_LOST_NS = 0,    /* engines' wall time lost past the catch-up allowance */
+    ETHP_CLOCK_R_LATE_WAKEUPS,   /* engines' late wake-ups */
+    ETHP_CLOCK_R_RING_DROPS,     /* frames the kernel dropped at an engine's ring */
+    ETHP_CLOCK_R_ENGINES,        /* engines attached to the clock now */
+    ETHP_CLOCK_NREPORTS,
+};
+struct ethp_clock;
+/* Map path (create: make it, mode 0600, at time scale k; else it must exist
+ * and be a valid clock page).  NULL and *err = -errno on failure. */
+struct ethp_clock *ethp_clock_map(const char *path, int create, double k, int *err);
+void ethp_clock_unmap(struct ethp_clock *c);
+/* A new k from now on (1 <= k <= 1e9); the writer is the fabric alone. */
+int ethp_clock_set_k(struct ethp_clock *c, double k);
+double ethp_clock_k(const struct ethp_clock *c);
+/* Changes of k so far (1 after creation). */
+uint64_t ethp_clock_gen(const struct ethp_clock *c);
+/* Nominal nanoseconds now (0 at the clock's creation). */
+uint64_t ethp_clock_nominal_ns(const struct ethp_clock *c);
+void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out);
+void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v);
 
 /* ----------------------------------------------------------------- netns */
 

@@ -217,4 +217,7 @@ int ethp_agg_unregister(struct ethp_agg *agg, uint32_t group);
 /* The live counters of a port (ETHP_PORT_NCOUNTERS), for its owner thread. */
 const uint64_t *ethp_port_counters_ref(const struct ethp_port *port);
 
+/* clock.c: an engine attaches to its lab's clock (counted while mapped). */
+void ethp_clock_attach_engine(struct ethp_clock *c);
+
 #endif

@@ -216,6 +216,10 @@ struct ethp_nic {
     struct nic_msg **msgs;
     uint64_t n_msgs, cap_msgs;
     uint64_t c[ETHP_NIC_NCOUNTERS];
+    /* the lab's fabric clock: cfg is cfg0 at the clock's k (nic_rescale) */
+    struct ethp_clock *clock;
+    uint64_t clock_gen, ring_drops_reported;
+    struct ethp_nic_cfg cfg0;
 };
 
 #define ETHP_X_NAME(name, help) #name,
@@ -1893,6 +1897,90 @@ static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uin
         n->c[ETHP_NC_eng_late_max_ns] = late;
     if (late > NIC_CATCHUP_NS)
         n->c[ETHP_NC_eng_lost_ns] += late - NIC_CATCHUP_NS;
+    if (n->clock) {
+        ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_WAKEUPS, 1);
+        if (late > NIC_CATCHUP_NS)
+            ethp_clock_report(n->clock, ETHP_CLOCK_R_LOST_NS, late - NIC_CATCHUP_NS);
+    }
+}
+
+/* ---------------------------------------------------------------- time scale */
+
+static uint64_t scaled_ns(uint64_t t, double r) { return (uint64_t)((double)t * r); }
+
+static uint64_t scaled_bps(uint64_t bps, double r)
+{
+    uint64_t v = (uint64_t)((double)bps / r);
+    return v ? v : 1;
+}
+
+/* The lab's clock moved to k: every real setting from cfg0 (made at
+ * cfg0.time_scale) by the ratio, and the state that holds real times or
+ * rates started afresh from them (congestion control from its initial
+ * window and rate, retransmit timers re-armed).  Packets already paced keep
+ * their times; nothing in flight is lost or resent for it. */
+static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
+{
+    const struct ethp_nic_cfg *c0 = &n->cfg0;
+    struct ethp_nic_cfg *c = &n->cfg;
+    double r = k / c0->time_scale;
+    uint64_t un = c0->unscaled_rtt_ns < c0->base_rtt_ns ? c0->unscaled_rtt_ns : c0->base_rtt_ns;
+    c->time_scale = k;
+    c->rate_bps = scaled_bps(c0->rate_bps, r);
+    c->base_rtt_ns = scaled_ns(c0->base_rtt_ns - un, r) + un;
+    c->rto_ns = scaled_ns(c0->rto_ns, r);
+    if (c->rto_ns < c0->rto_floor_ns)
+        c->rto_ns = c0->rto_floor_ns;
+    c->cnp_interval_ns = scaled_ns(c0->cnp_interval_ns, r);
+    c->dcqcn_timer_ns = scaled_ns(c0->dcqcn_timer_ns, r) ? scaled_ns(c0->dcqcn_timer_ns, r) : 1;
+    c->dcqcn_rai_bps = scaled_bps(c0->dcqcn_rai_bps, r);
+    c->dcqcn_rhai_bps = scaled_bps(c0->dcqcn_rhai_bps, r);
+    c->dcqcn_min_rate_bps = scaled_bps(c0->dcqcn_min_rate_bps, r);
+    /* the window is a BDP: it changes only by the unscaled part of the RTT */
+    double bdp_ratio = (double)c->base_rtt_ns / r / (double)c0->base_rtt_ns;
+    c->max_cwnd_bytes = (uint64_t)((double)c0->max_cwnd_bytes * bdp_ratio);
+    if (c->max_cwnd_bytes < 8ull * c->payload_bytes)
+        c->max_cwnd_bytes = 8ull * c->payload_bytes;
+    n->bdp_bytes = (uint64_t)((unsigned __int128)c->rate_bps * n->n_ports * c->base_rtt_ns / 8 /
+                              1000000000u);
+    struct ethp_cc_params pp = cc_params(n);
+    uint32_t subs = c->roce ? c->qps : n->n_ports;
+    for (uint32_t i = 0; i < n->max_peers; i++) {
+        struct nic_peer *p = &n->peers[i];
+        if (!p->known)
+            continue;
+        for (uint32_t j = 0; j < subs; j++)
+            n->cc->init(&p->cc[j].st, &pp);
+        p->reo_ns = c->base_rtt_ns / 2 > 4000000 ? c->base_rtt_ns / 2 : 4000000;
+        p->rto_ns = c->rto_ns;
+        if (p->rto_deadline)
+            p->rto_deadline = now + p->rto_ns;
+    }
+    for (uint32_t i = 0; i < n->inc.n_aggs; i++) {
+        n->inc.agg[i].rto_ns = c->rto_ns;
+        if (n->inc.agg[i].deadline_ns)
+            n->inc.agg[i].deadline_ns = now + c->rto_ns;
+    }
+    n->c[ETHP_NC_rescales]++;
+}
+
+/* Once a pass: a new k on the clock, and ring drops to report. */
+static void follow_clock(struct ethp_nic *n, uint64_t now)
+{
+    uint64_t g = ethp_clock_gen(n->clock);
+    if (g != n->clock_gen) {
+        n->clock_gen = g;
+        double k = ethp_clock_k(n->clock);
+        if (k != n->cfg.time_scale)
+            nic_rescale(n, k, now);
+    }
+    uint64_t io[ETHP_PORT_NCOUNTERS];
+    ethp_port_counters(n->io, io);
+    if (io[ETHP_PC_rx_ring_drops] != n->ring_drops_reported) {
+        ethp_clock_report(n->clock, ETHP_CLOCK_R_RING_DROPS,
+                          io[ETHP_PC_rx_ring_drops] - n->ring_drops_reported);
+        n->ring_drops_reported = io[ETHP_PC_rx_ring_drops];
+    }
 }
 
 static void *nic_main(void *arg)
@@ -1916,6 +2004,8 @@ static void *nic_main(void *arg)
         uint64_t now = ethp_now_ns();
         engine_lateness(n, due, prev, now);
         prev = now;
+        if (n->clock)
+            follow_clock(n, now);
         rx(n, now);
         /* Peers take turns: the one served first moves on every pass, so a
          * port's free slots are shared among its peers (as a NIC's QP
@@ -1993,7 +2083,9 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
         *err = -ENOMEM;
         return NULL;
     }
-    n->cfg = *cfg;
+    n->cfg = n->cfg0 = *cfg;
+    if (!(cfg->time_scale >= 1.0))
+        n->cfg.time_scale = n->cfg0.time_scale = 1.0;
     n->epoch = new_epoch();
     n->cc = cfg->cc == ETHP_CCA_HPCC ? &ethp_cc_hpcc : &ethp_cc_nscc;
     n->credits = cfg->cc == ETHP_CCA_RCCC && !cfg->roce;
@@ -2085,6 +2177,20 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
     p->reo_ns = n->cfg.base_rtt_ns / 2 > 4000000 ? n->cfg.base_rtt_ns / 2 : 4000000;
     p->known = 1;
     return 0;
+}
+
+int ethp_nic_set_clock(struct ethp_nic *n, struct ethp_clock *clock)
+{
+    if (n->started || !clock)
+        return -EINVAL;
+    n->clock = clock;
+    ethp_clock_attach_engine(clock);
+    return 0;
+}
+
+double ethp_nic_time_scale(const struct ethp_nic *n)
+{
+    return *(volatile const double *)&n->cfg.time_scale; /* the engine's; a torn read is harmless */
 }
 
 int ethp_nic_start(struct ethp_nic *n)

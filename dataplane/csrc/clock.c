@@ -1,0 +1,196 @@
+/* clock.c - the fabric clock: a shared page holding the time scale.
+ *
+ * One writer (the fabric), any number of readers (NIC engines, workers,
+ * the bench).  A reader never trusts the page blindly: k is checked to be
+ * in range, and a read that keeps racing the writer gives up on the last
+ * consistent value it saw. */
+#include "ethp_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CLOCK_MAGIC 0x6b636f6c63687465ull /* "ethclock" */
+#define CLOCK_PAGE_BYTES 4096
+#define K_MAX 1e9
+
+struct clock_page {
+    uint64_t magic;
+    uint64_t seq; /* odd while the writer is in the middle of a change */
+    uint64_t gen;
+    uint64_t k_bits; /* the double k */
+    uint64_t anchor_real_ns, anchor_nominal_ns;
+    uint64_t reports[ETHP_CLOCK_NREPORTS];
+};
+
+struct ethp_clock {
+    struct clock_page *pg;
+    int engine; /* counted in ETHP_CLOCK_R_ENGINES */
+};
+
+static int k_ok(double k) { return isfinite(k) && k >= 1.0 && k <= K_MAX; }
+
+static double bits_k(uint64_t b)
+{
+    double k;
+    memcpy(&k, &b, sizeof(k));
+    return k;
+}
+
+static uint64_t k_bits(double k)
+{
+    uint64_t b;
+    memcpy(&b, &k, sizeof(b));
+    return b;
+}
+
+struct clock_view {
+    double k;
+    uint64_t gen, anchor_real_ns, anchor_nominal_ns;
+};
+
+static struct clock_view clock_read(const struct clock_page *pg)
+{
+    struct clock_view v = {1.0, 0, 0, 0};
+    for (int tries = 0; tries < 1000; tries++) {
+        uint64_t s0 = __atomic_load_n(&pg->seq, __ATOMIC_ACQUIRE);
+        if (s0 & 1)
+            continue;
+        struct clock_view t = {
+            .k = bits_k(__atomic_load_n(&pg->k_bits, __ATOMIC_RELAXED)),
+            .gen = __atomic_load_n(&pg->gen, __ATOMIC_RELAXED),
+            .anchor_real_ns = __atomic_load_n(&pg->anchor_real_ns, __ATOMIC_RELAXED),
+            .anchor_nominal_ns = __atomic_load_n(&pg->anchor_nominal_ns, __ATOMIC_RELAXED),
+        };
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&pg->seq, __ATOMIC_RELAXED) == s0) {
+            if (k_ok(t.k))
+                v = t;
+            return v;
+        }
+    }
+    return v;
+}
+
+struct ethp_clock *ethp_clock_map(const char *path, int create, double k, int *err)
+{
+    if (create && !k_ok(k)) {
+        *err = -EINVAL;
+        return NULL;
+    }
+    int fd = create ? open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)
+                    : open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        *err = -errno;
+        return NULL;
+    }
+    struct stat st;
+    if (create && ftruncate(fd, CLOCK_PAGE_BYTES) < 0)
+        goto fail;
+    if (fstat(fd, &st) < 0)
+        goto fail;
+    if (!S_ISREG(st.st_mode) || st.st_size != CLOCK_PAGE_BYTES || st.st_uid != geteuid()) {
+        errno = EINVAL;
+        goto fail;
+    }
+    void *m = mmap(NULL, CLOCK_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        goto fail;
+    close(fd);
+    struct ethp_clock *c = calloc(1, sizeof(*c));
+    if (!c) {
+        munmap(m, CLOCK_PAGE_BYTES);
+        *err = -ENOMEM;
+        return NULL;
+    }
+    c->pg = m;
+    if (create) {
+        c->pg->k_bits = k_bits(k);
+        c->pg->anchor_real_ns = ethp_now_ns();
+        c->pg->gen = 1;
+        __atomic_store_n(&c->pg->magic, CLOCK_MAGIC, __ATOMIC_RELEASE);
+    } else if (__atomic_load_n(&c->pg->magic, __ATOMIC_ACQUIRE) != CLOCK_MAGIC) {
+        ethp_clock_unmap(c);
+        *err = -EINVAL;
+        return NULL;
+    }
+    return c;
+fail:
+    *err = -errno;
+    close(fd);
+    return NULL;
+}
+
+void ethp_clock_unmap(struct ethp_clock *c)
+{
+    if (!c)
+        return;
+    if (c->engine)
+        __atomic_fetch_sub(&c->pg->reports[ETHP_CLOCK_R_ENGINES], 1, __ATOMIC_RELAXED);
+    munmap(c->pg, CLOCK_PAGE_BYTES);
+    free(c);
+}
+
+static uint64_t nominal_at(const struct clock_view *v, uint64_t real_ns)
+{
+    if (real_ns <= v->anchor_real_ns)
+        return v->anchor_nominal_ns;
+    return v->anchor_nominal_ns + (uint64_t)((double)(real_ns - v->anchor_real_ns) / v->k);
+}
+
+int ethp_clock_set_k(struct ethp_clock *c, double k)
+{
+    if (!k_ok(k))
+        return -EINVAL;
+    struct clock_page *pg = c->pg;
+    struct clock_view v = clock_read(pg);
+    uint64_t now = ethp_now_ns();
+    uint64_t s = __atomic_load_n(&pg->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&pg->seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&pg->anchor_nominal_ns, nominal_at(&v, now), __ATOMIC_RELAXED);
+    __atomic_store_n(&pg->anchor_real_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&pg->k_bits, k_bits(k), __ATOMIC_RELAXED);
+    __atomic_store_n(&pg->gen, v.gen + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&pg->seq, s + 2, __ATOMIC_RELEASE);
+    return 0;
+}
+
+double ethp_clock_k(const struct ethp_clock *c) { return clock_read(c->pg).k; }
+
+uint64_t ethp_clock_gen(const struct ethp_clock *c)
+{
+    return __atomic_load_n(&c->pg->gen, __ATOMIC_ACQUIRE);
+}
+
+uint64_t ethp_clock_nominal_ns(const struct ethp_clock *c)
+{
+    struct clock_view v = clock_read(c->pg);
+    return nominal_at(&v, ethp_now_ns());
+}
+
+void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out)
+{
+    for (int i = 0; i < ETHP_CLOCK_NREPORTS; i++)
+        out[i] = __atomic_load_n(&c->pg->reports[i], __ATOMIC_RELAXED);
+}
+
+void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v)
+{
+    if (which >= ETHP_CLOCK_NREPORTS || !v)
+        return;
+    __atomic_fetch_add(&c->pg->reports[which], v, __ATOMIC_RELAXED);
+}
+
+/* An engine attaches: counted until it unmaps. */
+void ethp_clock_attach_engine(struct ethp_clock *c)
+{
+    if (!c->engine) {
+        c->engine = 1;
+        __atomic_fetch_add(&c->pg->reports[ETHP_CLOCK_R_ENGINES], 1, __ATOMIC_RELAXED);
+    }
+}

@@ -1,0 +1,160 @@
+"""The fabric clock: one time scale a running lab's fabric, host shapers and
+NIC engines all follow, changed at run time (`ethplus lab scale`) without
+losing a byte, and nominal time that runs on without a jump."""
+
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+from conftest import ethplus
+from labtools import Lab, running_lab
+
+from dataplane.clock import Clock
+from dataplane.nic import Endpoint
+
+pytestmark = pytest.mark.root
+
+MiB = 1 << 20
+
+# k forced up and down, as multiples of the lab's own: each change lands
+# while the transfers are still under way (they take seconds at any of them)
+STEPS = (2.0, 4.0, 1.0, 3.0, 1.5)
+
+
+@pytest.fixture(scope="module")
+def erack():
+    yield from running_lab("clock", "erack-8x4")
+
+
+def _scale(lab: Lab, k: float) -> None:
+    ethplus("lab", "scale", lab.name, f"{k:g}", check=True)
+
+
+def _forcing(lab: Lab, done: threading.Event, seen: list) -> threading.Thread:
+    """A thread that moves k through STEPS while done is unset, then back."""
+
+    def run():
+        clk = Clock(lab.name)
+        try:
+            for m in STEPS:
+                if done.wait(0.4):
+                    break
+                _scale(lab, lab.k * m)
+                seen.append((clk.k, clk.nominal_ns()))
+        finally:
+            clk.close()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_lab_scale_moves_the_clock_and_nominal_time_runs_on(erack):
+    lab = erack
+    clk = Clock(lab.name)
+    try:
+        gen0, n0 = clk.gen, clk.nominal_ns()
+        assert clk.k == lab.k
+        try:
+            _scale(lab, lab.k * 8)
+            assert clk.k == lab.k * 8 and clk.gen == gen0 + 1
+            n1 = clk.nominal_ns()
+            _scale(lab, lab.k)
+            assert clk.gen == gen0 + 2
+            # nominal time never goes back, across both changes
+            assert n0 <= n1 <= clk.nominal_ns()
+            assert Lab(lab.name).k == lab.k  # the record follows too
+        finally:
+            _scale(lab, lab.k)
+    finally:
+        clk.close()
+
+
+@pytest.mark.parametrize("k", ["0.5", "nan", "2e9"])
+def test_lab_scale_refuses_a_k_out_of_range(erack, k):
+    r = ethplus("lab", "scale", erack.name, k)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "time scale" in r.stderr
+    assert Clock(erack.name).k == erack.k
+
+
+def test_nic_transfer_stays_byte_exact_while_k_moves_up_and_down(erack):
+    lab = erack
+    a, b = Endpoint(lab.name, "h0"), Endpoint(lab.name, "h1")
+    done, seen = threading.Event(), []
+    try:
+        size = 64 * MiB
+        src = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
+        dst = np.zeros(size, dtype=np.uint8)
+        hr = b.post_recv(a.rank, 5, dst)
+        hs = a.post_send(b.rank, 5, src)
+        forcer = _forcing(lab, done, seen)
+        try:
+            assert a.wait(hs, 600) == size
+            assert b.wait(hr, 600) == size
+        finally:
+            done.set()
+            forcer.join()
+        assert len(seen) >= 2, "the transfer ended before k moved twice: make it longer"
+        assert hashlib.sha256(dst).digest() == hashlib.sha256(src).digest()
+        # both engines followed the clock, and run at its k now
+        assert a.counters()["rescales"] >= 1 and b.counters()["rescales"] >= 1
+        assert a.time_scale == b.time_scale == Clock(lab.name).k
+    finally:
+        _scale(lab, lab.k)
+        a.close()
+        b.close()
+
+
+SERVER = """
+import hashlib, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5301)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); h = hashlib.sha256(); n = 0
+while chunk := c.recv(1 << 20):
+    h.update(chunk); n += len(chunk)
+print(n, h.hexdigest(), flush=True)
+"""
+
+CLIENT = """
+import socket, sys, numpy as np
+data = np.random.default_rng(11).integers(0, 256, int(sys.argv[2]), dtype=np.uint8).tobytes()
+c = socket.create_connection((sys.argv[1], 5301), timeout=600); c.sendall(data); c.close()
+"""
+
+
+def test_kernel_tcp_transfer_stays_byte_exact_while_k_moves(erack, tmp_path):
+    import subprocess
+    import sys
+
+    lab = erack
+    size = 8 * MiB
+    want = hashlib.sha256(
+        np.random.default_rng(11).integers(0, 256, size, dtype=np.uint8).tobytes()
+    ).hexdigest()
+    ip = next(p["ip"] for p in lab.nodes["h1"]["ports"] if p["plane"] == 0)
+    ns = {h: lab.rec["namespaces"][h].rsplit("/", 1)[1] for h in ("h0", "h1")}
+    py = [sys.executable, "-I", "-c"]
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", ns["h1"], *py, SERVER, ip], stdout=subprocess.PIPE, text=True
+    )
+    done, seen = threading.Event(), []
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        forcer = _forcing(lab, done, seen)
+        try:
+            subprocess.run(
+                ["ip", "netns", "exec", ns["h0"], *py, CLIENT, ip, str(size)],
+                check=True, timeout=900,
+            )  # fmt: skip
+        finally:
+            done.set()
+            forcer.join()
+        got = server.stdout.readline().split()
+        assert got == [str(size), want]
+        assert len(seen) >= 2, "the transfer ended before k moved twice: make it longer"
+    finally:
+        server.kill()
+        server.wait()
+        _scale(lab, lab.k)
