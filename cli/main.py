@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -228,14 +229,25 @@ def cmd_node_set(args) -> int:
 def cmd_lab_scale(args) -> int:
     from dataplane import lab
 
-    if not 1 <= args.k <= 1e9:
-        raise LabError(f"lab scale: K is the new time scale, from 1 to 1e9, not {args.k:g}")
     rec = lab.get(args.name)
+    if args.k == "auto":
+        resp = lab.control(args.name, {"op": "scale", "k": "auto"})
+        print(f"{args.name}: time scale governed again, from k={resp['time_scale']:g}")
+        return 0
+    try:
+        k = float(args.k)
+    except ValueError:
+        k = float("nan")
+    if not 1 <= k <= 1e9:
+        raise LabError(
+            f"lab scale: K is the new time scale, a number from 1 to 1e9 or auto, not {args.k!r}"
+        )
     before = float(rec["time_scale"])
-    lab.rescale(rec, args.k)
+    lab.rescale(rec, k)
     print(
-        f"{args.name}: time scale {before:g} -> {args.k:g} (the fabric, its host shapers and "
-        "every NIC engine follow; nominal results are unchanged, real time is k times nominal)"
+        f"{args.name}: time scale {before:g} -> {k:g}, pinned (the fabric, its host shapers and"
+        " every NIC engine follow; nominal results are unchanged, real time is k times nominal;"
+        f" `ethplus lab scale {args.name} auto` hands k back to the governor)"
     )
     return 0
 
@@ -389,8 +401,10 @@ def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool =
 
     with Reporter(spec.sizes, f"{spec.collective} over {bench.run_name(spec)}", echo_rows) as rep:
         if not govern:
-            return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
-                             nodes=nodes)  # fmt: skip
+            hold = governor.held(rec) if governor.governed(rec) else contextlib.nullcontext()
+            with hold:
+                return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
+                                 nodes=nodes)  # fmt: skip
         return governor.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
                             nodes=nodes, log=log)  # fmt: skip
 
@@ -398,18 +412,27 @@ def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool =
 def _governs(args, rec: dict) -> bool:
     from dataplane import governor
 
-    return governor.governed(rec) and not args.no_govern
+    return governor.governed(rec) and not args.no_govern and governor.fabric_governor(rec)["on"]
 
 
 def _governor_line(result: dict) -> str | None:
     g = result.get("governor")
     if not g:
         return None
-    tried = ", ".join(f"k={t['k']:g} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"])
-    return (
-        f"# governed time scale: k={g['k']:g} (floor {g['floor_k']:g}; the largest size tried at"
-        f" {tried})"
+    tried = ", ".join(
+        f"k={_k_text(t['k_range'])} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"]
     )
+    return (
+        f"# governed time scale: k={_k_text([g['k'], g['k_max']])} over the timed runs"
+        f" (floor {g['floor_k']:g}; the largest size tried first at {tried})"
+    )
+
+
+def _k_text(k_range) -> str:
+    if not k_range:
+        return "?"
+    lo, hi = k_range
+    return f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g}"
 
 
 def cmd_bench(args) -> int:
@@ -682,7 +705,9 @@ def build_parser() -> argparse.ArgumentParser:
         "scale", help="change a running lab's time scale k (real = nominal x k), at once"
     )
     sc_.add_argument("name", metavar="NAME")
-    sc_.add_argument("k", type=float, metavar="K", help="the new time scale (>= 1)")
+    sc_.add_argument(
+        "k", metavar="K", help="the new time scale (>= 1; pins it), or auto (governed again)"
+    )
     sc_.set_defaults(func=cmd_lab_scale)
 
     stats = lsub.add_parser("stats", help="switch counters: traffic, drops by reason, queues")

@@ -154,6 +154,7 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
         "pacing": row.get("pacing"),
         "endpoints": row.get("endpoints"),
         "fell_behind": bool(row.get("fell_behind")),
+        "k_range": row.get("k_range"),
     }
 
 

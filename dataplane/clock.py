@@ -17,7 +17,8 @@ from pathlib import Path
 from dataplane import registry
 from dataplane.core import ffi, lib
 
-REPORTS = ("lost_ns", "late_wakeups", "ring_drops", "engines")
+REPORTS = ("lost_ns", "late_sum_ns", "late_wakeups", "ring_drops", "engines")
+PER_ENGINE = REPORTS[: lib.ETHP_CLOCK_PER_ENGINE]
 
 
 class ClockError(Exception):
@@ -80,6 +81,16 @@ class Clock:
         out = ffi.new("uint64_t[]", lib.ETHP_CLOCK_NREPORTS)
         lib.ethp_clock_reports(self._c, out)
         return dict(zip(REPORTS, out, strict=True))
+
+    def engines(self) -> dict[str, list[int]]:
+        """Each engine's own lost and late time so far (real ns), by slot."""
+        n = lib.ETHP_CLOCK_MAX_ENGINES
+        out = ffi.new("uint64_t[]", n)
+        res = {}
+        for which, name in enumerate(PER_ENGINE):
+            got = lib.ethp_clock_engines(self._c, which, out, n)
+            res[name] = list(out[0:got])
+        return res
 
     def close(self) -> None:
         if self._c is not None:

@@ -111,10 +111,21 @@ def engines_window(row: dict) -> dict | None:
     return out
 
 
+def k_range(samples: list[dict], t0: float, t1: float) -> list[float] | None:
+    """The lowest and highest time scale the fabric ran at over [t0, t1]
+    (the governor may move it), from the samples in it and the one before."""
+    before = [s["k"] for s in samples if s["t"] <= t0 and "k" in s][-1:]
+    ks = before + [s["k"] for s in samples if t0 < s["t"] <= t1 and "k" in s]
+    return [min(ks), max(ks)] if ks else None
+
+
 def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
     """Add the window's fidelity (and fell_behind) to a job's row: the
-    switches' pacing and the NIC engines (every part must have kept up)."""
-    w = window(samples, row["t0"], row["t1"], base_rtt_real_ns(rec))
+    switches' pacing and the NIC engines (every part must have kept up),
+    and the range of k it ran at."""
+    row["k_range"] = k_range(samples, row["t0"], row["t1"])
+    k = row["k_range"][0] if row["k_range"] else float(rec["time_scale"])
+    w = window(samples, row["t0"], row["t1"], rec["topology"]["base_rtt_ns"] * k)
     e = engines_window(row)
     row["pacing"] = w
     row["endpoints"] = e

@@ -1,26 +1,56 @@
-"""The time-scale governor: a lab whose time scale is "auto" runs each bench
-at the smallest k at which every part of the emulation keeps up.
+"""The time-scale governor: a lab whose time scale is "auto" dilates time
+when any part of the emulation falls behind, and contracts it again when all
+have headroom.
 
-It starts at the lab's k (the floor: the auto choice made at `lab up`) and
-runs the largest size once; while that size is `behind` (a switch's pacer or
-an endpoint could not keep up: fidelity.py), it doubles k and tries again, up
-to MAX_DOUBLINGS.  Then the bench runs at the k found (a size that still
-falls behind there, as the machine got busier, is marked `behind`, not
-rerun: rows are printed as they complete).  Every k tried, and why, is
-recorded in the result; the lab goes back to its floor afterwards.  A lab
-whose time scale is a number is pinned: its runs are only reported.
+Two parts:
 
-This governs per run, not within one: k does not move while a size runs
-(issue 22 asks for a fabric clock that dilates smoothly; not built yet).
+- ``Governor`` runs inside the fabric (fabric.py starts it for a governed
+  lab).  Every INTERVAL_S it looks at every part that can fall behind: the
+  switches' pacers (link time lost, delay added), the NIC engines (the link
+  time they lost and the frames their rings dropped, which they add to the
+  fabric clock: clock.py) and the machine's busy share.  When any of them
+  passes half of the threshold that would mark a size `behind`
+  (fidelity.py), it raises k by RAISE (the fabric clock slows: every switch,
+  host shaper and NIC engine follows at once); when every part has had
+  headroom for CALM_S it lowers k by LOWER, never under the floor (the k
+  `lab up` chose).  After a change it holds for HOLD_S, so the effect shows
+  before it judges again.  Every change is recorded, with its reason.
+- ``run`` wraps a bench on a governed lab: it runs the largest size once,
+  as a trial, until a trial no longer falls behind (the fabric's governor
+  raising k as it goes), then the bench itself, and records the k range it
+  ran at (per size too: bench rows carry it from the job's samples).
+
+A lab whose time scale is a number, or one pinned with ``ethplus lab scale
+NAME K``, is not governed: its runs are only reported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 
-from dataplane import bench, lab
+from dataplane import fidelity
 
-MAX_DOUBLINGS = 4  # at most 16 x the floor
+# The bench side (held, run) imports bench and lab when called: the fabric
+# imports this module for Governor alone, and lab imports the fabric.
+
+INTERVAL_S = 0.25  # how often it looks
+WINDOW_S = 2.0  # over how long: one late wake-up must not move k
+RAISE = 1.5
+RAISE_SEVERE = 2.0
+LOWER = 0.8
+HOLD_S = WINDOW_S  # after a change, a whole window at the new k before the next
+CALM_S = 10.0
+BAD_MEMORY_S = 60.0  # never lower k to where it fell behind this recently
+MAX_FACTOR = 64.0  # never more than this times the floor
+CALM_BUSY_MAX = 0.90  # the machine must be under this busy to lower k
+MAX_TRIALS = 12
+TRIAL_WAIT_S = 2 * WINDOW_S + HOLD_S  # for the governor to move after a trial behind
+# It raises k when a window passes RAISE_AT of a verdict's threshold (the
+# size would be close to `behind`), and counts a window calm under CALM_AT.
+RAISE_AT = 0.8
+CALM_AT = 0.3
 
 
 def governed(rec: dict) -> bool:
@@ -28,11 +58,124 @@ def governed(rec: dict) -> bool:
     return rec.get("time_scale_setting") == "auto"
 
 
-def _trial(spec: bench.Spec, rec: dict, nodes, k: float) -> dict:
+@dataclasses.dataclass
+class Observation:
+    """One interval of the parts that can fall behind (shares of the interval)."""
+
+    lost_link_share: float = 0.0  # switches: the worst port's lost link time
+    added_delay_share: float = 0.0  # switches: mean frame lateness / base RTT
+    engine_lost_share: float = 0.0  # NIC engines: the worst one's lost link time
+    engine_behind_share: float = 0.0  # NIC engines: the worst one's time behind schedule
+    ring_drops: int = 0  # NIC engines: frames their RX rings dropped
+    waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
+    busy_share: float = 0.0  # the machine
+
+    def behind(self) -> str | None:
+        """Why this window is behind (RAISE_AT of a verdict's threshold), or None.
+        The machine's busy share alone is no reason: a worker's numpy work
+        fills the CPUs without making any part of the fabric late."""
+        if self.lost_link_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
+            return f"a switch port lost {self.lost_link_share:.1%} of its link time"
+        if self.added_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
+            return f"switch delay lines ran {self.added_delay_share:.1%} of a base RTT late"
+        if self.engine_lost_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
+            return f"a NIC engine lost {self.engine_lost_share:.1%} of its link time"
+        if self.engine_behind_share > fidelity.ENGINE_BEHIND_MAX * RAISE_AT:
+            share = self.engine_behind_share
+            return f"a NIC engine ran behind its schedule {share:.1%} of the time"
+        if self.ring_drops:
+            return f"NIC engines' rings dropped {self.ring_drops} frames"
+        if self.waited_share > fidelity.WAITED_SHARE_MAX * RAISE_AT:
+            return f"a rank waited for a CPU {self.waited_share:.0%} of the time"
+        return None
+
+    def severe(self) -> bool:
+        """Past a verdict's threshold itself: k goes up faster (RAISE_SEVERE)."""
+        return (
+            self.lost_link_share > fidelity.LOST_SHARE_MAX
+            or self.added_delay_share > fidelity.ADDED_DELAY_MAX
+            or self.engine_lost_share > fidelity.LOST_SHARE_MAX
+            or self.engine_behind_share > 2 * fidelity.ENGINE_BEHIND_MAX
+            or self.waited_share > 2 * fidelity.WAITED_SHARE_MAX
+        )
+
+    def calm(self) -> bool:
+        return (
+            self.lost_link_share < fidelity.LOST_SHARE_MAX * CALM_AT
+            and self.added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
+            and self.engine_lost_share < fidelity.LOST_SHARE_MAX * CALM_AT
+            and self.engine_behind_share < fidelity.ENGINE_BEHIND_MAX * CALM_AT
+            and not self.ring_drops
+            and self.waited_share < fidelity.WAITED_SHARE_MAX * CALM_AT
+            and self.busy_share < CALM_BUSY_MAX
+        )
+
+
+class Governor:
+    """The decisions alone (fabric.py feeds it observations and applies them)."""
+
+    def __init__(self, floor_k: float, k: float | None = None):
+        self.floor_k = float(floor_k)
+        self.k = float(k if k is not None else floor_k)
+        self.held_until = 0.0
+        self.calm_since: float | None = None
+        self.bad_k, self.bad_at = 0.0, -BAD_MEMORY_S  # where it last fell behind
+        self.events: list[dict] = []
+
+    def step(self, obs: Observation, now_s: float, nominal_s: float = 0.0) -> float | None:
+        """The new k after this observation, or None to keep it."""
+        why = obs.behind()
+        if not obs.calm() or why:
+            self.calm_since = None
+        elif self.calm_since is None:
+            self.calm_since = now_s
+        if now_s < self.held_until:
+            return None
+        new = None
+        if why and self.k < self.floor_k * MAX_FACTOR:
+            new = min(self.k * RAISE, self.floor_k * MAX_FACTOR)
+        elif (
+            not why
+            and self.calm_since is not None
+            and now_s - self.calm_since >= CALM_S
+            and self.k > self.floor_k
+        ):
+            new, why = (
+                max(self.floor_k, self.k * LOWER),
+                f"every part had headroom for {CALM_S:g} s",
+            )
+            self.calm_since = now_s
+        if new is None:
+            return None
+        self.events.append(
+            {"t_real": now_s, "nominal_s": nominal_s, "k_from": self.k, "k_to": new, "why": why}
+        )
+        del self.events[:-200]
+        self.k = new
+        self.held_until = now_s + HOLD_S
+        return new
+
+
+@contextlib.contextmanager
+def held(rec: dict):
+    """A governed lab's k held where it is for a with block (--no-govern)."""
+    from dataplane import lab
+
+    lab.control(rec["name"], {"op": "scale", "k": "hold"})
+    try:
+        yield
+    finally:
+        lab.control(rec["name"], {"op": "scale", "k": "auto"})
+
+
+def _trial(spec, rec: dict, nodes) -> dict:
+    from dataplane import bench
+
     probe = dataclasses.replace(spec, sizes=[max(spec.sizes)], iters=1, warmup=1)
-    row = bench.run(probe, rec, nodes=nodes)["rows"][0]
+    res = bench.run(probe, rec, nodes=nodes)
+    row = res["rows"][0]
     return {
-        "k": k,
+        "k_range": row.get("k_range"),
         "size_bytes": row["size_bytes"],
         "busbw_GBps": row["busbw_GBps"],
         "fell_behind": row["fell_behind"],
@@ -41,30 +184,54 @@ def _trial(spec: bench.Spec, rec: dict, nodes, k: float) -> dict:
     }
 
 
-def run(spec: bench.Spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) -> dict:
-    """bench.run, governed when the lab's time scale is "auto"."""
-    if not governed(rec):
+def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) -> dict:
+    """bench.run of spec (a bench.Spec), with trials first when the lab is
+    governed (see the module)."""
+    from dataplane import bench
+
+    state = fabric_governor(rec) if governed(rec) else None
+    if state is None or not state["on"]:  # a number, or pinned by `lab scale`
         return bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
     say = log or (lambda _msg: None)
-    floor = k = float(rec["time_scale"])
     trials: list[dict] = []
-    try:
-        for step in range(MAX_DOUBLINGS + 1):
-            t = _trial(spec, rec, nodes, k)
-            trials.append(t)
-            if not t["fell_behind"] or step == MAX_DOUBLINGS:
-                break
-            say(f"# governor: {t['size_bytes']} B fell behind at k={k:g}; trying k={2 * k:g}")
-            k *= 2
-            lab.rescale(rec, k)
-        result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
-    finally:
-        if k != floor:
-            lab.rescale(rec, floor)
+    t0 = time.monotonic()
+    floor = state["floor_k"]
+    for _ in range(MAX_TRIALS):
+        t = _trial(spec, rec, nodes)
+        trials.append(t)
+        if not t["fell_behind"]:
+            break
+        lo, hi = t["k_range"] or (0, 0)
+        say(f"# governor: {t['size_bytes']} B fell behind at k={lo:g}..{hi:g}; trying again")
+        _wait_for_a_change(rec, hi)
+    result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
+    ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
     result["governor"] = {
         "setting": "auto",
         "floor_k": floor,
-        "k": result["lab"]["time_scale"],
+        "k": min((k[0] for k in ks), default=result["lab"]["time_scale"]),
+        "k_max": max((k[1] for k in ks), default=result["lab"]["time_scale"]),
         "trials": trials,
+        "trials_real_s": time.monotonic() - t0 - result["wall_s"],
+        # every change of k the fabric's governor made during trials and run
+        "events": [e for e in fabric_governor(rec)["events"] if e["t_real"] >= t0],
     }
     return result
+
+
+def _wait_for_a_change(rec: dict, k: float) -> None:
+    """Until the fabric's governor has moved k from k (it needs a window of
+    observations first), at most TRIAL_WAIT_S."""
+    deadline = time.monotonic() + TRIAL_WAIT_S
+    while time.monotonic() < deadline:
+        if fabric_governor(rec)["k"] != k:
+            return
+        time.sleep(INTERVAL_S)
+
+
+def fabric_governor(rec: dict) -> dict:
+    """The fabric's governor: on, floor, k and its latest changes."""
+    from dataplane import lab
+
+    g = lab.control(rec["name"], {"op": "governor"})["governor"]
+    return g or {"on": False, "floor_k": float(rec["time_scale"]), "k": None, "events": []}

@@ -120,7 +120,7 @@ def _compact(st: dict) -> dict:
                 c["tx_frames"],
                 c["lost_link_ns"],
             ]
-    return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "ports": ports}
+    return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports}
 
 
 class Job:

@@ -215,3 +215,36 @@ def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
             return
         burst = 2 * (mtu_bytes + 14)
         ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, latency="100ms")
+
+
+# Linux's TCP timers against the lab's clock.  A route can set one of them:
+# the minimum retransmit timeout (RTAX_RTO_MIN, in ms, honoured only when
+# locked).  The others are fixed in the kernel, in real time, and so do not
+# dilate with k (listed in every fidelity report: fidelity.TCP_UNSCALED).
+RTAX_RTO_MIN = 13
+TCP_RTO_MAX_MS = 120_000  # the kernel caps every RTO here
+
+
+def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
+    """The real rto_min a route gets for a nominal one at time scale k."""
+    return max(1, min(TCP_RTO_MAX_MS, round(rto_min_us * k / 1000)))
+
+
+def tcp_timers(rec: dict, k: float) -> None:
+    """Set every accelerator's routes' rto_min to the lab's nominal
+    [tcp] rto_min_us at k: the connections pick it up at their next route
+    lookup (a replaced route invalidates the cached one)."""
+    from dataplane.topology import gateway_ip, plane_subnet
+
+    rto_ms = tcp_rto_min_ms(rec.get("tcp", {}).get("rto_min_us", 200_000.0), k)
+    metrics = {"RTAX_LOCK": 1 << RTAX_RTO_MIN, "RTAX_RTO_MIN": rto_ms}
+    for node in rec["topology"]["nodes"]:
+        if node["role"] != "host":
+            continue
+        with ns_ipr(rec["namespaces"][node["name"]]) as ipr:
+            for p in node["ports"]:
+                index = ipr.link_lookup(ifname=p["ifname"])[0]
+                ipr.route(
+                    "replace", dst=plane_subnet(p["plane"]), gateway=gateway_ip(p["plane"]),
+                    oif=index, prefsrc=p["ip"], flags=4, metrics=metrics,
+                )  # fmt: skip

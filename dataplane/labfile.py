@@ -287,6 +287,17 @@ _NIC_SCHEMA = {
 }
 
 
+# Kernel TCP's timers that a route can set, nominal (defaults: Linux's own);
+# real = nominal x k, kept right as k changes (kernel.tcp_timers).
+_TCP_SCHEMA = {
+    "rto_min_us": pos_num(
+        200_000.0,
+        "minimum retransmit timeout (Linux's TCP_RTO_MIN, 200 ms); real = this x time_scale,"
+        " at most the kernel's 120 s",
+    ),
+}
+
+
 def _schema(family: str) -> dict[str, dict[str, Field]]:
     bdp = _bdp_bytes(family)
     d = _FAMILY_DEFAULTS[family]
@@ -301,6 +312,7 @@ def _schema(family: str) -> dict[str, dict[str, Field]]:
         "link": _link_schema(400, d["delay_ns"], 4 * bdp),
         "switch": _switch_schema(family),
         "nic": _NIC_SCHEMA,
+        "tcp": _TCP_SCHEMA,
     }
     if family in ("clos", "hpn"):
         s["fabric_link"] = _link_schema(400, d["delay_ns"], 4 * bdp)
@@ -321,6 +333,7 @@ class LabSpec:
     topology: Topology
     switch: dict[str, Any] = field(default_factory=dict)
     nic: dict[str, Any] = field(default_factory=dict)
+    tcp: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -333,6 +346,7 @@ class LabSpec:
             "time_scale_setting": self.time_scale_raw,
             "switch": self.switch,
             "nic": self.nic,
+            "tcp": self.tcp,
             "settings": self.sections,
             "topology": self.topology.to_dict(),
         }
@@ -494,5 +508,6 @@ def load(file_or_name: str, name: str | None = None) -> LabSpec:
         topology=topology,
         switch=s["switch"],
         nic=s["nic"],
+        tcp=s["tcp"],
         sections=s,
     )

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #define CLOCK_MAGIC 0x6b636f6c63687465ull /* "ethclock" */
-#define CLOCK_PAGE_BYTES 4096
+#define CLOCK_PAGE_BYTES 32768
 #define K_MAX 1e9
 
 struct clock_page {
@@ -25,11 +25,17 @@ struct clock_page {
     uint64_t k_bits; /* the double k */
     uint64_t anchor_real_ns, anchor_nominal_ns;
     uint64_t reports[ETHP_CLOCK_NREPORTS];
+    uint64_t engines_attached; /* slots handed out so far (they wrap) */
+    /* each engine's own lost and late time (its per-engine reports) */
+    uint64_t engine[ETHP_CLOCK_MAX_ENGINES][ETHP_CLOCK_PER_ENGINE];
 };
+
+_Static_assert(sizeof(struct clock_page) <= CLOCK_PAGE_BYTES, "clock page too small");
 
 struct ethp_clock {
     struct clock_page *pg;
-    int engine; /* counted in ETHP_CLOCK_R_ENGINES */
+    int engine;        /* counted in ETHP_CLOCK_R_ENGINES */
+    uint32_t slot;     /* its row in engine[] */
 };
 
 static int k_ok(double k) { return isfinite(k) && k >= 1.0 && k <= K_MAX; }
@@ -184,6 +190,20 @@ void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v)
     if (which >= ETHP_CLOCK_NREPORTS || !v)
         return;
     __atomic_fetch_add(&c->pg->reports[which], v, __ATOMIC_RELAXED);
+    if (which < ETHP_CLOCK_PER_ENGINE && c->engine)
+        __atomic_fetch_add(&c->pg->engine[c->slot][which], v, __ATOMIC_RELAXED);
+}
+
+uint32_t ethp_clock_engines(const struct ethp_clock *c, uint32_t which, uint64_t *out, uint32_t n)
+{
+    if (which >= ETHP_CLOCK_PER_ENGINE)
+        return 0;
+    uint64_t used = __atomic_load_n(&c->pg->engines_attached, __ATOMIC_RELAXED);
+    uint32_t k = used < ETHP_CLOCK_MAX_ENGINES ? (uint32_t)used : ETHP_CLOCK_MAX_ENGINES;
+    k = k < n ? k : n;
+    for (uint32_t i = 0; i < k; i++)
+        out[i] = __atomic_load_n(&c->pg->engine[i][which], __ATOMIC_RELAXED);
+    return k;
 }
 
 /* An engine attaches: counted until it unmaps. */
@@ -191,6 +211,8 @@ void ethp_clock_attach_engine(struct ethp_clock *c)
 {
     if (!c->engine) {
         c->engine = 1;
+        c->slot = (uint32_t)(__atomic_fetch_add(&c->pg->engines_attached, 1, __ATOMIC_RELAXED) %
+                             ETHP_CLOCK_MAX_ENGINES);
         __atomic_fetch_add(&c->pg->reports[ETHP_CLOCK_R_ENGINES], 1, __ATOMIC_RELAXED);
     }
 }

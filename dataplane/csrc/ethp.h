@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 28
+#define ETHP_ABI_VERSION 29
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -701,10 +701,13 @@ int64_t ethp_nic_post_allreduce(struct ethp_nic *nic, uint8_t *buf, uint64_t cou
  * catch-up allowance, ring drops) to the page's reports, for the governor. */
 enum {
     ETHP_CLOCK_R_LOST_NS = 0,    /* engines' wall time lost past the catch-up allowance */
-    ETHP_CLOCK_R_LATE_WAKEUPS,   /* engines' late wake-ups */
+    ETHP_CLOCK_R_LATE_SUM_NS,    /* how late engines ran (eng_late_sum_ns) */
+    ETHP_CLOCK_PER_ENGINE,       /* the reports above are also kept per engine */
+    ETHP_CLOCK_R_LATE_WAKEUPS = ETHP_CLOCK_PER_ENGINE, /* engines' late wake-ups */
     ETHP_CLOCK_R_RING_DROPS,     /* frames the kernel dropped at an engine's ring */
     ETHP_CLOCK_R_ENGINES,        /* engines attached to the clock now */
     ETHP_CLOCK_NREPORTS,
+    ETHP_CLOCK_MAX_ENGINES = 1792, /* engines with a lost-time slot of their own (they wrap) */
 };
 struct ethp_clock;
 /* Map path (create: make it, mode 0600, at time scale k; else it must exist
@@ -720,6 +723,9 @@ uint64_t ethp_clock_gen(const struct ethp_clock *c);
 uint64_t ethp_clock_nominal_ns(const struct ethp_clock *c);
 void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out);
 void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v);
+/* Each attached engine's own report which (< ETHP_CLOCK_PER_ENGINE), by
+ * slot: up to n of them into out; returns how many. */
+uint32_t ethp_clock_engines(const struct ethp_clock *c, uint32_t which, uint64_t *out, uint32_t n);
 
 /* ----------------------------------------------------------------- netns */
 

@@ -1899,6 +1899,7 @@ static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uin
         n->c[ETHP_NC_eng_lost_ns] += late - NIC_CATCHUP_NS;
     if (n->clock) {
         ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_WAKEUPS, 1);
+        ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_SUM_NS, late);
         if (late > NIC_CATCHUP_NS)
             ethp_clock_report(n->clock, ETHP_CLOCK_R_LOST_NS, late - NIC_CATCHUP_NS);
     }
