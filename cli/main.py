@@ -45,6 +45,8 @@ def cmd_lab_up(args) -> int:
         if args.time_scale < 1:
             raise LabFileError(spec.path, "--time-scale", "a number >= 1", args.time_scale)
         spec.time_scale, spec.time_scale_raw = args.time_scale, args.time_scale
+    elif args.pin:
+        spec.time_scale_raw = spec.time_scale  # the auto choice, as a number: not governed
     rec = lab.up(spec)
     if args.json:
         print(json.dumps(rec, indent=1))
@@ -684,6 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("file", metavar="FILE", help="lab file, e.g. netns-labs/erack-8x4.toml")
     up.add_argument("--name", help="lab name (default: the file's lab.name or its stem)")
     up.add_argument("--time-scale", type=float, help="override the file's time_scale (>= 1)")
+    up.add_argument(
+        "--pin", action="store_true",
+        help="keep the time scale the file gives (auto: the k chosen now), no governor",
+    )  # fmt: skip
     up.add_argument("--json", action="store_true", help="print the realised lab as JSON")
     up.set_defaults(func=cmd_lab_up)
 

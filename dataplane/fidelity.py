@@ -253,6 +253,8 @@ def report(result: dict, rec: dict) -> dict:
             for k in ("retx_pkts", "inc_retx_pkts")
         ),
         "fell_behind_sizes": fell,
+        # the k each size's timed runs ran at (a governed lab's may move)
+        "k_per_size": [[r["size"], r.get("k_range")] for r in result["rows"]],
         "clean": not fell and busy <= BUSY_MAX,
         "not_time_scaled": [
             *transport.get("notes", []),
@@ -266,12 +268,21 @@ def report(result: dict, rec: dict) -> dict:
 
 def render(f: dict) -> str:
     """A few lines for a terminal."""
-    lines = [f"fidelity (time scale k={f['time_scale']:g}; rates real = nominal / k):"]
+    lines = [f"fidelity (time scale k={f['time_scale']:g} at the start; real rate = nominal / k):"]
     for ln in f["links"]:
         lines.append(
             f"  link {ln['port']}: configured {ln['configured_real_bps'] / 1e6:.1f} Mbit/s real"
             f" ({ln['configured_nominal_bps'] / 1e9:g} Gbit/s nominal), peak achieved"
             f" {ln['peak_real_bps'] / 1e6:.1f} Mbit/s ({ln['peak_share']:.0%})"
+        )
+    ks = [(size, kr) for size, kr in f.get("k_per_size", []) if kr]
+    if any(kr != [f["time_scale"]] * 2 for _, kr in ks):
+        lines.append(
+            "  time scale per size: "
+            + ", ".join(
+                f"{size} B k={kr[0]:g}" + (f"-{kr[1]:g}" if kr[1] != kr[0] else "")
+                for size, kr in ks
+            )
         )
     p, c = f["pacer"], f["cpu"]
     lines.append(

@@ -248,3 +248,19 @@ def tcp_timers(rec: dict, k: float) -> None:
                     "replace", dst=plane_subnet(p["plane"]), gateway=gateway_ip(p["plane"]),
                     oif=index, prefsrc=p["ip"], flags=4, metrics=metrics,
                 )  # fmt: skip
+
+
+def tcp_timer_notes(rec: dict) -> list[str]:
+    """What a report says of kernel TCP's timers at the lab's k now."""
+    nominal_us = rec.get("tcp", {}).get("rto_min_us", 200_000.0)
+    k = float(rec["time_scale"])
+    real_ms = tcp_rto_min_ms(nominal_us, k)
+    capped = " (the kernel's cap: shorter than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
+    return [
+        f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal, {real_ms} ms real"
+        f" at k={k:g}{capped}, set on every host route",
+        "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
+        " (1 s), the delayed-ACK timer (40 ms at least), the tail-loss probe (10 ms at least),"
+        " the 120 s RTO cap, keepalive and TIME-WAIT; its RTT-driven timers follow the scaled"
+        " RTT by themselves; a change of k reaches a connection at its next route lookup",
+    ]

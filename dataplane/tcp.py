@@ -22,6 +22,7 @@ import selectors
 import socket
 import struct
 
+from dataplane import kernel
 from dataplane.transport import Options, Transport, TransportError
 
 PORT = 4796
@@ -105,7 +106,7 @@ class TcpTransport(Transport):
             raise TransportError("--tcp-streams must be at least 1")
         self.notes = (
             f"{self.streams} TCP connection(s) per pair of ranks, a message striped over them",
-            "kernel TCP timers (RTO, delayed ACK, pacing) run in real time: not time-scaled",
+            *kernel.tcp_timer_notes(rec),
             f"congestion control {_sysctl('tcp_congestion_control')}, tcp_ecn={_sysctl('tcp_ecn')}",
         )
         self._sel = selectors.DefaultSelector()

@@ -4,11 +4,12 @@ time scale, in one run.
 
 On erack-8x4 (time scale auto: governed), for each transport and workload
 (all-reduce; all-to-all with MoE-like uneven sizes) at --size: busbw
-governed, against busbw pinned at 4x the k the governor settled at (a k at
-which the machine is surely not the bottleneck), and (--hog) governed
-while a busy loop holds one of the two cores for the whole run.  Prints
-each ratio (target: 0.93-1.07 for ethplus and roce, 0.90-1.10 for tcp),
-the k settled at, and the real seconds each run took.
+governed, against busbw pinned at 4x the highest k the governor used in
+the timed runs (a k at which the machine is surely not the bottleneck),
+and (--hog) governed while a busy loop holds one of the two cores for the
+whole run.  Prints each ratio (target: 0.93-1.07 for ethplus and roce,
+0.90-1.10 for tcp), the range of k the governor used, and the real seconds
+each run took.  Each transport starts governed from the lab's floor.
 
     sudo .venv/bin/python scripts/bench_fidelity.py [--size 16M] [--iters 3]
         [--transports ethplus,roce,tcp] [--hog] [--json FILE]
@@ -38,6 +39,17 @@ def _verdict(behind: bool) -> str:
     return "behind" if behind else "ok"
 
 
+def _from_floor(rec: dict, floor: float) -> None:
+    """k back at the floor, governed from there (as a freshly brought-up lab)."""
+    lab.rescale(rec, floor)
+    lab.control(rec["name"], {"op": "scale", "k": "auto"})
+
+
+def _k(res: dict) -> str:
+    g = res["governor"]
+    return f"{g['k']:g}" if g["k"] == g["k_max"] else f"{g['k']:g}-{g['k_max']:g}"
+
+
 def _one(spec: bench.Spec, rec: dict, govern: bool) -> tuple[dict, float]:
     t0 = time.monotonic()
     res = governor.run(spec, rec) if govern else bench.run(spec, rec)
@@ -64,17 +76,18 @@ def main() -> int:
                 spec = bench.Spec(collective=collective, transport=t, sizes=[size],
                                   iters=args.iters, warmup=1, uneven=uneven).validate()  # fmt: skip
                 try:
+                    _from_floor(rec, floor)
                     g, g_s = _one(spec, rec, True)
-                    kg = g["governor"]["k"]
-                    lab.rescale(rec, 4 * kg)
+                    kg = g["governor"]["k_max"]
+                    lab.rescale(rec, 4 * kg)  # pinned
                     try:
                         p, p_s = _one(spec, rec, False)
                     finally:
-                        lab.rescale(rec, floor)
+                        _from_floor(rec, floor)
                 except JobError as e:
                     print(f"{collective:10s} {t:8s} failed: {e}", flush=True)
                     continue
-                row = {"collective": collective, "transport": t, "k_governed": kg,
+                row = {"collective": collective, "transport": t, "k_governed": _k(g),
                        "busbw_governed": g["rows"][0]["busbw_GBps"],
                        "busbw_pinned_4x": p["rows"][0]["busbw_GBps"],
                        "behind_governed": g["rows"][0]["fell_behind"],
@@ -88,16 +101,18 @@ def main() -> int:
                     finally:
                         hog.terminate()
                         hog.join()
-                    row.update(k_hog=h["governor"]["k"], busbw_hog=h["rows"][0]["busbw_GBps"],
+                    _from_floor(rec, floor)
+                    row.update(k_hog=_k(h), busbw_hog=h["rows"][0]["busbw_GBps"],
                                behind_hog=h["rows"][0]["fell_behind"], real_s_hog=h_s)  # fmt: skip
                 out.append(row)
-                line = (f"{collective:10s} {t:8s} governed k={kg:<7g} {row['busbw_governed']:7.1f}"
-                        f" GB/s {_verdict(row['behind_governed'])} ({g_s:5.1f} s real)"
+                line = (f"{collective:10s} {t:8s} governed k={_k(g):<13s}"
+                        f" {row['busbw_governed']:7.1f} GB/s"
+                        f" {_verdict(row['behind_governed'])} ({g_s:5.1f} s real)"
                         f"  pinned 4x k={4 * kg:<7g} {row['busbw_pinned_4x']:7.1f} GB/s"
                         f" {_verdict(row['behind_pinned_4x'])} ({p_s:5.1f} s)  governed/pinned"
                         f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
                 if args.hog:
-                    line += (f"  hog: k={row['k_hog']:g} {row['busbw_hog']:.1f} GB/s"
+                    line += (f"  hog: k={row['k_hog']} {row['busbw_hog']:.1f} GB/s"
                              f" {_verdict(row['behind_hog'])}"
                              f" ({row['real_s_hog']:.1f} s), hog/pinned"
                              f" {row['busbw_hog'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip

@@ -342,7 +342,7 @@ def governed_lab(tmp_path):
     src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
     f = tmp_path / "lab.toml"
     f.write_text(src)
-    ethplus("lab", "up", str(f), check=True)
+    ethplus("lab", "up", str(f), check=True, governed=True)
     try:
         yield name
     finally:
