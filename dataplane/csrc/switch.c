@@ -770,6 +770,10 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
         uint64_t start = e->next_tx_ns;
         if (p->ts_ns > start)
             start = p->ts_ns;
+        /* a class held by PFC could not use the link before its pause ended:
+         * that wait is the fabric's, not link time the thread lost */
+        if (e->paused_until[c] > start && e->paused_until[c] <= now)
+            start = e->paused_until[c];
         if (floor > start) {
             e->c[ETHP_SC_lost_link_ns] += floor - start;
             start = floor;

@@ -1,0 +1,65 @@
+"""The governor's decisions (governor.Governor), fed observations: when it
+raises k, when it lowers it, and when it holds.  (On real labs: test_bench's
+governed tests.)"""
+
+from dataplane import fidelity
+from dataplane.governor import (
+    CALM_S,
+    FUTILE_RAISES,
+    HOLD_S,
+    LOWER,
+    RAISE,
+    RAISE_SEVERE,
+    Governor,
+    Observation,
+)
+
+CALM = Observation()
+MILD = Observation(engine_behind_share=fidelity.ENGINE_BEHIND_MAX * 0.9)
+SEVERE = Observation(lost_link_share=fidelity.LOST_SHARE_MAX * 1.5)
+
+
+def _run(g: Governor, obs: Observation, t0: float, t1: float, step: float = 0.25) -> float:
+    t = t0
+    while t < t1:
+        g.step(obs, t)
+        t += step
+    return t
+
+
+def test_it_raises_when_a_part_nears_its_verdict_and_holds_a_window_after():
+    g = Governor(1000)
+    assert g.step(MILD, 0.0) == 1000 * RAISE
+    assert g.step(MILD, HOLD_S / 2) is None  # held: the window was at the old k
+    assert g.step(SEVERE, HOLD_S) == 1000 * RAISE * RAISE_SEVERE
+    assert [e["k_to"] for e in g.events] == [1000 * RAISE, 1000 * RAISE * RAISE_SEVERE]
+    assert all(e["why"] for e in g.events)
+
+
+def test_busy_cpus_alone_do_not_raise_k():
+    g = Governor(1000)
+    assert g.step(Observation(busy_share=1.0), 0.0) is None and g.k == 1000
+
+
+def test_it_lowers_after_calm_but_never_under_the_floor_nor_to_a_k_that_fell_behind():
+    g = Governor(1000, k=8000)
+    _run(g, CALM, 0.0, CALM_S + 0.5)
+    assert g.k == 8000 * LOWER
+    _run(g, CALM, CALM_S + 0.5, 20 * CALM_S)
+    assert g.k == 1000  # the floor, not under
+    g = Governor(1000)
+    g.step(MILD, 0.0)  # behind at 1000: up to 1500
+    _run(g, CALM, HOLD_S, 5 * CALM_S)
+    # one step down, but not back to 1000, where it fell behind under a minute ago
+    assert g.k == 1000 * RAISE * LOWER
+
+
+def test_raises_that_do_not_relieve_the_lateness_stop():
+    g = Governor(1000)
+    t = 0.0
+    for _ in range(FUTILE_RAISES + 2):
+        g.step(MILD, t)
+        t += HOLD_S
+    assert g.k == 1000 * RAISE**FUTILE_RAISES
+    assert "did not help" in g.events[-1]["why"]
+    assert g.step(MILD, t) is None  # holding
