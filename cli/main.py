@@ -131,10 +131,31 @@ def cmd_lab_show(args) -> int:
     setting = rec["time_scale_setting"]
     print(f"lab {rec['name']}  ({rec['family']}, {rec['description']})")
     print(f"  file        {rec['file']}")
-    print(
-        f"  time scale  {k:g}"
-        + (" (auto: total nominal link rate / 2 Gbit/s real budget)" if setting == "auto" else "")
-    )
+    gov = None
+    if setting == "auto":
+        try:
+            gov = lab.control(args.name, {"op": "governor"})["governor"]
+        except LabError:
+            gov = None  # the fabric does not answer: the record's k
+    if gov is None:
+        print(
+            f"  time scale  {k:g}"
+            + (
+                " (auto: total nominal link rate / 2 Gbit/s real budget)"
+                if setting == "auto"
+                else ""
+            )
+        )
+    else:
+        state = "governed" if gov["on"] else "pinned by `lab scale`"
+        print(
+            f"  time scale  {gov['k']:g} now ({state}; floor {gov['floor_k']:g}, the auto choice)"
+        )
+        if gov["events"]:
+            e = gov["events"][-1]
+            ago = time.monotonic() - e["t_real"]
+            change = f"{e['k_from']:g} -> {e['k_to']:g}"
+            print(f"              last change {ago:.0f} s ago: {change}, {e['why']}")
     print(f"  nodes       {len(topo['nodes'])}   links {len(topo['links'])}   tag {rec['tag']}")
     sw = rec["switch"]
     shared = sw.get("shared_buffer_bytes", 0)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import uvloop
 
-from dataplane import clock, core, cpu, governor, kernel, registry, routing
+from dataplane import clock, core, cpu, fidelity, governor, kernel, registry, routing
 
 SOCKET_NAME = "fabric.sock"
 
@@ -230,11 +230,22 @@ class Fabric:
 
     def scale(self, req: dict) -> dict:
         """The `scale` request: k (pins the time scale there), "hold" (pins
-        it where it is) or "auto" (the governor moves it again, from there)."""
+        it where it is), "auto" (the governor moves it again, from there) or
+        "raise" (the governor raises it now: a run's verdict saw lateness)."""
         k = req.get("k")
         if k == "hold":
             self.pinned = True
             return {"time_scale": self.k, "governed": False}
+        if k == "raise":
+            g = self.governor
+            if g is None or self.pinned:
+                raise ValueError(f"lab {self.name}'s time scale is not governed now")
+            g.k = self.k
+            new = g.raise_for(str(req.get("why", "asked to")), time.monotonic(),
+                              self.clock.nominal_s())  # fmt: skip
+            if new is not None:
+                self.rescale(new)
+            return {"time_scale": self.k, "governed": True}
         if k == "auto":
             if self.governor is None:
                 raise ValueError(f"lab {self.name} has a fixed time scale: it has no governor")
@@ -281,13 +292,15 @@ class Fabric:
         return governor.Observation(
             lost_link_share=lost / span_ns,
             added_delay_share=(late / tx / base_rtt_real_ns) if tx else 0.0,
-            # the worst engine, as the verdict judges them (fidelity.engines_window)
             # the worst engine and rank, as the verdict judges them
-            # (fidelity.engines_window)
+            # (fidelity.engines_window; the mean lateness is over all engines)
             engine_lost_share=_worst(a["engines"]["lost_ns"], b["engines"]["lost_ns"]) / span_ns,
-            engine_behind_share=(
-                _worst(a["engines"]["late_sum_ns"], b["engines"]["late_sum_ns"]) / span_ns
-            ),
+            engine_added_delay_share=fidelity.engine_added_delay(
+                _worst(a["engines"]["late_sum_ns"], b["engines"]["late_sum_ns"]) / span_ns,
+                cb["late_sum_ns"] - ca["late_sum_ns"],
+                cb["late_wakeups"] - ca["late_wakeups"],
+            )
+            / base_rtt_real_ns,
             waited_share=max(
                 (w - a["waited"].get(pid, w) for pid, w in b["waited"].items()), default=0.0
             )

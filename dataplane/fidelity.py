@@ -24,9 +24,9 @@ from dataplane import stats
 LOST_SHARE_MAX = 0.05  # a link lost more than 5% of its time: the rate was not honoured
 ADDED_DELAY_MAX = 0.10  # mean lateness above 10% of the base RTT: the delay was not honoured
 BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
-# a NIC engine ran behind its schedule (by more than 100 us) for more than
-# this share of a size's timed window
-ENGINE_BEHIND_MAX = 0.05
+# (a NIC engine that runs behind its schedule delays its packets and acks as
+# a late delay line does: judged as ADDED_DELAY_MAX of the real base RTT,
+# from its share of time behind and how late it ran, engine_added_delay)
 # a rank's threads (the worker and its NIC engine) were ready to run but not
 # scheduled for more than this share of the window: the machine, not the
 # fabric, set the pace (measured: kernel TCP's 16 MiB all-reduce on erack-8x4
@@ -78,11 +78,20 @@ def base_rtt_real_ns(rec: dict) -> float:
     return rec["topology"]["base_rtt_ns"] * float(rec["time_scale"])
 
 
-def engines_window(row: dict) -> dict | None:
+def engine_added_delay(behind_share: float, late_sum_ns: float, late_wakeups: float) -> float:
+    """The delay an engine running behind adds to a packet, on average (real
+    ns): it is behind behind_share of the time, by half its mean lateness."""
+    if not late_wakeups:
+        return 0.0
+    return behind_share * late_sum_ns / late_wakeups / 2
+
+
+def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
     """The endpoints over a row's timed window: did any fall behind?  A NIC
     engine that ran later than its pacers' catch-up allows lost link time
     (LOST_SHARE_MAX of the window, as a switch port), one that ran behind its
-    schedule for ENGINE_BEHIND_MAX of it delayed its packets and acks, one
+    schedule delayed its packets and acks (by more than ADDED_DELAY_MAX of the
+    real base RTT on average, as a late delay line; engine_added_delay), one
     whose RX ring overflowed lost frames a NIC would not have; a rank whose
     threads waited for a CPU for WAITED_SHARE_MAX of it was paced by the
     machine (kernel TCP's ranks too).  None without the ranks' figures."""
@@ -92,11 +101,19 @@ def engines_window(row: dict) -> dict | None:
     span_ns = max((row["t1"] - row["t0"]) * 1e9, 1.0)
     worst = max(engines, key=lambda e: e.get("eng_lost_ns", 0))
     behind = max(engines, key=lambda e: e.get("eng_late_sum_ns", 0))
+    added = max(
+        engine_added_delay(
+            e.get("eng_late_sum_ns", 0) / span_ns, e.get("eng_late_sum_ns", 0),
+            e.get("eng_late_wakeups", 0),
+        )
+        for e in engines
+    )  # fmt: skip
     waited = max(engines, key=lambda e: e.get("waited_s", 0.0))
     out = {
         "late_wakeups": sum(e.get("eng_late_wakeups", 0) for e in engines),
         "late_sum_ns": sum(e.get("eng_late_sum_ns", 0) for e in engines),
         "behind_share_max": behind.get("eng_late_sum_ns", 0) / span_ns,
+        "added_delay_share": added / base_rtt_real_ns,
         "lost_share_max": worst.get("eng_lost_ns", 0) / span_ns,
         "lost_share_rank": worst["rank"],
         "waited_share_max": waited.get("waited_s", 0.0) * 1e9 / span_ns,
@@ -104,7 +121,7 @@ def engines_window(row: dict) -> dict | None:
     }
     out["fell_behind"] = (
         out["lost_share_max"] > LOST_SHARE_MAX
-        or out["behind_share_max"] > ENGINE_BEHIND_MAX
+        or out["added_delay_share"] > ADDED_DELAY_MAX
         or out["waited_share_max"] > WAITED_SHARE_MAX
         or out["rx_ring_drops"] > 0
     )
@@ -125,8 +142,9 @@ def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
     and the range of k it ran at."""
     row["k_range"] = k_range(samples, row["t0"], row["t1"])
     k = row["k_range"][0] if row["k_range"] else float(rec["time_scale"])
-    w = window(samples, row["t0"], row["t1"], rec["topology"]["base_rtt_ns"] * k)
-    e = engines_window(row)
+    base_rtt_real_ns = rec["topology"]["base_rtt_ns"] * k
+    w = window(samples, row["t0"], row["t1"], base_rtt_real_ns)
+    e = engines_window(row, base_rtt_real_ns)
     row["pacing"] = w
     row["endpoints"] = e
     row["fell_behind"] = bool(w and w["fell_behind"]) or bool(e and e["fell_behind"])

@@ -66,7 +66,7 @@ class Observation:
     lost_link_share: float = 0.0  # switches: the worst port's lost link time
     added_delay_share: float = 0.0  # switches: mean frame lateness / base RTT
     engine_lost_share: float = 0.0  # NIC engines: the worst one's lost link time
-    engine_behind_share: float = 0.0  # NIC engines: the worst one's time behind schedule
+    engine_added_delay_share: float = 0.0  # NIC engines: the worst one's delay / base RTT
     ring_drops: int = 0  # NIC engines: frames their RX rings dropped
     waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
     busy_share: float = 0.0  # the machine
@@ -81,9 +81,9 @@ class Observation:
             return f"switch delay lines ran {self.added_delay_share:.1%} of a base RTT late"
         if self.engine_lost_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
             return f"a NIC engine lost {self.engine_lost_share:.1%} of its link time"
-        if self.engine_behind_share > fidelity.ENGINE_BEHIND_MAX * RAISE_AT:
-            share = self.engine_behind_share
-            return f"a NIC engine ran behind its schedule {share:.1%} of the time"
+        if self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
+            share = self.engine_added_delay_share
+            return f"a NIC engine ran late by {share:.1%} of a base RTT on average"
         if self.ring_drops:
             return f"NIC engines' rings dropped {self.ring_drops} frames"
         if self.waited_share > fidelity.WAITED_SHARE_MAX * RAISE_AT:
@@ -96,7 +96,7 @@ class Observation:
             self.lost_link_share / fidelity.LOST_SHARE_MAX,
             self.added_delay_share / fidelity.ADDED_DELAY_MAX,
             self.engine_lost_share / fidelity.LOST_SHARE_MAX,
-            self.engine_behind_share / fidelity.ENGINE_BEHIND_MAX,
+            self.engine_added_delay_share / fidelity.ADDED_DELAY_MAX,
             self.waited_share / fidelity.WAITED_SHARE_MAX,
         )
 
@@ -106,7 +106,7 @@ class Observation:
             self.lost_link_share > fidelity.LOST_SHARE_MAX
             or self.added_delay_share > fidelity.ADDED_DELAY_MAX
             or self.engine_lost_share > fidelity.LOST_SHARE_MAX
-            or self.engine_behind_share > 2 * fidelity.ENGINE_BEHIND_MAX
+            or self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX
             or self.waited_share > 2 * fidelity.WAITED_SHARE_MAX
         )
 
@@ -115,7 +115,7 @@ class Observation:
             self.lost_link_share < fidelity.LOST_SHARE_MAX * CALM_AT
             and self.added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
             and self.engine_lost_share < fidelity.LOST_SHARE_MAX * CALM_AT
-            and self.engine_behind_share < fidelity.ENGINE_BEHIND_MAX * CALM_AT
+            and self.engine_added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
             and not self.ring_drops
             and self.waited_share < fidelity.WAITED_SHARE_MAX * CALM_AT
             and self.busy_share < CALM_BUSY_MAX
@@ -172,6 +172,14 @@ class Governor:
         up = RAISE_SEVERE if obs.severe() else RAISE
         return self._change(min(self.k * up, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
 
+    def raise_for(self, why: str, now_s: float, nominal_s: float = 0.0) -> float | None:
+        """Raise k now because a run's own verdict says something fell behind
+        (a trial too short for the governor's windows to see it)."""
+        if self.k >= self.floor_k * MAX_FACTOR:
+            return None
+        self.bad_k, self.bad_at = max(self.k, self.bad_k), now_s
+        return self._change(min(self.k * RAISE, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
+
     def _record(self, new: float, why: str, now_s: float, nominal_s: float) -> None:
         self.events.append(
             {"t_real": now_s, "nominal_s": nominal_s, "k_from": self.k, "k_to": new, "why": why}
@@ -216,7 +224,7 @@ def _trial(spec, rec: dict, nodes) -> dict:
 def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) -> dict:
     """bench.run of spec (a bench.Spec), with trials first when the lab is
     governed (see the module)."""
-    from dataplane import bench
+    from dataplane import bench, lab
 
     state = fabric_governor(rec) if governed(rec) else None
     if state is None or not state["on"]:  # a number, or pinned by `lab scale`
@@ -232,11 +240,10 @@ def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) ->
             break
         lo, hi = t["k_range"] or (0, 0)
         if not _wait_for_a_change(rec, hi):
-            # what made the trial behind does not move the governor (its
-            # windows stayed under the raise thresholds): more trials at the
-            # same k would be the same; the run goes on and says `behind`
-            say(f"# governor: {t['size_bytes']} B fell behind at k={lo:g}..{hi:g}; k holds")
-            break
+            # the trial was too short for the governor's windows to see what
+            # its own verdict saw: the governor raises k for it
+            why = f"a trial of {t['size_bytes']} B fell behind"
+            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": why})
         say(f"# governor: {t['size_bytes']} B fell behind at k={lo:g}..{hi:g}; trying again")
     result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
     ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]

@@ -37,13 +37,18 @@ def _row(**engine) -> dict:
 def test_an_endpoint_that_fell_behind_marks_the_row():
     """The switches' pacers can be on time while an endpoint is starved: its
     NIC engine ran behind its schedule, lost link time, dropped frames in
-    its RX ring, or its threads waited for a CPU.  Each alone marks the row."""
+    its RX ring, or its threads waited for a CPU.  Each alone marks the row.
+    Running behind is judged as a delay line is: by the delay it adds to a
+    packet on average, against the real base RTT (here 20 us)."""
     rec = {"topology": {"base_rtt_ns": 2000}, "time_scale": 10}
-    fine = _row(eng_late_sum_ns=40_000_000, eng_lost_ns=10_000_000, waited_s=0.2)
+    # behind 40% of the time by 8 us at a time: 1.6 us a packet, 8% of the RTT
+    fine = _row(eng_late_sum_ns=400_000_000, eng_late_wakeups=50_000, eng_lost_ns=10_000_000,
+                waited_s=0.2)  # fmt: skip
     fidelity.mark_row(fine, [], rec)
-    assert fine["fell_behind"] is False and fine["endpoints"]["behind_share_max"] == 0.04
+    assert fine["fell_behind"] is False and fine["endpoints"]["behind_share_max"] == 0.4
     for engine in (
-        {"eng_late_sum_ns": 60_000_000},  # behind its schedule 6% of the window
+        # behind 6% of the time by 1 ms at a time: 30 us a packet, 1.5 RTTs
+        {"eng_late_sum_ns": 60_000_000, "eng_late_wakeups": 60},
         {"eng_lost_ns": 60_000_000},  # its ports lost 6% of their time
         {"rx_ring_drops": 1},
         {"waited_s": 0.3},  # ready, not scheduled, 30% of the window

@@ -15,7 +15,7 @@ from dataplane.governor import (
 )
 
 CALM = Observation()
-MILD = Observation(engine_behind_share=fidelity.ENGINE_BEHIND_MAX * 0.9)
+MILD = Observation(engine_added_delay_share=fidelity.ADDED_DELAY_MAX * 0.9)
 SEVERE = Observation(lost_link_share=fidelity.LOST_SHARE_MAX * 1.5)
 
 
