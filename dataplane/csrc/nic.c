@@ -1848,7 +1848,14 @@ static uint64_t next_due(struct ethp_nic *n)
             t = p->rto_deadline;
         uint32_t plane = UINT32_MAX;
         if (n->cfg.roce && (p->n_lost || p->sq_head) && ethp_now_ns() >= p->rnr_until) {
+            /* only QPs that may send when their pacer frees: one whose
+             * window is full waits for an ack (a frame wakes the engine),
+             * not for a pacer time long past (that would spin) */
+            if (!p->n_lost && p->snd_nxt - p->snd_una >= NIC_WIN)
+                continue;
             for (uint32_t q = 0; q < n->cfg.qps; q++) {
+                if (p->cc[q].inflight >= p->cc[q].st.cwnd_bytes)
+                    continue;
                 uint64_t f = free_at(n, (q % n->n_ports));
                 uint64_t r = sub_free_at(p, q);
                 if ((r > f ? r : f) < t)
