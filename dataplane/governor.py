@@ -43,7 +43,7 @@ LOWER = 0.8
 HOLD_S = WINDOW_S  # after a change, a whole window at the new k before the next
 CALM_S = 10.0
 BAD_MEMORY_S = 60.0  # never lower k to where it fell behind this recently
-FUTILE_RAISES = 3  # this many raises in a row that do not relieve it: it holds
+FUTILE_RAISES = 3  # this many raises within BAD_MEMORY_S that do not relieve it: it holds
 MAX_FACTOR = 64.0  # never more than this times the floor
 CALM_BUSY_MAX = 0.90  # the machine must be under this busy to lower k
 MAX_TRIALS = 8
@@ -131,7 +131,7 @@ class Governor:
         self.held_until = 0.0
         self.calm_since: float | None = None
         self.bad_k, self.bad_at = 0.0, -BAD_MEMORY_S  # where it last fell behind
-        self.raises: list[float] = []  # pressure at each raise in a row
+        self.raises: list[tuple[float, float]] = []  # (when, pressure) of recent raises
         self.events: list[dict] = []
 
     def step(self, obs: Observation, now_s: float, nominal_s: float = 0.0) -> float | None:
@@ -144,7 +144,6 @@ class Governor:
         elif self.calm_since is None:
             self.calm_since = now_s
         if not why:
-            self.raises.clear()
             recent_bad = self.bad_k if now_s - self.bad_at < BAD_MEMORY_S else 0.0
             lower = max(self.floor_k, self.k * LOWER)
             if (
@@ -157,8 +156,10 @@ class Governor:
                                     nominal_s)  # fmt: skip
             return None
         self.bad_k, self.bad_at = max(self.k, self.bad_k), now_s
-        self.raises.append(obs.pressure())
-        if len(self.raises) > FUTILE_RAISES and self.raises[-1] >= 0.8 * self.raises[0]:
+        # raises of the last BAD_MEMORY_S (idle time between runs between them)
+        self.raises = [(t, p) for t, p in self.raises if now_s - t < BAD_MEMORY_S]
+        self.raises.append((now_s, obs.pressure()))
+        if len(self.raises) > FUTILE_RAISES and self.raises[-1][1] >= 0.8 * self.raises[0][1]:
             # FUTILE_RAISES raises in a row did not bring it down: the
             # lateness is not the emulation's load (the machine's scheduling,
             # a part k cannot relieve); it holds, and the sizes say behind
