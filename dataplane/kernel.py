@@ -253,12 +253,16 @@ def tcp_timers(rec: dict, k: float) -> None:
 def tcp_timer_notes(rec: dict) -> list[str]:
     """What a report says of kernel TCP's timers at the lab's k now."""
     nominal_us = rec.get("tcp", {}).get("rto_min_us", 200_000.0)
-    k = float(rec["time_scale"])
-    real_ms = tcp_rto_min_ms(nominal_us, k)
-    capped = " (the kernel's cap: shorter than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
+    k = rec.get("time_scale")
+    if k is None:
+        now = ""
+    else:
+        real_ms = tcp_rto_min_ms(nominal_us, float(k))
+        capped = " (the kernel's cap: less than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
+        now = f", {real_ms} ms real at k={float(k):g}{capped}"
     return [
-        f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal, {real_ms} ms real"
-        f" at k={k:g}{capped}, set on every host route",
+        f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal{now},"
+        " set on every host route",
         "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
         " (1 s), the delayed-ACK timer (40 ms at least), the tail-loss probe (10 ms at least),"
         " the 120 s RTO cap, keepalive and TIME-WAIT; its RTT-driven timers follow the scaled"
