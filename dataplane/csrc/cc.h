@@ -52,6 +52,9 @@ struct ethp_cc_ops {
     void (*on_int)(struct ethp_cc_state *s, const struct ethp_cc_params *pp,
                    const struct ethp_int_hop *hops, uint32_t n_hops, uint32_t sent_ts_ns,
                    uint64_t now_ns);
+    /* The lab's time scale moved by ratio (new k / old k); pp is already at
+     * the new k.  NULL: rate_bps divided by ratio, the window clamped. */
+    void (*on_rescale)(struct ethp_cc_state *s, const struct ethp_cc_params *pp, double ratio);
 };
 
 extern const struct ethp_cc_ops ethp_cc_nscc;

@@ -102,6 +102,16 @@ static void dcqcn_on_tick(struct ethp_cc_state *s, const struct ethp_cc_params *
     }
 }
 
+/* The time scale moved: the current and target rates are real rates, so
+ * they scale; alpha, the stages and the timers' phases carry over. */
+static void dcqcn_on_rescale(struct ethp_cc_state *s, const struct ethp_cc_params *pp,
+                             double ratio)
+{
+    s->rate_bps = (uint64_t)((double)s->rate_bps / ratio);
+    s->algo[RT] = (uint64_t)((double)s->algo[RT] / ratio);
+    clamp(s, pp);
+}
+
 const struct ethp_cc_ops ethp_cc_dcqcn = {
     .name = "dcqcn",
     .init = dcqcn_init,
@@ -110,4 +120,5 @@ const struct ethp_cc_ops ethp_cc_dcqcn = {
     .on_timeout = dcqcn_on_loss,
     .on_cnp = dcqcn_on_cnp,
     .on_tick = dcqcn_on_tick,
+    .on_rescale = dcqcn_on_rescale,
 };

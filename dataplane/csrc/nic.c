@@ -1925,14 +1925,29 @@ static uint64_t scaled_bps(uint64_t bps, double r)
 
 /* The lab's clock moved to k: every real setting from cfg0 (made at
  * cfg0.time_scale) by the ratio, and the state that holds real times or
- * rates started afresh from them (congestion control from its initial
- * window and rate, retransmit timers re-armed).  Packets already paced keep
+ * rates moved with it (congestion control's rates scaled, its window kept
+ * within the new maximum, retransmit timers re-armed).  Packets already paced keep
  * their times; nothing in flight is lost or resent for it. */
+/* A congestion control's state at a new k: its own way, or its rate scaled
+ * and its window kept within the new maximum. */
+static void cc_rescale(struct ethp_nic *n, struct ethp_cc_state *st,
+                       const struct ethp_cc_params *pp, double ratio)
+{
+    if (n->cc->on_rescale) {
+        n->cc->on_rescale(st, pp, ratio);
+        return;
+    }
+    if (st->rate_bps)
+        st->rate_bps = scaled_bps(st->rate_bps, ratio);
+    if (st->cwnd_bytes > pp->max_cwnd_bytes)
+        st->cwnd_bytes = pp->max_cwnd_bytes;
+}
+
 static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
 {
     const struct ethp_nic_cfg *c0 = &n->cfg0;
     struct ethp_nic_cfg *c = &n->cfg;
-    double r = k / c0->time_scale;
+    double r = k / c0->time_scale, r_step = k / c->time_scale;
     uint64_t un = c0->unscaled_rtt_ns < c0->base_rtt_ns ? c0->unscaled_rtt_ns : c0->base_rtt_ns;
     c->time_scale = k;
     c->rate_bps = scaled_bps(c0->rate_bps, r);
@@ -1959,7 +1974,7 @@ static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
         if (!p->known)
             continue;
         for (uint32_t j = 0; j < subs; j++)
-            n->cc->init(&p->cc[j].st, &pp);
+            cc_rescale(n, &p->cc[j].st, &pp, r_step);
         p->reo_ns = c->base_rtt_ns / 2 > 4000000 ? c->base_rtt_ns / 2 : 4000000;
         p->rto_ns = c->rto_ns;
         if (p->rto_deadline)
