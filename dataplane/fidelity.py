@@ -74,10 +74,6 @@ def window(samples: list[dict], t0: float, t1: float, base_rtt_real_ns: float) -
     return out
 
 
-def base_rtt_real_ns(rec: dict) -> float:
-    return rec["topology"]["base_rtt_ns"] * float(rec["time_scale"])
-
-
 def engine_added_delay(behind_share: float, late_sum_ns: float, late_wakeups: float) -> float:
     """The delay an engine running behind adds to a packet, on average (real
     ns): it is behind behind_share of the time, by half its mean lateness."""

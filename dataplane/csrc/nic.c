@@ -219,7 +219,7 @@ struct ethp_nic {
     uint64_t c[ETHP_NIC_NCOUNTERS];
     /* the lab's fabric clock: cfg is cfg0 at the clock's k (nic_rescale) */
     struct ethp_clock *clock;
-    uint64_t clock_gen, ring_drops_reported;
+    uint64_t clock_gen, ring_drops_reported, ring_drops_read_ns;
     struct ethp_nic_cfg cfg0;
 };
 
@@ -1988,7 +1988,8 @@ static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
     n->c[ETHP_NC_rescales]++;
 }
 
-/* Once a pass: a new k on the clock, and ring drops to report. */
+/* Once a pass: a new k on the clock; every NIC_CLOCK_POLL_NS, ring drops
+ * to report. */
 static void follow_clock(struct ethp_nic *n, uint64_t now)
 {
     uint64_t g = ethp_clock_gen(n->clock);
@@ -1998,6 +1999,10 @@ static void follow_clock(struct ethp_nic *n, uint64_t now)
         if (k != n->cfg.time_scale)
             nic_rescale(n, k, now);
     }
+    /* ring drops are read from the kernel (two getsockopts): not every pass */
+    if (now < n->ring_drops_read_ns + NIC_CLOCK_POLL_NS)
+        return;
+    n->ring_drops_read_ns = now;
     uint64_t io[ETHP_PORT_NCOUNTERS];
     ethp_port_counters(n->io, io);
     if (io[ETHP_PC_rx_ring_drops] != n->ring_drops_reported) {
