@@ -83,6 +83,13 @@ static_assert(sizeof(struct ethp_wire_udp) == ETHP_UDP_HDR_BYTES, "udp layout");
 static_assert(sizeof(struct ethp_wire_hdr) == ETHP_HDR_BYTES, "eth+ layout");
 static_assert(offsetof(struct ethp_wire_hdr, ts_ns) == 28, "eth+ ts offset");
 
+/* A wake of a switch or NIC thread serves every frame due within the time
+ * ETHP_AHEAD_WIRE_BYTES (half a 4 KiB packet) take on its link: ports'
+ * departures are staggered, and a wake (a timer, a context switch) per
+ * frame was most of the CPU at a small k.  Fixed in nominal terms (41 ns
+ * at 400 Gbit/s), so it does not move with k; docs/performance.md. */
+#define ETHP_AHEAD_WIRE_BYTES 2048u
+
 static inline uint64_t ethp_now_ns(void)
 {
     struct timespec ts;

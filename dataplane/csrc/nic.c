@@ -559,10 +559,17 @@ static int sub_free(const struct nic_peer *p, uint32_t sub, uint64_t now)
     return sub_free_at(p, sub) <= now;
 }
 
+/* How early a port's pacer lets a packet go (ETHP_AHEAD_WIRE_BYTES). */
+static uint64_t port_ahead_ns(const struct ethp_nic *n)
+{
+    uint64_t t = (uint64_t)ETHP_AHEAD_WIRE_BYTES * 8000000000ull / n->cfg.rate_bps;
+    return t > NIC_LOOKAHEAD_NS ? t : NIC_LOOKAHEAD_NS;
+}
+
 static int port_free(const struct ethp_nic *n, uint32_t plane, uint64_t now)
 {
     const struct nic_port *pt = &n->ports[plane];
-    return pt->up && now >= pt->paused_until && pt->next_tx_ns <= now + NIC_LOOKAHEAD_NS;
+    return pt->up && now >= pt->paused_until && pt->next_tx_ns <= now + port_ahead_ns(n);
 }
 
 /* A retransmission goes out on the up plane that frees first, other than

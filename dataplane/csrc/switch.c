@@ -89,6 +89,7 @@ struct sw_port {
     struct pktq wire;             /* egress delay line: ts_ns = due at the peer */
     struct pktq in_wire;          /* ingress delay line (peer is a host) */
     uint64_t next_tx_ns;          /* the link is busy until then */
+    uint64_t ahead_ns;            /* frames due this soon are handled now (set_link) */
     uint64_t sched_wire_bytes;    /* wire bytes put on the link so far (INT's tx_bytes) */
     uint64_t paused_until[ETHP_NCLASSES];
     uint64_t paused_since[ETHP_NCLASSES];
@@ -681,7 +682,7 @@ static int rx(struct ethp_switch *sw, uint64_t now)
 
 static void release_ingress(struct ethp_switch *sw, struct sw_port *port, uint64_t now)
 {
-    while (port->in_wire.head && port->in_wire.head->ts_ns <= now) {
+    while (port->in_wire.head && port->in_wire.head->ts_ns <= now + port->ahead_ns) {
         struct ethp_pkt *p = q_pop(&port->in_wire);
         port->c[ETHP_SC_wire_frames]--;
         forward(sw, p, now);
@@ -698,7 +699,7 @@ static void release_ingress_all(struct ethp_switch *sw, uint64_t now)
     uint32_t nc = 0;
     for (uint32_t k = 0; k < sw->n_active; k++) {
         uint16_t i = sw->active[k];
-        if (sw->ports[i].in_wire.head && sw->ports[i].in_wire.head->ts_ns <= now)
+        if (sw->ports[i].in_wire.head && sw->ports[i].in_wire.head->ts_ns <= now + sw->ports[i].ahead_ns)
             cand[nc++] = i;
     }
     if (nc == 1) {
@@ -714,7 +715,7 @@ static void release_ingress_all(struct ethp_switch *sw, uint64_t now)
         struct ethp_pkt *p = q_pop(&e->in_wire);
         e->c[ETHP_SC_wire_frames]--;
         forward(sw, p, now);
-        if (!e->in_wire.head || e->in_wire.head->ts_ns > now)
+        if (!e->in_wire.head || e->in_wire.head->ts_ns > now + e->ahead_ns)
             cand[best] = cand[--nc];
     }
 }
@@ -750,7 +751,8 @@ static void int_stamp(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt
 static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 {
     int c;
-    while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= now + sw->cfg.lookahead_ns) {
+    uint64_t until = now + (e->ahead_ns > sw->cfg.lookahead_ns ? e->ahead_ns : sw->cfg.lookahead_ns);
+    while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= until) {
         struct ethp_pkt *p = q_pop(&e->q[c]);
         __atomic_store_n(&sw->buffer_used_bytes, sw->buffer_used_bytes - p->len, __ATOMIC_RELAXED);
         e->cc[c][ETHP_CC_tx_frames]++;
@@ -797,10 +799,11 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 static void release_egress(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
 {
     const uint64_t *io = ethp_port_counters_ref(sw->io);
-    while (e->wire.head && e->wire.head->ts_ns <= now) {
+    uint64_t until = now + e->ahead_ns;
+    while (e->wire.head && e->wire.head->ts_ns <= until) {
         struct ethp_pkt *b[SW_BURST];
         uint32_t n = 0;
-        while (n < SW_BURST && e->wire.head && e->wire.head->ts_ns <= now)
+        while (n < SW_BURST && e->wire.head && e->wire.head->ts_ns <= until)
             b[n++] = q_pop(&e->wire);
         uint64_t err_before = io[ETHP_PC_tx_errors];
         uint32_t sent = ethp_port_tx_burst_to(sw->io, b, n, e->ifindex);
@@ -813,7 +816,7 @@ static void release_egress(struct ethp_switch *sw, struct sw_port *e, uint64_t n
         e->c[ETHP_SC_wire_frames] -= sent;
         for (uint32_t i = 0; i < sent; i++) {
             e->c[ETHP_SC_tx_bytes] += b[i]->len;
-            uint64_t late = now - b[i]->ts_ns;
+            uint64_t late = now > b[i]->ts_ns ? now - b[i]->ts_ns : 0;
             e->c[ETHP_SC_late_sum_ns] += late;
             if (late > e->c[ETHP_SC_late_max_ns])
                 e->c[ETHP_SC_late_max_ns] = late;
@@ -840,6 +843,9 @@ static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
 #define ETHP_MIN(x) do { uint64_t v_ = (x); if (v_ < t) t = v_; } while (0)
     for (uint32_t k = 0; k < sw->n_active; k++) {
         const struct sw_port *e = &sw->ports[sw->active[k]];
+        /* due when its first frame is; the wake then serves the port's
+         * next ahead_ns too (a window that slid with the due time would
+         * wake once a frame all the same) */
         if (e->in_wire.head)
             ETHP_MIN(e->in_wire.head->ts_ns);
         if (e->wire.head)
@@ -867,6 +873,7 @@ static uint64_t next_due(const struct ethp_switch *sw, uint64_t now)
 static void set_link(struct ethp_switch *sw, struct sw_port *e, const struct ethp_link_state *link)
 {
     e->link = *link;
+    e->ahead_ns = ser_ns(link, ETHP_AHEAD_WIRE_BYTES);
     uint64_t ns = 2 * (link->delay_ns + link->jitter_ns) + SW_PFC_RESPONSE_NS;
     e->pfc_headroom_bytes =
         sw->cfg.pfc_headroom_bytes
