@@ -22,6 +22,7 @@ MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
 RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
 _TAG_BITS = 12  # tags per collective call: 4096
+_ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
 
 
 def canonical(name: str) -> str:
@@ -72,7 +73,7 @@ class Comm:
         may be (or be computed from) recv_of(t)."""
         n, r, t = self.world, self.rank, self.t
         left, right = (r - 1) % n, (r + 1) % n
-        tag = self._tags(steps * slices)
+        tag = self._tags(steps * slices + 1)
 
         def cut(a):
             b = bounds(len(a), slices)
@@ -87,6 +88,14 @@ class Comm:
                     for j, (lo, hi) in enumerate(cut(dst))
                 ]
             )
+        # Rendezvous, as all_to_all's: a big first chunk leaves once the
+        # right neighbour says its receives are posted.  A rank still busy
+        # with the last collective would otherwise turn the data away (RNR),
+        # and RoCE's go-back-N resends all that was in flight behind it: how
+        # often depends on the workers' real CPU time, so on k.  Both ends
+        # judge by the same chunk (what r sends at step 0, r+1 receives).
+        ready = self._ready_from(right, tag(steps * slices), send_of(0).nbytes)
+        told = self._tell_ready(left, tag(steps * slices), recv_of(0).nbytes)
         sends = []
 
         def send(s: int, j: int) -> None:
@@ -94,6 +103,8 @@ class Comm:
             lo, hi = cut(src)[j]
             sends.append(t.isend(right, tag(s * slices + j), src[lo:hi]))
 
+        if ready is not None:
+            t.wait(ready)
         for j in range(slices):
             send(0, j)
         for s in range(steps):
@@ -104,7 +115,20 @@ class Comm:
                     arrived(s, lo, hi)
                 if s + 1 < steps:
                     send(s + 1, j)
-        t.waitall(sends)
+        t.waitall(sends + ([told] if told is not None else []))
+
+    def _ready_from(self, peer: int, tag: int, nbytes: int):
+        """The receive of peer's 'my receives are posted' (None: not needed
+        for a message of nbytes)."""
+        if nbytes < RENDEZVOUS_BYTES:
+            return None
+        return self.t.irecv(peer, tag, np.zeros(1, np.uint8))
+
+    def _tell_ready(self, peer: int, tag: int, nbytes: int):
+        """Tell peer, which sends us nbytes, that our receives are posted."""
+        if nbytes < RENDEZVOUS_BYTES:
+            return None
+        return self.t.isend(peer, tag, _ONE)
 
     # -- collectives
     def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
@@ -257,19 +281,12 @@ class Comm:
         # collective would turn the data away).  Both ends judge a pair by the
         # same count, so they agree on it.
         item = send.itemsize
-        flags = np.zeros(n, np.uint8)
-        one = np.ones(1, np.uint8)
-        ready = {
-            d: t.irecv(d, tag(1), flags[d : d + 1])
-            for d in order
-            if item * int(send_counts[d]) >= RENDEZVOUS_BYTES
-        }
-        acks = [
-            t.isend(s, tag(1), one) for s in order if item * int(recv_counts[s]) >= RENDEZVOUS_BYTES
-        ]
+        ready = {d: self._ready_from(d, tag(1), item * int(send_counts[d])) for d in order}
+        acks = [self._tell_ready(s, tag(1), item * int(recv_counts[s])) for s in order]
+        acks = [a for a in acks if a is not None]
         sends = []
         for d in order:
-            if d in ready:
+            if ready[d] is not None:
                 t.wait(ready[d])
             sends.append(t.isend(d, tag(0), send[sd[d] : sd[d + 1]]))
         recv[rd[r] : rd[r + 1]] = send[sd[r] : sd[r + 1]]

@@ -274,6 +274,14 @@ static uint64_t ser_ns(const struct ethp_nic *n, uint32_t frame_bytes)
     return (uint64_t)ethp_wire_bytes(frame_bytes) * 8000000000ull / n->cfg.rate_bps;
 }
 
+/* When a pacer that was due at next_tx_ns lets a packet start, at now: the
+ * switch's bounded burst, a late thread may make up NIC_CATCHUP_NS of the
+ * time it lost while packets wait; a pacer idle longer earns no credit. */
+static uint64_t pacer_start(uint64_t next_tx_ns, uint64_t now)
+{
+    return next_tx_ns + NIC_CATCHUP_NS < now ? now : next_tx_ns;
+}
+
 static void flush_port(struct ethp_nic *n, struct nic_port *pt)
 {
     uint32_t done = 0;
@@ -310,14 +318,7 @@ static int emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
     k->len = (uint32_t)fl;
     if (int_block && (h->flags & ETHP_F_INT))
         memcpy(k->data + fl - len - ETHP_INT_BYTES, int_block, ETHP_INT_BYTES);
-    /* The port's pacer, with the switch's bounded burst: a late thread may
-     * make up NIC_CATCHUP_NS of link time while it has packets waiting. */
-    uint64_t now = ethp_now_ns();
-    uint64_t floor = now > NIC_CATCHUP_NS ? now - NIC_CATCHUP_NS : 0;
-    uint64_t start = pt->next_tx_ns > floor ? pt->next_tx_ns : floor;
-    if (pt->next_tx_ns + NIC_CATCHUP_NS < now)
-        start = now; /* the port was idle, not late: no credit */
-    pt->next_tx_ns = start + ser_ns(n, (uint32_t)fl);
+    pt->next_tx_ns = pacer_start(pt->next_tx_ns, ethp_now_ns()) + ser_ns(n, (uint32_t)fl);
     pt->txq[pt->ntx++] = k;
     if (pt->ntx == NIC_BURST)
         flush_port(n, pt);
@@ -554,16 +555,18 @@ static uint64_t sub_free_at(const struct nic_peer *p, uint32_t sub)
     return t > NIC_LOOKAHEAD_NS ? t - NIC_LOOKAHEAD_NS : 0;
 }
 
-static int sub_free(const struct nic_peer *p, uint32_t sub, uint64_t now)
-{
-    return sub_free_at(p, sub) <= now;
-}
-
-/* How early a port's pacer lets a packet go (ETHP_AHEAD_WIRE_BYTES). */
+/* How early a pacer lets a packet go (ETHP_AHEAD_WIRE_BYTES): the engine
+ * wakes when a packet is due, a lookahead early, and then sends what is
+ * due within this. */
 static uint64_t port_ahead_ns(const struct ethp_nic *n)
 {
     uint64_t t = (uint64_t)ETHP_AHEAD_WIRE_BYTES * 8000000000ull / n->cfg.rate_bps;
     return t > NIC_LOOKAHEAD_NS ? t : NIC_LOOKAHEAD_NS;
+}
+
+static int sub_free(const struct ethp_nic *n, const struct nic_peer *p, uint32_t sub, uint64_t now)
+{
+    return p->cc[sub].next_tx_ns <= now + port_ahead_ns(n);
 }
 
 static int port_free(const struct ethp_nic *n, uint32_t plane, uint64_t now)
@@ -702,7 +705,7 @@ static int qp_ready(const struct ethp_nic *n, const struct nic_peer *p, uint32_t
                     uint64_t now)
 {
     uint32_t q = psn % n->cfg.qps;
-    return port_free(n, roce_plane(n, psn), now) && sub_free(p, q, now) &&
+    return port_free(n, roce_plane(n, psn), now) && sub_free(n, p, q, now) &&
            p->cc[q].inflight < p->cc[q].st.cwnd_bytes;
 }
 
@@ -785,7 +788,7 @@ static void pump(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
     /* new packets, each on its plane when that plane's pacer is free */
     while (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
         uint32_t plane = pick_plane(n, p, p->snd_nxt, 1);
-        if (plane == UINT32_MAX || !port_free(n, plane, now) || !sub_free(p, plane, now))
+        if (plane == UINT32_MAX || !port_free(n, plane, now) || !sub_free(n, p, plane, now))
             return;
         send_new(n, p, plane, plane, now);
     }
@@ -1844,6 +1847,42 @@ static uint64_t free_at(const struct ethp_nic *n, uint32_t plane)
     return t > pt->paused_until ? t : pt->paused_until;
 }
 
+/* roce: when a packet pump_roce would send next can go: the first lost
+ * packet of each QP, and the next new one (new packets go in PSN order, so
+ * no other QP's pacer matters to them).  A QP whose window is full waits
+ * for an ack (a frame wakes the engine), not for a pacer time long past:
+ * that would spin, and with the pacers' catch-up a QP not in turn often
+ * has one. */
+static uint64_t roce_free_at(const struct ethp_nic *n, const struct nic_peer *p, uint32_t psn)
+{
+    uint32_t q = psn % n->cfg.qps;
+    if (p->cc[q].inflight >= p->cc[q].st.cwnd_bytes)
+        return UINT64_MAX;
+    uint64_t f = free_at(n, roce_plane(n, psn)), r = sub_free_at(p, q);
+    return r > f ? r : f;
+}
+
+static uint64_t roce_due(const struct ethp_nic *n, const struct nic_peer *p)
+{
+    uint64_t t = UINT64_MAX;
+    uint32_t seen = 0, lost = 0, all = (1u << n->cfg.qps) - 1;
+    for (uint32_t psn = p->snd_una; lost < p->n_lost && seen != all && psn != p->snd_nxt; psn++)
+        if (p->win[psn % NIC_WIN].state == PKT_LOST) {
+            lost++;
+            uint32_t q = psn % n->cfg.qps;
+            if (!(seen >> q & 1)) {
+                seen |= 1u << q;
+                uint64_t d = roce_free_at(n, p, psn);
+                t = d < t ? d : t;
+            }
+        }
+    if (p->sq_head && p->snd_nxt - p->snd_una < NIC_WIN) {
+        uint64_t d = roce_free_at(n, p, p->snd_nxt);
+        t = d < t ? d : t;
+    }
+    return t;
+}
+
 /* The earliest time something is due: a timeout, or the port the next
  * packet of some peer waits for. */
 static uint64_t next_due(struct ethp_nic *n)
@@ -1855,19 +1894,8 @@ static uint64_t next_due(struct ethp_nic *n)
             t = p->rto_deadline;
         uint32_t plane = UINT32_MAX;
         if (n->cfg.roce && (p->n_lost || p->sq_head) && ethp_now_ns() >= p->rnr_until) {
-            /* only QPs that may send when their pacer frees: one whose
-             * window is full waits for an ack (a frame wakes the engine),
-             * not for a pacer time long past (that would spin) */
-            if (!p->n_lost && p->snd_nxt - p->snd_una >= NIC_WIN)
-                continue;
-            for (uint32_t q = 0; q < n->cfg.qps; q++) {
-                if (p->cc[q].inflight >= p->cc[q].st.cwnd_bytes)
-                    continue;
-                uint64_t f = free_at(n, (q % n->n_ports));
-                uint64_t r = sub_free_at(p, q);
-                if ((r > f ? r : f) < t)
-                    t = r > f ? r : f;
-            }
+            uint64_t r = roce_due(n, p);
+            t = r < t ? r : t;
             continue;
         }
         if (p->n_lost && ethp_now_ns() < p->rnr_until) {
