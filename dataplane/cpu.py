@@ -120,14 +120,25 @@ def process_s(pid: int) -> float:
         return 0.0
 
 
+NIC_THREAD = "ethp-nic"  # a NIC engine's thread name (nic.c)
+
+
 def process_waited_s(pid: int) -> float:
-    """Seconds process pid's threads spent runnable but not running (waiting
-    on a run queue: ready, not scheduled), from schedstat; 0.0 without it."""
-    total_ns = 0
-    for t in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+    """Seconds process pid's dataplane threads spent runnable but not running
+    (waiting on a run queue: ready, not scheduled), from schedstat; 0.0
+    without it.  A rank with a NIC engine: the engine's thread (its other
+    threads run the application: posting, reducing, checking, which is real
+    time as the reductions are, and 64 ranks on two cores wait for a CPU
+    there at any k); a kernel TCP rank: all its threads, which move its data.
+    """
+    waited: dict[bool, list[int]] = {}
+    for d in glob.glob(f"/proc/{pid}/task/*"):
         try:
-            with open(t) as f:
-                total_ns += int(f.read().split()[1])
+            with open(f"{d}/comm") as f:
+                name = f.read().strip()
+            with open(f"{d}/schedstat") as f:
+                ns = int(f.read().split()[1])
         except (OSError, IndexError, ValueError):
             continue  # a thread that just exited
-    return total_ns / 1e9
+        waited.setdefault(name == NIC_THREAD, []).append(ns)
+    return sum(waited.get(True) or waited.get(False) or []) / 1e9

@@ -301,11 +301,16 @@ class Fabric:
                 cb["late_wakeups"] - ca["late_wakeups"],
             )
             / base_rtt_real_ns,
+            # only while frames move: ranks filling and checking buffers
+            # (64 of them at once on erack-64x8) wait for a CPU at any k,
+            # and raising k for that took it to 64x the floor for nothing
             waited_share=max(
                 (w - a["waited"].get(pid, w) for pid, w in b["waited"].items()), default=0.0
             )
             * 1e9
-            / span_ns,
+            / span_ns
+            if tx
+            else 0.0,
             ring_drops=cb["ring_drops"] - ca["ring_drops"],
             busy_share=(b["busy"] - a["busy"]) / total if total > 0 else 0.0,
         )

@@ -11,8 +11,9 @@ whole run.  Prints each ratio (target: 0.93-1.07 for ethplus and roce,
 0.90-1.10 for tcp), the range of k the governor used, and the real seconds
 each run took.  Each transport starts governed from the lab's floor.
 
-    sudo .venv/bin/python scripts/bench_fidelity.py [--size 16M] [--iters 3]
-        [--transports ethplus,roce,tcp] [--hog] [--json FILE]
+    sudo .venv/bin/python scripts/bench_fidelity.py [--lab erack-8x4] [--size 16M[,1M]]
+        [--iters 3] [--transports ethplus,roce,tcp] [--collectives all-reduce,all-to-all]
+        [--hog] [--no-pinned] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
+import sys
 import time
 
-from dataplane import bench, governor, lab
+from dataplane import bench, governor, lab, report
 from dataplane.job import JobError
 
 WORKLOADS = (("all-reduce", False), ("all-to-all", True))
@@ -58,41 +61,61 @@ def _one(spec: bench.Spec, rec: dict, govern: bool) -> tuple[dict, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="16M")
+    ap.add_argument("--lab", default="erack-8x4", help="a lab of netns-labs/ (its stem)")
+    ap.add_argument("--size", default="16M", help="bytes per rank; a comma list runs each")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--transports", default="ethplus,roce,tcp")
     ap.add_argument("--collectives", default="all-reduce,all-to-all")
     ap.add_argument("--hog", action="store_true", help="also governed with a CPU hog")
+    ap.add_argument(
+        "--no-pinned",
+        action="store_true",
+        help="governed only (a big lab's latency-bound sizes take hours at 4x)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
-    size = bench.parse_size(args.size)
+    sizes = [bench.parse_size(x) for x in args.size.split(",")]
     out = []
-    with lab.session("erack-8x4") as rec:
+    # killed (timeout, ^C from a parent): unwind, so the session takes its lab down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with lab.session(args.lab) as rec:
         floor = float(rec["time_scale"])
         for collective, uneven in WORKLOADS:
             if collective not in args.collectives.split(","):
                 continue
-            for t in args.transports.split(","):
+            for t, size in ((t, z) for t in args.transports.split(",") for z in sizes):
                 spec = bench.Spec(collective=collective, transport=t, sizes=[size],
                                   iters=args.iters, warmup=1, uneven=uneven).validate()  # fmt: skip
                 try:
                     _from_floor(rec, floor)
                     g, g_s = _one(spec, rec, True)
                     kg = g["governor"]["k_max"]
-                    lab.rescale(rec, 4 * kg)  # pinned
-                    try:
-                        p, p_s = _one(spec, rec, False)
-                    finally:
-                        _from_floor(rec, floor)
+                    p = p_s = None
+                    if not args.no_pinned:
+                        lab.rescale(rec, 4 * kg)  # pinned
+                        try:
+                            p, p_s = _one(spec, rec, False)
+                        finally:
+                            _from_floor(rec, floor)
                 except JobError as e:
-                    print(f"{collective:10s} {t:8s} failed: {e}", flush=True)
+                    print(f"{collective:10s} {t:8s} {size} B failed: {e}", flush=True)
                     continue
-                row = {"collective": collective, "transport": t, "k_governed": _k(g),
-                       "busbw_governed": g["rows"][0]["busbw_GBps"],
-                       "busbw_pinned_4x": p["rows"][0]["busbw_GBps"],
-                       "behind_governed": g["rows"][0]["fell_behind"],
-                       "behind_pinned_4x": p["rows"][0]["fell_behind"],
-                       "real_s_governed": g_s, "real_s_pinned_4x": p_s}  # fmt: skip
+                row = {"collective": collective, "transport": t, "size_bytes": size,
+                       "k_governed": _k(g), "busbw_governed": g["rows"][0]["busbw_GBps"],
+                       "behind_governed": g["rows"][0]["fell_behind"], "real_s_governed": g_s,
+                       "trials_governed": len(g["governor"]["trials"])}  # fmt: skip
+                line = (f"{collective:10s} {t:8s} {report.human_size(size):>6s}"
+                        f" governed k={_k(g):<13s}"
+                        f" {row['busbw_governed']:7.1f} GB/s"
+                        f" {_verdict(row['behind_governed'])} ({g_s:5.1f} s real,"
+                        f" {row['trials_governed']} trials)")  # fmt: skip
+                if p is not None:
+                    row.update(busbw_pinned_4x=p["rows"][0]["busbw_GBps"],
+                               behind_pinned_4x=p["rows"][0]["fell_behind"],
+                               real_s_pinned_4x=p_s)  # fmt: skip
+                    line += (f"  pinned 4x k={4 * kg:<7g} {row['busbw_pinned_4x']:7.1f} GB/s"
+                             f" {_verdict(row['behind_pinned_4x'])} ({p_s:5.1f} s)  governed/pinned"
+                             f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
                 if args.hog:
                     hog = multiprocessing.Process(target=_hog, daemon=True)
                     hog.start()
@@ -104,18 +127,13 @@ def main() -> int:
                     _from_floor(rec, floor)
                     row.update(k_hog=_k(h), busbw_hog=h["rows"][0]["busbw_GBps"],
                                behind_hog=h["rows"][0]["fell_behind"], real_s_hog=h_s)  # fmt: skip
+                    line += (
+                        f"  hog: k={row['k_hog']} {row['busbw_hog']:.1f} GB/s"
+                        f" {_verdict(row['behind_hog'])} ({row['real_s_hog']:.1f} s)"
+                    )
+                    if p is not None:
+                        line += f", hog/pinned {row['busbw_hog'] / row['busbw_pinned_4x']:.3f}"
                 out.append(row)
-                line = (f"{collective:10s} {t:8s} governed k={_k(g):<13s}"
-                        f" {row['busbw_governed']:7.1f} GB/s"
-                        f" {_verdict(row['behind_governed'])} ({g_s:5.1f} s real)"
-                        f"  pinned 4x k={4 * kg:<7g} {row['busbw_pinned_4x']:7.1f} GB/s"
-                        f" {_verdict(row['behind_pinned_4x'])} ({p_s:5.1f} s)  governed/pinned"
-                        f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
-                if args.hog:
-                    line += (f"  hog: k={row['k_hog']} {row['busbw_hog']:.1f} GB/s"
-                             f" {_verdict(row['behind_hog'])}"
-                             f" ({row['real_s_hog']:.1f} s), hog/pinned"
-                             f" {row['busbw_hog'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
                 print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:

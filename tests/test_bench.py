@@ -137,6 +137,19 @@ def test_bench_output_json_and_csv(erack, tmp_path):
     assert any("not time-scaled" in n for n in result["fidelity"]["not_time_scaled"])
 
 
+def test_bench_qps_reaches_the_roce_engines(erack, tmp_path):
+    """--qps sets the queue pairs per pair of ranks (it was once parsed and
+    dropped): the run records it, and the engines say they ran that many."""
+    js = tmp_path / "q.json"
+    r = ethplus("bench", "all-reduce", "--lab", erack, "--transport", "roce", "--qps", "2",
+                "--sizes", "64K", "--iters", "1", "--warmup", "0", "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    result = json.loads(js.read_text())
+    assert result["qps"] == 2
+    notes = " ".join(result["transport_config"]["notes"])
+    assert "2 QP(s) per pair of ranks" in notes, notes
+
+
 def test_bench_brings_a_lab_file_up_and_down(tmp_path):
     name = f"{RUN_ID}-bf"
     src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)

@@ -2052,6 +2052,8 @@ static void *nic_main(void *arg)
     struct ethp_nic *n = arg;
     struct epoll_event evs[8];
     prctl(PR_SET_TIMERSLACK, 1UL);
+    /* the name cpu.process_waited_s looks for: a rank's dataplane thread */
+    prctl(PR_SET_NAME, (unsigned long)"ethp-nic");
     uint64_t prev = ethp_now_ns();
     while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
         uint64_t due = next_due(n), due_inc = inc_due(n);
