@@ -123,22 +123,42 @@ def process_s(pid: int) -> float:
 NIC_THREAD = "ethp-nic"  # a NIC engine's thread name (nic.c)
 
 
-def process_waited_s(pid: int) -> float:
-    """Seconds process pid's dataplane threads spent runnable but not running
-    (waiting on a run queue: ready, not scheduled), from schedstat; 0.0
-    without it.  A rank with a NIC engine: the engine's thread (its other
-    threads run the application: posting, reducing, checking, which is real
-    time as the reductions are, and 64 ranks on two cores wait for a CPU
-    there at any k); a kernel TCP rank: all its threads, which move its data.
-    """
-    waited: dict[bool, list[int]] = {}
+def threads_waited(pid: int) -> dict[int, tuple[str, int]]:
+    """Process pid's threads: tid -> (name, ns spent runnable but not
+    running: waiting on a run queue, ready, not scheduled), from schedstat."""
+    out = {}
     for d in glob.glob(f"/proc/{pid}/task/*"):
         try:
             with open(f"{d}/comm") as f:
                 name = f.read().strip()
             with open(f"{d}/schedstat") as f:
-                ns = int(f.read().split()[1])
+                out[int(d.rsplit("/", 1)[1])] = (name, int(f.read().split()[1]))
         except (OSError, IndexError, ValueError):
             continue  # a thread that just exited
-        waited.setdefault(name == NIC_THREAD, []).append(ns)
-    return sum(waited.get(True) or waited.get(False) or []) / 1e9
+    return out
+
+
+def waited_s(a: dict[int, tuple[str, int]], b: dict[int, tuple[str, int]]) -> float:
+    """Seconds a process's dataplane threads waited for a CPU between two
+    threads_waited readings.  A rank with a NIC engine: the engine's thread
+    (its other threads run the application: posting, reducing, checking,
+    which is real time as the reductions are, and 64 ranks on two cores
+    wait for a CPU there at any k); a kernel TCP rank: all its threads,
+    which move its data.  Thread by thread, so that an engine starting or
+    stopping between the readings adds nothing."""
+    nic = any(name == NIC_THREAD for name, _ in (*a.values(), *b.values()))
+    return (
+        sum(
+            ns - a[tid][1]
+            for tid, (name, ns) in b.items()
+            if tid in a and (not nic or name == NIC_THREAD)
+        )
+        / 1e9
+    )
+
+
+def process_waited_s(pid: int) -> float:
+    """Seconds process pid's dataplane threads (waited_s) have waited for a
+    CPU so far."""
+    now = threads_waited(pid)
+    return waited_s({tid: (name, 0) for tid, (name, _) in now.items()}, now)

@@ -276,7 +276,7 @@ class Fabric:
         if now - self._pids_at > governor.WINDOW_S:  # the ranks (whatever job runs)
             self._pids = kernel.pids_in(self._host_ns)
             self._pids_at = now
-        waited = {pid: cpu.process_waited_s(pid) for pid in self._pids}
+        waited = {pid: cpu.threads_waited(pid) for pid in self._pids}
         return {"t": now, "busy": busy, "total": total, "ports": ports, "waited": waited,
                 "clock": self.clock.reports(), "engines": self.clock.engines()}  # fmt: skip
 
@@ -305,7 +305,8 @@ class Fabric:
             # (64 of them at once on erack-64x8) wait for a CPU at any k,
             # and raising k for that took it to 64x the floor for nothing
             waited_share=max(
-                (w - a["waited"].get(pid, w) for pid, w in b["waited"].items()), default=0.0
+                (cpu.waited_s(a["waited"].get(pid, {}), w) for pid, w in b["waited"].items()),
+                default=0.0,
             )
             * 1e9
             / span_ns

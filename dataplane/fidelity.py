@@ -28,9 +28,10 @@ BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
 # a late delay line does: judged as ADDED_DELAY_MAX of the real base RTT,
 # from its share of time behind and how late it ran, engine_added_delay)
 # a rank's dataplane threads (its NIC engine's; a kernel TCP rank's, all of
-# them: cpu.process_waited_s) were ready to run but not scheduled for more
-# than this share of the window: the machine, not the fabric, set the pace (measured: kernel TCP's 16 MiB all-reduce on erack-8x4
-# waited 0.87 of the window at k=6400, 151 GB/s, and 0.19 at k=25600, 183)
+# them: cpu.waited_s) were ready to run but not scheduled for more than this
+# share of the window: the machine, not the fabric, set the pace (measured:
+# kernel TCP's 16 MiB all-reduce on erack-8x4 waited 0.87 of the window at
+# k=6400, 151 GB/s, and 0.19 at k=25600, 183)
 WAITED_SHARE_MAX = 0.25
 _TX_BYTES, _Q_BYTES, _LATE_FRAMES, _LATE_SUM_NS, _TX_FRAMES, _LOST_NS = range(6)
 

@@ -67,3 +67,25 @@ def test_short_bursts_are_counted_as_the_process_itself_counts_them(machine_s):
     b1, _ = machine_s()
     own_s = float(out.stdout)
     assert 0.9 * own_s <= b1 - b0 <= own_s + 0.5, (b1 - b0, own_s)
+
+
+def test_a_ranks_cpu_wait_is_its_dataplane_threads_thread_by_thread():
+    """A NIC rank's wait is its engine thread's (the rest is the application);
+    a rank without one (kernel TCP) counts every thread; a thread that appears
+    or goes between two readings adds nothing (an engine closing at a job's
+    end once showed as a rank waiting 196% of the time)."""
+    app, eng = (1, 2)
+    a = {app: ("python", 5_000), eng: (cpu.NIC_THREAD, 10_000)}
+    b = {app: ("python", 9_000_000), eng: (cpu.NIC_THREAD, 30_000)}
+    assert cpu.waited_s(a, b) == pytest.approx(20_000 / 1e9)
+    tcp_a, tcp_b = (
+        {app: ("python", 5_000), 3: ("python", 0)},
+        {app: ("python", 45_000), 3: ("python", 7)},
+    )
+    assert cpu.waited_s(tcp_a, tcp_b) == pytest.approx(40_007 / 1e9)
+    closed = {app: ("python", 9_000_000)}  # the engine exited: the app's wait is not counted
+    assert cpu.waited_s(b, closed) == 0.0
+    started = {app: ("python", 10**9), eng: (cpu.NIC_THREAD, 10**9)}
+    assert cpu.waited_s({app: ("python", 0)}, started) == 0.0
+    own = cpu.threads_waited(os.getpid())
+    assert own and all(isinstance(ns, int) and ns >= 0 for _, ns in own.values())
