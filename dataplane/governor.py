@@ -225,27 +225,16 @@ def _trial(spec, rec: dict, nodes) -> dict:
 def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) -> dict:
     """bench.run of spec (a bench.Spec), with trials first when the lab is
     governed (see the module)."""
-    from dataplane import bench, lab
+    from dataplane import bench
 
     state = fabric_governor(rec) if governed(rec) else None
     if state is None or not state["on"]:  # a number, or pinned by `lab scale`
         return bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
-    say = log or (lambda _msg: None)
-    trials: list[dict] = []
     t0 = time.monotonic()
     floor = state["floor_k"]
-    for _ in range(MAX_TRIALS):
-        t = _trial(spec, rec, nodes)
-        trials.append(t)
-        if not t["fell_behind"]:
-            break
-        lo, hi = t["k_range"] or (0, 0)
-        if not _wait_for_a_change(rec, hi):
-            # the trial was too short for the governor's windows to see what
-            # its own verdict saw: the governor raises k for it
-            why = f"a trial of {t['size_bytes']} B fell behind"
-            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": why})
-        say(f"# governor: {t['size_bytes']} B fell behind at k={lo:g}..{hi:g}; trying again")
+    trials = trial_runs(
+        rec, lambda: _trial(spec, rec, nodes), lambda t: f"a trial of {t['size_bytes']} B", log
+    )
     result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
     ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
     result["governor"] = {
@@ -259,6 +248,27 @@ def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) ->
         "events": [e for e in fabric_governor(rec)["events"] if e["t_real"] >= t0],
     }
     return result
+
+
+def trial_runs(rec: dict, attempt, what, log=None, most: int = MAX_TRIALS) -> list[dict]:
+    """Trials until one does not fall behind (at most `most`): attempt() runs
+    one and gives a dict with fell_behind and k_range; what(trial) names it.
+    After a trial that fell behind, the governor has raised k, or is asked
+    to (a trial too short for its windows to see what its own verdict saw)."""
+    from dataplane import lab
+
+    say = log or (lambda _msg: None)
+    trials: list[dict] = []
+    for _ in range(most):
+        t = attempt()
+        trials.append(t)
+        if not t["fell_behind"]:
+            break
+        lo, hi = t["k_range"] or (0, 0)
+        if not _wait_for_a_change(rec, hi):
+            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": f"{what(t)} fell behind"})
+        say(f"# governor: {what(t)} fell behind at k={lo:g}..{hi:g}; trying again")
+    return trials
 
 
 def _wait_for_a_change(rec: dict, k: float) -> bool:

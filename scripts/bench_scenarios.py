@@ -72,7 +72,7 @@ def main() -> int:
             for t, v in s["figures"].items():
                 w = pinned["figures"].get(t)
                 ratio = "-" if v is None or not w else f"{v / w:.3f}"
-                print(f"  {t}: governed {v}, pinned at k={4 * ks[1]:g} {w}: ratio {ratio}")
+                print(f"  {t}: governed {_fig(v)}, pinned (k={4 * ks[1]:g}) {_fig(w)}: {ratio}")
             print(
                 f"  pinned run {pinned_s:.0f} s real; ethplus advantage there: "
                 + ", ".join(f"{t} {v:.2f}x" for t, v in pinned["ethplus_advantage"].items())
@@ -99,6 +99,10 @@ def main() -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
+
+
+def _fig(v) -> str:
+    return "stalled" if v is None else f"{v:.4g}"
 
 
 def _k_used(rec: dict, t0: float, k0) -> tuple[float, float] | None:
