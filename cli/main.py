@@ -254,9 +254,14 @@ def cmd_lab_scale(args) -> int:
 
     rec = lab.get(args.name)
     if args.k == "auto":
-        resp = lab.control(args.name, {"op": "scale", "k": "auto"})
-        print(f"{args.name}: time scale governed again, from k={resp['time_scale']:g}")
+        if args.floor is not None and not 1 <= args.floor <= 1e9:
+            raise LabError(f"lab scale: --floor is a time scale from 1 to 1e9, not {args.floor:g}")
+        resp = lab.control(args.name, {"op": "scale", "k": "auto", "floor": args.floor})
+        floor = "" if args.floor is None else f", never under {args.floor:g}"
+        print(f"{args.name}: time scale governed again, from k={resp['time_scale']:g}{floor}")
         return 0
+    if args.floor is not None:
+        raise LabError("lab scale: --floor goes with auto (a number pins k; there is no governor)")
     try:
         k = float(args.k)
     except ValueError:
@@ -735,6 +740,12 @@ def build_parser() -> argparse.ArgumentParser:
     sc_.add_argument("name", metavar="NAME")
     sc_.add_argument(
         "k", metavar="K", help="the new time scale (>= 1; pins it), or auto (governed again)"
+    )
+    sc_.add_argument(
+        "--floor",
+        type=float,
+        metavar="K",
+        help="with auto: the lowest k the governor may use from now on (default: the auto choice)",
     )
     sc_.set_defaults(func=cmd_lab_scale)
 

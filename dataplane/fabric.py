@@ -230,7 +230,8 @@ class Fabric:
 
     def scale(self, req: dict) -> dict:
         """The `scale` request: k (pins the time scale there), "hold" (pins
-        it where it is), "auto" (the governor moves it again, from there) or
+        it where it is), "auto" (the governor moves it again, from there;
+        with "floor", never under that k from now on) or
         "raise" (the governor raises it now: a run's verdict saw lateness)."""
         k = req.get("k")
         if k == "hold":
@@ -249,6 +250,11 @@ class Fabric:
         if k == "auto":
             if self.governor is None:
                 raise ValueError(f"lab {self.name} has a fixed time scale: it has no governor")
+            if req.get("floor") is not None:
+                floor = float(req["floor"])
+                if not 1 <= floor <= 1e9:
+                    raise ValueError(f"floor: a time scale from 1 to 1e9, not {req['floor']!r}")
+                self.governor.floor_k = floor
             self.pinned = False
             self.governor.k = self.k
             return {"time_scale": self.k, "governed": True}
