@@ -220,6 +220,7 @@ struct ethp_nic {
     /* the lab's fabric clock: cfg is cfg0 at the clock's k (nic_rescale) */
     struct ethp_clock *clock;
     uint64_t clock_gen, ring_drops_reported, ring_drops_read_ns;
+    uint64_t ahead_ns; /* port_ahead_ns at cfg's rate (set_ahead) */
     struct ethp_nic_cfg cfg0;
 };
 
@@ -558,10 +559,13 @@ static uint64_t sub_free_at(const struct nic_peer *p, uint32_t sub)
 /* How early a pacer lets a packet go (ETHP_AHEAD_WIRE_BYTES): the engine
  * wakes when a packet is due, a lookahead early, and then sends what is
  * due within this. */
-static uint64_t port_ahead_ns(const struct ethp_nic *n)
+static uint64_t port_ahead_ns(const struct ethp_nic *n) { return n->ahead_ns; }
+
+/* ... computed once per rate (start, a change of k), not per packet */
+static void set_ahead(struct ethp_nic *n)
 {
     uint64_t t = (uint64_t)ETHP_AHEAD_WIRE_BYTES * 8000000000ull / n->cfg.rate_bps;
-    return t > NIC_LOOKAHEAD_NS ? t : NIC_LOOKAHEAD_NS;
+    n->ahead_ns = t > NIC_LOOKAHEAD_NS ? t : NIC_LOOKAHEAD_NS;
 }
 
 static int sub_free(const struct ethp_nic *n, const struct nic_peer *p, uint32_t sub, uint64_t now)
@@ -1958,11 +1962,6 @@ static uint64_t scaled_bps(uint64_t bps, double r)
     return v ? v : 1;
 }
 
-/* The lab's clock moved to k: every real setting from cfg0 (made at
- * cfg0.time_scale) by the ratio, and the state that holds real times or
- * rates moved with it (congestion control's rates scaled, its window kept
- * within the new maximum, retransmit timers re-armed).  Packets already paced keep
- * their times; nothing in flight is lost or resent for it. */
 /* A congestion control's state at a new k: its own way, or its rate scaled
  * and its window kept within the new maximum. */
 static void cc_rescale(struct ethp_nic *n, struct ethp_cc_state *st,
@@ -1978,6 +1977,11 @@ static void cc_rescale(struct ethp_nic *n, struct ethp_cc_state *st,
         st->cwnd_bytes = pp->max_cwnd_bytes;
 }
 
+/* The lab's clock moved to k: every real setting from cfg0 (made at
+ * cfg0.time_scale) by the ratio, and the state that holds real times or
+ * rates moved with it (congestion control's rates scaled, its window kept
+ * within the new maximum, retransmit timers re-armed).  Packets already paced keep
+ * their times; nothing in flight is lost or resent for it. */
 static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
 {
     const struct ethp_nic_cfg *c0 = &n->cfg0;
@@ -1986,6 +1990,7 @@ static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
     uint64_t un = c0->unscaled_rtt_ns < c0->base_rtt_ns ? c0->unscaled_rtt_ns : c0->base_rtt_ns;
     c->time_scale = k;
     c->rate_bps = scaled_bps(c0->rate_bps, r);
+    set_ahead(n);
     c->base_rtt_ns = scaled_ns(c0->base_rtt_ns - un, r) + un;
     c->rto_ns = scaled_ns(c0->rto_ns, r);
     if (c->rto_ns < c0->rto_floor_ns)
@@ -2052,7 +2057,7 @@ static void *nic_main(void *arg)
     struct ethp_nic *n = arg;
     struct epoll_event evs[8];
     prctl(PR_SET_TIMERSLACK, 1UL);
-    /* the name cpu.process_waited_s looks for: a rank's dataplane thread */
+    /* cpu.NIC_THREAD: a rank's dataplane thread, whose CPU wait is judged */
     prctl(PR_SET_NAME, (unsigned long)"ethp-nic");
     uint64_t prev = ethp_now_ns();
     while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
@@ -2156,6 +2161,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
         return NULL;
     }
     n->cfg = n->cfg0 = *cfg;
+    set_ahead(n);
     if (!(cfg->time_scale >= 1.0))
         n->cfg.time_scale = n->cfg0.time_scale = 1.0;
     n->epoch = new_epoch();
