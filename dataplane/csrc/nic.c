@@ -642,8 +642,7 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
     /* the sub-flow's rate pacer: DCQCN's rate, HPCC's W / T */
     struct nic_cc *c = &p->cc[t->sub];
     if (c->st.rate_bps && fl) {
-        uint64_t start = c->next_tx_ns > now ? c->next_tx_ns : now;
-        c->next_tx_ns = start + ser_ns(n, (uint32_t)fl) * n->cfg.rate_bps / c->st.rate_bps;
+        c->next_tx_ns = pacer_start(c->next_tx_ns, now) + ser_ns(n, (uint32_t)fl) * n->cfg.rate_bps / c->st.rate_bps;
     }
     if (n->cfg.roce)
         p->qp[psn % n->cfg.qps].sent_bytes += t->len;

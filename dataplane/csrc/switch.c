@@ -87,7 +87,8 @@ struct sw_port {
     struct ethp_link_state link;
     struct pktq q[ETHP_NCLASSES]; /* egress queues */
     struct pktq wire;             /* egress delay line: ts_ns = due at the peer */
-    struct pktq in_wire;          /* ingress delay line (peer is a host) */
+    struct pktq in_wire;          /* ingress delay line (a host's delay; a burst spread out) */
+    uint64_t in_free_ns;          /* the ingress link delivers no sooner than then */
     uint64_t next_tx_ns;          /* the link is busy until then */
     uint64_t ahead_ns;            /* frames due this soon are handled now (set_link) */
     uint64_t sched_wire_bytes;    /* wire bytes put on the link so far (INT's tx_bytes) */
@@ -139,6 +140,7 @@ struct ethp_switch {
     pthread_mutex_t lock;
     uint64_t rng;
     uint64_t wakeups;
+    uint64_t now_ns; /* the loop's real time: what a pacer's catch-up is bounded by */
     uint64_t buffer_used_bytes; /* in every egress queue; atomic for readers */
     uint64_t buffer_hwm_bytes;
     struct ethp_agg *agg; /* in-network aggregation, or NULL */
@@ -327,6 +329,11 @@ static void mark_ce(struct sw_port *e, struct ethp_pkt *p, const struct ethp_par
     e->c[ETHP_SC_ecn_marked]++;
 }
 
+static void schedule_until(struct ethp_switch *sw, struct sw_port *e, uint64_t until);
+
+/* Queue frame p at egress e; now is when it arrived (a frame a late thread
+ * took off a delay line arrived when it was due there, not when the thread
+ * got to it). */
 static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *p,
                     const struct ethp_parsed *ps, int kind, uint64_t now)
 {
@@ -334,6 +341,12 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
         drop(sw, e, p, ETHP_SC_drop_link_down);
         return;
     }
+    /* The queue this frame joins is the one when it arrived: frames that
+     * had started on the link by then leave it first.  A thread that woke
+     * late forwards what came in before it serves the egress, and would
+     * otherwise judge (mark, trim, drop) by a queue the link had drained:
+     * the machine's lateness, not the fabric's. */
+    schedule_until(sw, e, now + e->ahead_ns);
     int cls = ETHP_CLS_DATA;
     if (is_ethp(kind) && (!is_bulk(ps->hdr.opcode) || (ps->hdr.flags & ETHP_F_TRIMMED)))
         cls = ETHP_CLS_HIGH;
@@ -629,6 +642,7 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
         drop(sw, port, p, ETHP_SC_drop_node_down);
         return;
     }
+    uint64_t delay_ns = 0;
     if (port->link.peer_is_host) {
         int why = fault(sw, &port->link);
         uint64_t replay_ns = llr_replay(sw, port, p->len, &why);
@@ -638,13 +652,20 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
         }
         /* The frames behind a replayed one wait for it (the line releases in
          * order), as the host's go-back-N resends them after it. */
-        uint64_t delay_ns = frame_delay_ns(sw, &port->link) + replay_ns;
-        if (delay_ns || port->in_wire.head) {
-            wire_push(&port->in_wire, p, now + delay_ns);
-            activate(sw, port);
-            port->c[ETHP_SC_wire_frames]++;
-            return;
-        }
+        delay_ns = frame_delay_ns(sw, &port->link) + replay_ns;
+    }
+    /* A link delivers no faster than its rate.  A sender whose thread woke
+     * late makes up the link time it lost (its pacer's bounded burst) by
+     * sending what was due back to back; spaced out again here, the burst
+     * does not reach the egress queues as one (to be marked or trimmed for
+     * the machine's lateness). */
+    uint64_t start = port->in_free_ns > now ? port->in_free_ns : now;
+    port->in_free_ns = start + ser_ns(&port->link, ethp_wire_bytes(p->len));
+    if (delay_ns || start > now || port->in_wire.head) {
+        wire_push(&port->in_wire, p, start + delay_ns);
+        activate(sw, port);
+        port->c[ETHP_SC_wire_frames]++;
+        return;
     }
     forward(sw, p, now);
 }
@@ -680,12 +701,19 @@ static int rx(struct ethp_switch *sw, uint64_t now)
     return 1;
 }
 
+/* When a frame leaving an ingress delay line arrived: when it was due, if
+ * that has passed (a late thread), else now (it leaves a little early). */
+static uint64_t arrived(const struct ethp_pkt *p, uint64_t now)
+{
+    return p->ts_ns < now ? p->ts_ns : now;
+}
+
 static void release_ingress(struct ethp_switch *sw, struct sw_port *port, uint64_t now)
 {
     while (port->in_wire.head && port->in_wire.head->ts_ns <= now + port->ahead_ns) {
         struct ethp_pkt *p = q_pop(&port->in_wire);
         port->c[ETHP_SC_wire_frames]--;
-        forward(sw, p, now);
+        forward(sw, p, arrived(p, now));
     }
 }
 
@@ -714,7 +742,7 @@ static void release_ingress_all(struct ethp_switch *sw, uint64_t now)
         struct sw_port *e = &sw->ports[cand[best]];
         struct ethp_pkt *p = q_pop(&e->in_wire);
         e->c[ETHP_SC_wire_frames]--;
-        forward(sw, p, now);
+        forward(sw, p, arrived(p, now));
         if (!e->in_wire.head || e->in_wire.head->ts_ns > now + e->ahead_ns)
             cand[best] = cand[--nc];
     }
@@ -748,10 +776,12 @@ static void int_stamp(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt
     e->c[ETHP_SC_int_stamped]++;
 }
 
-static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
+/* Put on the link every frame that starts by until; a late thread's
+ * catch-up is bounded by the loop's real time, sw->now_ns. */
+static void schedule_until(struct ethp_switch *sw, struct sw_port *e, uint64_t until)
 {
     int c;
-    uint64_t until = now + (e->ahead_ns > sw->cfg.lookahead_ns ? e->ahead_ns : sw->cfg.lookahead_ns);
+    uint64_t now = sw->now_ns;
     while ((c = next_class(e, now)) >= 0 && e->next_tx_ns <= until) {
         struct ethp_pkt *p = q_pop(&e->q[c]);
         __atomic_store_n(&sw->buffer_used_bytes, sw->buffer_used_bytes - p->len, __ATOMIC_RELAXED);
@@ -794,6 +824,12 @@ static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
         wire_push(&e->wire, p, e->next_tx_ns + frame_delay_ns(sw, &e->link));
         e->c[ETHP_SC_wire_frames]++;
     }
+}
+
+static void schedule(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
+{
+    schedule_until(sw, e, now + (e->ahead_ns > sw->cfg.lookahead_ns ? e->ahead_ns
+                                                                     : sw->cfg.lookahead_ns));
 }
 
 static void release_egress(struct ethp_switch *sw, struct sw_port *e, uint64_t now)
@@ -924,8 +960,9 @@ static void *sw_main(void *arg)
         /* A turn at a time: what came in is forwarded and sent before more
          * is read, so few frames (and the buffers they touch) are in flight
          * and none waits behind a whole ring's worth. */
-        more = ring ? rx(sw, ethp_now_ns()) : 0;
-        uint64_t now = ethp_now_ns();
+        sw->now_ns = ethp_now_ns();
+        more = ring ? rx(sw, sw->now_ns) : 0;
+        uint64_t now = sw->now_ns = ethp_now_ns();
         release_ingress_all(sw, now);
         uint32_t kept = 0;
         for (uint32_t k = 0; k < sw->n_active; k++) {
