@@ -11,28 +11,11 @@ import sys
 import time
 
 from dataplane.bench import BenchError
-from dataplane.job import JobError
+from dataplane.errors import EthplusError
 from dataplane.lab import LabError
 from dataplane.labfile import LabFileError
-from dataplane.registry import RegistryError
 from dataplane.stats import table
-
-EXIT_USAGE = 2
-
-
-def _fmt_rate(bps: float) -> str:
-    for unit, scale in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.4g} {unit}"
-    return f"{bps:.4g} bit/s"
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n} B"
-
+from dataplane.units import rate_text, size_text
 
 # ---------------------------------------------------------------- lab
 
@@ -68,14 +51,14 @@ def _scale_reason(spec) -> str:
     total = spec.topology.total_link_rate_bps()
     how = (
         f"auto, the smallest k that fits {len(spec.topology.links)} links, "
-        f"{_fmt_rate(total)} nominal, into this machine's {_fmt_rate(AUTO_REAL_BUDGET_BPS)} "
+        f"{rate_text(total)} nominal, into this machine's {rate_text(AUTO_REAL_BUDGET_BPS)} "
         "real budget"
         if spec.time_scale_raw == "auto"
         else f"set by {'--time-scale' if isinstance(spec.time_scale_raw, float) else 'the file'}"
     )
     return (
         f"{how}; real rate = nominal / {spec.time_scale:g}, real delay = nominal x "
-        f"{spec.time_scale:g} ({_fmt_rate(total / spec.time_scale)} real in all)"
+        f"{spec.time_scale:g} ({rate_text(total / spec.time_scale)} real in all)"
     )
 
 
@@ -160,15 +143,15 @@ def cmd_lab_show(args) -> int:
     sw = rec["switch"]
     shared = sw.get("shared_buffer_bytes", 0)
     buffers = (
-        f"shared buffer {_fmt_bytes(shared)} (alpha {sw.get('dt_alpha', 1.0):g})"
+        f"shared buffer {size_text(shared, binary=False)} (alpha {sw.get('dt_alpha', 1.0):g})"
         if shared
         else "per-port buffers"
     )
     headroom = sw.get("pfc_headroom_bytes", 0)
     lossless = (
-        f"lossless (PFC: XOFF {_fmt_bytes(sw['pfc_xoff_bytes'])},"
-        f" XON {_fmt_bytes(sw['pfc_xon_bytes'])}, headroom"
-        f" {_fmt_bytes(headroom) if headroom else 'from each link'})"
+        f"lossless (PFC: XOFF {size_text(sw['pfc_xoff_bytes'], binary=False)},"
+        f" XON {size_text(sw['pfc_xon_bytes'], binary=False)}, headroom"
+        f" {size_text(headroom, binary=False) if headroom else 'from each link'})"
         if sw["lossless"]
         else "lossy"
     )
@@ -204,11 +187,11 @@ def cmd_lab_show(args) -> int:
                 link["name"],
                 ifname[link["a"], link["a_port"]],
                 ifname[link["b"], link["b_port"]],
-                _fmt_rate(prm["rate_bps"]),
-                _fmt_rate(prm["rate_bps"] / k),
+                rate_text(prm["rate_bps"]),
+                rate_text(prm["rate_bps"] / k),
                 f"{prm['delay_ns']} ns"
                 + (f" + 0-{prm['jitter_ns']} ns" if prm.get("jitter_ns") else ""),
-                _fmt_bytes(prm["buffer_bytes"]),
+                size_text(prm["buffer_bytes"], binary=False),
                 prm["mtu_bytes"],
                 "on" if prm.get("llr") else "off",
             ]
@@ -232,7 +215,7 @@ def cmd_link_set(args) -> int:
     resp = lab.control(args.lab, {"op": "link", "link": args.link, "set": change})
     st = resp["link"]
     print(
-        f"{args.link}: {'up' if st['up'] else 'DOWN'}, rate {_fmt_rate(st['rate_bps'])}, "
+        f"{args.link}: {'up' if st['up'] else 'DOWN'}, rate {rate_text(st['rate_bps'])}, "
         f"delay {st['delay_ns']} ns"
         + (f" + 0-{st['jitter_ns']} ns jitter" if st.get("jitter_ns") else "")
         + f", loss {st['loss']:g}, corrupt {st['corrupt']:g}, "
@@ -539,7 +522,7 @@ def _print_comparison(results: list[dict]) -> None:
         for c in report.comparison(runs):
             cells = [c["transports"].get(t) for t in names]
             rows.append(
-                [report.human_size(c["size_bytes"])]
+                [size_text(c["size_bytes"])]
                 + [
                     "-"
                     if x is None
@@ -868,15 +851,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except LabFileError as exc:
+    except EthplusError as exc:
         print(f"ethplus: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BenchError as exc:
-        print(f"ethplus: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (LabError, JobError, RegistryError) as exc:
-        print(f"ethplus: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

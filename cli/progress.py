@@ -7,13 +7,7 @@ from __future__ import annotations
 import sys
 
 from dataplane.bench import format_row
-
-
-def _human(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
+from dataplane.units import size_text
 
 
 class Reporter:
@@ -51,7 +45,7 @@ class Reporter:
         phase, _, idx = barrier.partition("-")
         if phase not in self.PHASES or not idx.isdigit():
             return
-        what = f"{self.title}: {_human(self.sizes[int(idx)])} {self.PHASES[phase]}"
+        what = f"{self.title}: {size_text(self.sizes[int(idx)])} {self.PHASES[phase]}"
         if self._progress is not None:
             self._progress.update(self._task, description=what)
         elif phase == "check":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dataplane import fidelity, reference, transport
 from dataplane.collectives import ALGORITHMS, bus_factor, canonical
+from dataplane.errors import UsageError
 from dataplane.job import Job, Plan, Workload
 
 SCHEMA = "ethplus-bench/1"
@@ -32,7 +33,7 @@ _WIDTHS = (12, 12, 9, 6, 12, 9, 9, 7, 7)
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-class BenchError(ValueError):
+class BenchError(UsageError):
     """A bad argument: one line naming it and what was expected."""
 
 

@@ -16,13 +16,14 @@ from pathlib import Path
 
 from dataplane import registry
 from dataplane.core import ffi, lib
+from dataplane.errors import EthplusError
 
 REPORTS = ("lost_ns", "late_sum_ns", "late_wakeups", "ring_drops", "engines")
 PER_ENGINE = REPORTS[: lib.ETHP_CLOCK_PER_ENGINE]
 
 
-class ClockError(Exception):
-    pass
+class ClockError(EthplusError):
+    """The fabric clock cannot be opened or read."""
 
 
 def path(lab: str) -> Path:

@@ -11,6 +11,8 @@ import errno
 import os
 from dataclasses import dataclass, field
 
+from dataplane.errors import EthplusError
+
 try:
     from dataplane._ethp import ffi, lib
 except ImportError as exc:  # pragma: no cover - depends on the install
@@ -76,7 +78,7 @@ RING_COUNTERS = (
 )  # fmt: skip
 
 
-class WireError(ValueError):
+class WireError(EthplusError, ValueError):
     """A frame could not be built or parsed; .code is the C error."""
 
     def __init__(self, code: int):

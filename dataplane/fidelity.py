@@ -20,6 +20,7 @@ what is not time-scaled.
 from __future__ import annotations
 
 from dataplane import stats
+from dataplane.units import rate_text
 
 LOST_SHARE_MAX = 0.05  # a link lost more than 5% of its time: the rate was not honoured
 ADDED_DELAY_MAX = 0.10  # mean lateness above 10% of the base RTT: the delay was not honoured
@@ -286,9 +287,10 @@ def render(f: dict) -> str:
     lines = [f"fidelity (time scale k={f['time_scale']:g} at the start; real rate = nominal / k):"]
     for ln in f["links"]:
         lines.append(
-            f"  link {ln['port']}: configured {ln['configured_real_bps'] / 1e6:.1f} Mbit/s real"
-            f" ({ln['configured_nominal_bps'] / 1e9:g} Gbit/s nominal), peak achieved"
-            f" {ln['peak_real_bps'] / 1e6:.1f} Mbit/s ({ln['peak_share']:.0%})"
+            f"  link {ln['port']}: configured"
+            f" {rate_text(ln['configured_real_bps'], 'Mbit/s', '.1f')} real"
+            f" ({rate_text(ln['configured_nominal_bps'], 'Gbit/s', 'g')} nominal), peak"
+            f" achieved {rate_text(ln['peak_real_bps'], 'Mbit/s', '.1f')} ({ln['peak_share']:.0%})"
         )
     ks = [(size, kr) for size, kr in f.get("k_per_size", []) if kr]
     if any(kr != [f["time_scale"]] * 2 for _, kr in ks):

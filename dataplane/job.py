@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import uvloop
 
 from dataplane import cpu, fabric, registry, transport
+from dataplane.errors import EthplusError
 from dataplane.lab import python_module
 
 GRACE_S = 2.0
@@ -37,7 +38,7 @@ _serial = 0  # jobs started by this process: each gets its own socket
 _spawn_lock = threading.Lock()
 
 
-class JobError(RuntimeError):
+class JobError(EthplusError, RuntimeError):
     """The job failed: a rank died or reported an error, or the job stalled."""
 
 

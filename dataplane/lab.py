@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 import uvloop
 
 from dataplane import fabric, kernel, registry
+from dataplane.errors import EthplusError
 from dataplane.labfile import LabSpec
 from dataplane.topology import IF_PREFIX, Topology, plane_subnet
 
 
-class LabError(RuntimeError):
+class LabError(EthplusError, RuntimeError):
     """A lab operation that cannot be done; the message says why and what to do."""
 
 

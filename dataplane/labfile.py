@@ -16,13 +16,14 @@ from typing import Any
 
 from dataplane import registry
 from dataplane import topology as topo_mod
+from dataplane.errors import UsageError
 from dataplane.topology import LinkParams, Topology, TopologyError
 
 LABS_DIR = Path(__file__).resolve().parent.parent / "netns-labs"
 FAMILIES = ("erack", "upn", "clos", "hpn")
 
 
-class LabFileError(ValueError):
+class LabFileError(UsageError):
     """A user mistake in a lab file: one line, naming file, key, expectation."""
 
     def __init__(self, path: str, key: str, expected: str, got: Any = None, *, detail: str = ""):

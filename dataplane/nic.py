@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dataplane import clock, registry
 from dataplane.core import ffi, lib
+from dataplane.errors import EthplusError
 from dataplane.labfile import CC_NAMES
 
 NIC_COUNTERS: tuple[str, ...] = tuple(
@@ -47,7 +48,7 @@ def conservation(counters: dict[str, int]) -> dict[str, int]:
     return {"rx_frames": taken, "fates": fates, "difference": taken - fates}
 
 
-class NicError(RuntimeError):
+class NicError(EthplusError, RuntimeError):
     """A transfer failed: the peer was unreachable, or a buffer was too small."""
 
 

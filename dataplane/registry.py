@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataplane.errors import EthplusError
 from dataplane.topology import LAB_TAG_CHARS
 
 # Fixed paths: code run as root takes no directory from the caller's environment.
@@ -37,7 +38,7 @@ LAB_NAME_EXPECTED = "1-24 characters: a-z, 0-9 and '-', starting with a letter o
 STATUSES = ("creating", "up", "failed", "deleting")
 
 
-class RegistryError(ValueError):
+class RegistryError(EthplusError, ValueError):
     """A lab name or record that ethplus refuses to act on; the message says which."""
 
 

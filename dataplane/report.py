@@ -17,17 +17,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 from dataplane import scenario, transport  # noqa: E402
+from dataplane.units import rate_text, size_text  # noqa: E402
 
 PLOT_WIDTH_IN, PLOT_DPI = 12, 100  # every plot is 1200 pixels wide
 PLOTS = ("busbw.png", "link-utilisation.png", "queue-depth.png")
-
-
-def human_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
-    return f"{n} B"
 
 
 def run_name(r: dict) -> str:
@@ -123,7 +116,7 @@ def markdown(results: list[dict], rec: dict) -> str:
                 for x in cells
             ]
             ratio = ["-" if x is None else f"{x['ratio_to_best']:.2f}" for x in cells]
-            rows.append([human_size(c["size_bytes"]), *bw, *ratio])
+            rows.append([size_text(c["size_bytes"]), *bw, *ratio])
         lines += _md_table(header, rows)
         lines += [
             "",
@@ -168,10 +161,10 @@ def _fidelity_md(r: dict) -> list[str]:
     rows = [
         [
             ln["port"],
-            f"{ln['configured_nominal_bps'] / 1e9:g} Gbit/s",
-            f"{ln['configured_real_bps'] / 1e6:.2f} Mbit/s",
-            f"{ln['peak_real_bps'] / 1e6:.2f} Mbit/s ({ln['peak_share']:.0%})",
-            f"{ln['busy_mean_real_bps'] / 1e6:.2f} Mbit/s",
+            rate_text(ln["configured_nominal_bps"], "Gbit/s", "g"),
+            rate_text(ln["configured_real_bps"], "Mbit/s", ".2f"),
+            f"{rate_text(ln['peak_real_bps'], 'Mbit/s', '.2f')} ({ln['peak_share']:.0%})",
+            rate_text(ln["busy_mean_real_bps"], "Mbit/s", ".2f"),
         ]
         for ln in f["links"]
     ]
@@ -188,7 +181,7 @@ def _fidelity_md(r: dict) -> list[str]:
     drops = "; ".join(
         f"{sw}: " + ", ".join(f"{k} {v}" for k, v in d.items()) for sw, d in f["drops"].items()
     )
-    behind = ", ".join(human_size(s) for s in f["fell_behind_sizes"])
+    behind = ", ".join(size_text(s) for s in f["fell_behind_sizes"])
     out += [
         "",
         f"- Pacer: {p['late_frames']} of {p['tx_frames']} frames left more than 100 us (real) late"
@@ -247,7 +240,7 @@ def _plot_series(results: list[dict], path: Path, key: str, ylabel: str, scale: 
         ms = 1e3 / float(r["lab"]["time_scale"])  # real s -> nominal ms
         for i, (size, a, b) in enumerate(s.get("windows", [])):
             ax.axvspan(a * ms, b * ms, color="grey", alpha=0.12 if i % 2 else 0.22, linewidth=0)
-            ax.text((a + b) / 2 * ms, 1.0, human_size(size), transform=ax.get_xaxis_transform(),
+            ax.text((a + b) / 2 * ms, 1.0, size_text(size), transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=7)  # fmt: skip
         for name, ys in sorted(s.get(key, {}).items()):
             xs = [t * ms for t in s["t_s"][: len(ys)]]
@@ -453,7 +446,10 @@ def _stall_lines(r: dict, k: float) -> list[str]:
     sampled = r["results"].get(next(iter(r["jobs"])), {}).get("series", {})
     deepest = {sw: max(q) for sw, q in sampled.get("queue_bytes", {}).items() if q}
     if deepest:
-        shown = ", ".join(f"{sw} {q / 1e3:.0f} KB" for sw, q in sorted(deepest.items()))
+        shown = ", ".join(
+            f"{sw} {size_text(q, binary=False, unit='KB', spec='.0f')}"
+            for sw, q in sorted(deepest.items())
+        )
         out.append(f"Deepest egress queue sampled per switch (every 0.2 s): {shown}.")
     return [*out, ""] if out else []
 

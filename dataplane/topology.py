@@ -21,6 +21,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import asdict, dataclass, field
 
+from dataplane.errors import UsageError
+
 IFNAMSIZ_CHARS = 15
 IF_PREFIX = "ethp"
 LAB_TAG_CHARS = 2
@@ -95,7 +97,7 @@ class Link:
     plane: int = 0
 
 
-class TopologyError(ValueError):
+class TopologyError(UsageError):
     """A topology that cannot be built; .key names the lab-file key to blame."""
 
     def __init__(self, key: str, message: str):

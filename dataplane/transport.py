@@ -16,6 +16,8 @@ import ipaddress
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from dataplane.errors import EthplusError
+
 LABELS = {
     "ethplus": "ETH+ (this project's NIC)",
     "tcp": "kernel TCP",
@@ -23,7 +25,7 @@ LABELS = {
 }
 
 
-class TransportError(RuntimeError):
+class TransportError(EthplusError, RuntimeError):
     """A transfer failed (peer unreachable, buffer too small, connection lost)."""
 
 

@@ -26,8 +26,9 @@ import signal
 import sys
 import time
 
-from dataplane import bench, governor, lab, report
+from dataplane import bench, governor, lab
 from dataplane.job import JobError
+from dataplane.units import size_text
 
 WORKLOADS = (("all-reduce", False), ("all-to-all", True))
 
@@ -104,7 +105,7 @@ def main() -> int:
                        "k_governed": _k(g), "busbw_governed": g["rows"][0]["busbw_GBps"],
                        "behind_governed": g["rows"][0]["fell_behind"], "real_s_governed": g_s,
                        "trials_governed": len(g["governor"]["trials"])}  # fmt: skip
-                line = (f"{collective:10s} {t:8s} {report.human_size(size):>6s}"
+                line = (f"{collective:10s} {t:8s} {size_text(size):>6s}"
                         f" governed k={_k(g):<13s}"
                         f" {row['busbw_governed']:7.1f} GB/s"
                         f" {_verdict(row['behind_governed'])} ({g_s:5.1f} s real,"

@@ -1,0 +1,26 @@
+"""The one base of every error ethplus raises on purpose.
+
+Each says what went wrong in one line, naming the file, key, argument or
+lab to blame and what was expected; the command line prints it as
+``ethplus: error: ...`` and exits with its ``exit_code``, never with a
+traceback.  Subclasses keep a second, built-in base (``ValueError`` for bad
+input, ``RuntimeError`` for an operation that failed) for callers that
+catch those.
+"""
+
+from __future__ import annotations
+
+EXIT_FAILURE = 1  # the operation failed
+EXIT_USAGE = 2  # the input was wrong (as argparse exits)
+
+
+class EthplusError(Exception):
+    """An error a user can act on; exit_code is what the CLI exits with."""
+
+    exit_code = EXIT_FAILURE
+
+
+class UsageError(EthplusError, ValueError):
+    """Bad input: a file, key or argument that is not what was expected."""
+
+    exit_code = EXIT_USAGE

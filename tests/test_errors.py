@@ -1,0 +1,43 @@
+"""Every error ethplus raises on purpose has one base, which carries the
+exit code; the CLI prints it in one line, never a traceback."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import dataplane
+from dataplane.errors import EXIT_USAGE, EthplusError, UsageError
+
+
+def _modules():
+    for m in pkgutil.iter_modules(dataplane.__path__):
+        if not m.name.startswith("_"):
+            yield importlib.import_module(f"dataplane.{m.name}")
+
+
+def test_every_error_class_has_the_one_base():
+    errors = [
+        (mod.__name__, name, obj)
+        for mod in _modules()
+        for name, obj in vars(mod).items()
+        if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == mod.__name__
+    ]
+    assert len(errors) >= 10
+    strays = [f"{m}.{n}" for m, n, c in errors if not issubclass(c, EthplusError)]
+    assert not strays, f"errors outside EthplusError: {strays}"
+
+
+def test_bad_input_exits_with_the_usage_code_and_one_line(tmp_path, capsys):
+    from cli.main import main
+    from dataplane.labfile import LabFileError
+    from dataplane.topology import TopologyError
+
+    assert issubclass(LabFileError, UsageError) and issubclass(TopologyError, UsageError)
+    f = tmp_path / "bad.toml"
+    f.write_text('[lab]\nfamily = "nosuch"\n')
+    assert main(["lab", "up", str(f)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("ethplus: error: ") and err.count("\n") == 1, err
+    assert str(f) in err and "family" in err
