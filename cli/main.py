@@ -13,7 +13,6 @@ import time
 from dataplane.bench import BenchError
 from dataplane.errors import EthplusError
 from dataplane.lab import LabError
-from dataplane.labfile import LabFileError
 from dataplane.stats import table
 from dataplane.units import rate_text, size_text
 
@@ -25,9 +24,7 @@ def cmd_lab_up(args) -> int:
 
     spec = labfile.load(args.file, name=args.name)
     if args.time_scale is not None:
-        if args.time_scale < 1:
-            raise LabFileError(spec.path, "--time-scale", "a number >= 1", args.time_scale)
-        spec.time_scale, spec.time_scale_raw = args.time_scale, args.time_scale
+        spec.pin_time_scale(args.time_scale)
     elif args.pin:
         spec.time_scale_raw = spec.time_scale  # the auto choice, as a number: not governed
     rec = lab.up(spec)

@@ -526,7 +526,7 @@ def session(lab_arg: str, time_scale: float | None = None, announce=None) -> Ite
             f"or remove it with `ethplus lab down {spec.name}`"
         )
     if time_scale is not None:
-        spec.time_scale, spec.time_scale_raw = time_scale, time_scale
+        spec.pin_time_scale(time_scale)
     rec = up(spec)
     if announce:
         announce(rec)

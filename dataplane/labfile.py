@@ -337,6 +337,13 @@ class LabSpec:
     tcp: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def pin_time_scale(self, k: Any, what: str = "--time-scale") -> None:
+        """Override the file's time scale with the number k (given as
+        `what`): >= 1 and finite, or a LabFileError naming it."""
+        if not (_is_num(k) and 1 <= k < math.inf):
+            raise LabFileError(self.path, what, "a number >= 1", k)
+        self.time_scale = self.time_scale_raw = float(k)
+
     def to_dict(self) -> dict:
         return {
             "name": self.name,

@@ -7,6 +7,8 @@ import importlib
 import inspect
 import pkgutil
 
+import pytest
+
 import dataplane
 from dataplane.errors import EXIT_USAGE, EthplusError, UsageError
 
@@ -41,3 +43,16 @@ def test_bad_input_exits_with_the_usage_code_and_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ethplus: error: ") and err.count("\n") == 1, err
     assert str(f) in err and "family" in err
+
+
+@pytest.mark.parametrize("k", ["0.5", "inf", "nan"])
+def test_a_bad_time_scale_to_bench_is_refused_before_any_lab_is_built(k, capsys):
+    """bench/compare --time-scale used to reach lab.session unchecked."""
+    from cli.main import main
+    from dataplane import registry
+
+    before = set(registry.names())
+    assert main(["bench", "all-reduce", "--lab", "erack-8x4", "--time-scale", k]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--time-scale" in err and "a number >= 1" in err and err.count("\n") == 1, err
+    assert set(registry.names()) == before
