@@ -403,25 +403,25 @@ def _announce(rec: dict) -> None:
 
 def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool = True) -> dict:
     from cli.progress import Reporter
-    from dataplane import bench, governor
+    from dataplane import bench, governor, trials
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     with Reporter(spec.sizes, f"{spec.collective} over {bench.run_name(spec)}", echo_rows) as rep:
         if not govern:
-            hold = governor.held(rec) if governor.governed(rec) else contextlib.nullcontext()
+            hold = trials.held(rec) if governor.governed(rec) else contextlib.nullcontext()
             with hold:
                 return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
                                  nodes=nodes)  # fmt: skip
-        return governor.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
+        return trials.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
                             nodes=nodes, log=log)  # fmt: skip
 
 
 def _governs(args, rec: dict) -> bool:
-    from dataplane import governor
+    from dataplane import governor, trials
 
-    return governor.governed(rec) and not args.no_govern and governor.fabric_governor(rec)["on"]
+    return governor.governed(rec) and not args.no_govern and trials.fabric_governor(rec)["on"]
 
 
 def _governor_line(result: dict) -> str | None:
@@ -467,7 +467,7 @@ def cmd_bench(args) -> int:
 def _compare(args, collectives: list[str], transports: list[str], in_network: bool = False) -> int:
     """in_network: all-reduce also as the switches reduce it (ethplus), if
     the lab can."""
-    from dataplane import bench, fidelity, lab, report, transport
+    from dataplane import bench, fidelity, inc, lab, report
 
     if args.cc and "ethplus" not in transports:
         raise BenchError("--cc: chooses the ethplus transport's congestion control;"
@@ -485,7 +485,7 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
     lab.require_root(f"ethplus {args.command}")
     results = []
     with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
-        why = transport.inc_problem(rec)
+        why = inc.inc_problem(rec)
         if why and any(s.algo == "in-network" for s in specs):
             if args.command != "demo":
                 raise BenchError(f"--in-network: {why}")

@@ -15,10 +15,11 @@ Two parts:
   headroom for CALM_S it lowers k by LOWER, never under the floor (the k
   `lab up` chose).  After a change it holds for HOLD_S, so the effect shows
   before it judges again.  Every change is recorded, with its reason.
-- ``run`` wraps a bench on a governed lab: it runs the largest size once,
-  as a trial, until a trial no longer falls behind (the fabric's governor
-  raising k as it goes), then the bench itself, and records the k range it
-  ran at (per size too: bench rows carry it from the job's samples).
+- the bench side (trials.py) wraps a bench on a governed lab: it runs the
+  largest size once, as a trial, until a trial no longer falls behind (the
+  fabric's governor raising k as it goes), then the bench itself, and
+  records the k range it ran at (per size too: bench rows carry it from the
+  job's samples).
 
 A lab whose time scale is a number, or one pinned with ``ethplus lab scale
 NAME K``, is not governed: its runs are only reported.
@@ -26,14 +27,9 @@ NAME K``, is not governed: its runs are only reported.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
 
 from dataplane import fidelity
-
-# The bench side (held, run) imports bench and lab when called: the fabric
-# imports this module for Governor alone, and lab imports the fabric.
 
 INTERVAL_S = 0.25  # how often it looks
 WINDOW_S = 2.0  # over how long: one late wake-up must not move k
@@ -192,100 +188,3 @@ class Governor:
         self.k = new
         self.held_until = now_s + HOLD_S
         return new
-
-
-@contextlib.contextmanager
-def held(rec: dict):
-    """A governed lab's k held where it is for a with block (--no-govern)."""
-    from dataplane import lab
-
-    lab.control(rec["name"], {"op": "scale", "k": "hold"})
-    try:
-        yield
-    finally:
-        lab.control(rec["name"], {"op": "scale", "k": "auto"})
-
-
-def _trial(spec, rec: dict, nodes) -> dict:
-    from dataplane import bench
-
-    probe = dataclasses.replace(spec, sizes=[max(spec.sizes)], iters=1, warmup=1)
-    res = bench.run(probe, rec, nodes=nodes)
-    row = res["rows"][0]
-    return {
-        "k_range": row.get("k_range"),
-        "size_bytes": row["size_bytes"],
-        "busbw_GBps": row["busbw_GBps"],
-        "fell_behind": row["fell_behind"],
-        "pacing": row["pacing"],
-        "endpoints": row["endpoints"],
-    }
-
-
-def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) -> dict:
-    """bench.run of spec (a bench.Spec), with trials first when the lab is
-    governed (see the module)."""
-    from dataplane import bench
-
-    state = fabric_governor(rec) if governed(rec) else None
-    if state is None or not state["on"]:  # a number, or pinned by `lab scale`
-        return bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
-    t0 = time.monotonic()
-    floor = state["floor_k"]
-    trials = trial_runs(
-        rec, lambda: _trial(spec, rec, nodes), lambda t: f"a trial of {t['size_bytes']} B", log
-    )
-    result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
-    ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
-    result["governor"] = {
-        "setting": "auto",
-        "floor_k": floor,
-        "k": min((k[0] for k in ks), default=result["lab"]["time_scale"]),
-        "k_max": max((k[1] for k in ks), default=result["lab"]["time_scale"]),
-        "trials": trials,
-        "trials_real_s": time.monotonic() - t0 - result["wall_s"],
-        # every change of k the fabric's governor made during trials and run
-        "events": [e for e in fabric_governor(rec)["events"] if e["t_real"] >= t0],
-    }
-    return result
-
-
-def trial_runs(rec: dict, attempt, what, log=None, most: int = MAX_TRIALS) -> list[dict]:
-    """Trials until one does not fall behind (at most `most`): attempt() runs
-    one and gives a dict with fell_behind and k_range; what(trial) names it.
-    After a trial that fell behind, the governor has raised k, or is asked
-    to (a trial too short for its windows to see what its own verdict saw)."""
-    from dataplane import lab
-
-    say = log or (lambda _msg: None)
-    trials: list[dict] = []
-    for _ in range(most):
-        t = attempt()
-        trials.append(t)
-        if not t["fell_behind"]:
-            break
-        lo, hi = t["k_range"] or (0, 0)
-        if not _wait_for_a_change(rec, hi):
-            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": f"{what(t)} fell behind"})
-        say(f"# governor: {what(t)} fell behind at k={lo:g}..{hi:g}; trying again")
-    return trials
-
-
-def _wait_for_a_change(rec: dict, k: float) -> bool:
-    """Until the fabric's governor has raised k above k (it needs a window
-    of observations first), at most TRIAL_WAIT_S: did it?"""
-    deadline = time.monotonic() + TRIAL_WAIT_S
-    while time.monotonic() < deadline:
-        now = fabric_governor(rec)["k"]
-        if now is not None and now > k:
-            return True
-        time.sleep(INTERVAL_S)
-    return False
-
-
-def fabric_governor(rec: dict) -> dict:
-    """The fabric's governor: on, floor, k and its latest changes."""
-    from dataplane import lab
-
-    g = lab.control(rec["name"], {"op": "governor"})["governor"]
-    return g or {"on": False, "floor_k": float(rec["time_scale"]), "k": None, "events": []}

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import uvloop
 
-from dataplane import cpu, fabric, registry, transport
+from dataplane import cpu, fabric, inc, registry, transport
 from dataplane.errors import EthplusError
 from dataplane.lab import python_module
 
@@ -150,7 +150,7 @@ class Job:
             plan.members = [h["index"] for h in hosts]
         self.trees: list[list] = []
         if plan.algo == "in-network":
-            why = transport.inc_problem(rec)
+            why = inc.inc_problem(rec)
             if why:
                 raise JobError(f"--algo in-network: {why}")
             try:
@@ -160,10 +160,10 @@ class Job:
             down = {name for name, sw in st["switches"].items() if not sw["up"]}
             # the group is unique per job: switches key their slots on it
             try:
-                plan.inc = transport.inc_plan(rec, plan.members, secrets.randbits(32), down)
+                plan.inc = inc.inc_plan(rec, plan.members, secrets.randbits(32), down)
             except transport.TransportError as e:
                 raise JobError(f"--algo in-network: {e}") from None
-            self.trees = transport.inc_trees(plan.inc)
+            self.trees = inc.inc_trees(plan.inc)
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)

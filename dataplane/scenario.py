@@ -489,7 +489,9 @@ def _trials(sc: Scenario, rec: dict, tname: str, log) -> list[dict]:
     it before the run that counts (the governor alone only follows a run,
     and kernel TCP follows a change of k late: ecmp-collision's tcp JCT was
     1.34x its pinned one without trials)."""
-    state = governor.fabric_governor(rec) if governor.governed(rec) else None
+    from dataplane import trials  # brings up labs: a scenario file is read without it
+
+    state = trials.fabric_governor(rec) if governor.governed(rec) else None
     if state is None or not state["on"]:
         return []
 
@@ -503,7 +505,7 @@ def _trials(sc: Scenario, rec: dict, tname: str, log) -> list[dict]:
         }
 
     log(f"# {sc.name}: {tname}, trials")
-    return governor.trial_runs(rec, attempt, lambda _t: f"a trial of {sc.name}", log,
+    return trials.trial_runs(rec, attempt, lambda _t: f"a trial of {sc.name}", log,
                                SCENARIO_TRIALS)  # fmt: skip
 
 

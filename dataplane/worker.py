@@ -24,7 +24,7 @@ import numpy as np
 
 from dataplane import clock, core, cpu, reference, registry
 from dataplane.collectives import Comm
-from dataplane.transport import Options, TransportError, open_transport
+from dataplane.transport import Group, Options, Transport, TransportError, available
 from dataplane.workload import Case
 
 PR_SET_PDEATHSIG = 1
@@ -52,6 +52,26 @@ class Link:
         msg = self.recv()
         if msg.get("go") != name:
             raise SystemExit(f"expected go {name!r}, got {msg}")
+
+
+def open_transport(
+    name: str, lab: str, node: str, rec: dict, opts: Options, barrier=None
+) -> Transport:
+    """The transport of one rank.  barrier(name) returns once every rank has
+    called it: transports that must listen before their peers connect use it."""
+    if name in ("ethplus", "roce"):
+        from dataplane.nic_transport import NicTransport
+
+        t: Transport = NicTransport(name, lab, node, rec, opts)
+    elif name == "tcp":
+        from dataplane.tcp import TcpTransport
+
+        t = TcpTransport(lab, node, rec, opts, barrier)
+    else:
+        raise TransportError(
+            f"unknown transport {name!r} (expected one of {', '.join(available())})"
+        )
+    return Group(t, opts.members) if opts.members is not None else t
 
 
 def _cpu_s() -> float:

@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from dataplane import bench, governor, lab
+from dataplane import bench, lab, trials
 from dataplane.job import JobError
 from dataplane.units import size_text
 
@@ -56,7 +56,7 @@ def _k(res: dict) -> str:
 
 def _one(spec: bench.Spec, rec: dict, govern: bool) -> tuple[dict, float]:
     t0 = time.monotonic()
-    res = governor.run(spec, rec) if govern else bench.run(spec, rec)
+    res = trials.run(spec, rec) if govern else bench.run(spec, rec)
     return res, time.monotonic() - t0
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane import governor, lab, report, scenario
+from dataplane import lab, report, scenario, trials
 
 TARGETS = {
     "ecmp-collision": ("job completion time, ethplus faster by", {"tcp": 1.5, "roce": 1.5}),
@@ -46,7 +46,7 @@ def main() -> int:
         sc = scenario.load(name, short=args.short)
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         with lab.session(sc.lab) as rec:
-            t0, k0 = time.monotonic(), governor.fabric_governor(rec)["k"]
+            t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
             res = scenario.run(sc, rec, log=log)
             real_s = time.monotonic() - t0
             report.write_scenario(str(Path(args.out) / name), res, rec)
@@ -107,7 +107,7 @@ def _fig(v) -> str:
 
 def _k_used(rec: dict, t0: float, k0) -> tuple[float, float] | None:
     """The lowest and highest k of the lab since t0 (None: not governed)."""
-    g = governor.fabric_governor(rec)
+    g = trials.fabric_governor(rec)
     if not g["on"] or k0 is None:
         return None
     ks = [float(k0)] + [e["k_to"] for e in g["events"] if e["t_real"] >= t0]

@@ -46,13 +46,19 @@ def test_bad_input_exits_with_the_usage_code_and_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("k", ["0.5", "inf", "nan"])
-def test_a_bad_time_scale_to_bench_is_refused_before_any_lab_is_built(k, capsys):
+def test_a_bad_time_scale_to_bench_is_refused_before_any_lab_is_built(k, tmp_path, capsys):
     """bench/compare --time-scale used to reach lab.session unchecked."""
+    from conftest import RUN_ID
+
     from cli.main import main
     from dataplane import registry
 
+    name = f"{RUN_ID}-ts"
+    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
     before = set(registry.names())
-    assert main(["bench", "all-reduce", "--lab", "erack-8x4", "--time-scale", k]) == EXIT_USAGE
+    assert main(["bench", "all-reduce", "--lab", str(f), "--time-scale", k]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "--time-scale" in err and "a number >= 1" in err and err.count("\n") == 1, err
     assert set(registry.names()) == before

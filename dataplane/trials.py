@@ -1,0 +1,104 @@
+"""Runs on a governed lab: trials first, then the run itself.
+
+A bench (or a scenario's jobs) on a lab whose time scale is "auto" runs its
+largest size once, as a trial, until a trial no longer falls behind: the
+fabric's governor (governor.py) raises k as it goes, or is asked to when a
+trial was too short for its windows.  The run then records the k range it
+ran at, its trials and every change of k the governor made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+from dataplane import bench, lab
+from dataplane.governor import INTERVAL_S, MAX_TRIALS, TRIAL_WAIT_S, governed
+
+
+@contextlib.contextmanager
+def held(rec: dict):
+    """A governed lab's k held where it is for a with block (--no-govern)."""
+    lab.control(rec["name"], {"op": "scale", "k": "hold"})
+    try:
+        yield
+    finally:
+        lab.control(rec["name"], {"op": "scale", "k": "auto"})
+
+
+def _trial(spec, rec: dict, nodes) -> dict:
+    probe = dataclasses.replace(spec, sizes=[max(spec.sizes)], iters=1, warmup=1)
+    res = bench.run(probe, rec, nodes=nodes)
+    row = res["rows"][0]
+    return {
+        "k_range": row.get("k_range"),
+        "size_bytes": row["size_bytes"],
+        "busbw_GBps": row["busbw_GBps"],
+        "fell_behind": row["fell_behind"],
+        "pacing": row["pacing"],
+        "endpoints": row["endpoints"],
+    }
+
+
+def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) -> dict:
+    """bench.run of spec (a bench.Spec), with trials first when the lab is
+    governed (see the module)."""
+    state = fabric_governor(rec) if governed(rec) else None
+    if state is None or not state["on"]:  # a number, or pinned by `lab scale`
+        return bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
+    t0 = time.monotonic()
+    floor = state["floor_k"]
+    trials = trial_runs(
+        rec, lambda: _trial(spec, rec, nodes), lambda t: f"a trial of {t['size_bytes']} B", log
+    )
+    result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
+    ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
+    result["governor"] = {
+        "setting": "auto",
+        "floor_k": floor,
+        "k": min((k[0] for k in ks), default=result["lab"]["time_scale"]),
+        "k_max": max((k[1] for k in ks), default=result["lab"]["time_scale"]),
+        "trials": trials,
+        "trials_real_s": time.monotonic() - t0 - result["wall_s"],
+        # every change of k the fabric's governor made during trials and run
+        "events": [e for e in fabric_governor(rec)["events"] if e["t_real"] >= t0],
+    }
+    return result
+
+
+def trial_runs(rec: dict, attempt, what, log=None, most: int = MAX_TRIALS) -> list[dict]:
+    """Trials until one does not fall behind (at most `most`): attempt() runs
+    one and gives a dict with fell_behind and k_range; what(trial) names it.
+    After a trial that fell behind, the governor has raised k, or is asked
+    to (a trial too short for its windows to see what its own verdict saw)."""
+    say = log or (lambda _msg: None)
+    trials: list[dict] = []
+    for _ in range(most):
+        t = attempt()
+        trials.append(t)
+        if not t["fell_behind"]:
+            break
+        lo, hi = t["k_range"] or (0, 0)
+        if not _wait_for_a_change(rec, hi):
+            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": f"{what(t)} fell behind"})
+        say(f"# governor: {what(t)} fell behind at k={lo:g}..{hi:g}; trying again")
+    return trials
+
+
+def _wait_for_a_change(rec: dict, k: float) -> bool:
+    """Until the fabric's governor has raised k above k (it needs a window
+    of observations first), at most TRIAL_WAIT_S: did it?"""
+    deadline = time.monotonic() + TRIAL_WAIT_S
+    while time.monotonic() < deadline:
+        now = fabric_governor(rec)["k"]
+        if now is not None and now > k:
+            return True
+        time.sleep(INTERVAL_S)
+    return False
+
+
+def fabric_governor(rec: dict) -> dict:
+    """The fabric's governor: on, floor, k and its latest changes."""
+    g = lab.control(rec["name"], {"op": "governor"})["governor"]
+    return g or {"on": False, "floor_k": float(rec["time_scale"]), "k": None, "events": []}
