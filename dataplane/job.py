@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import uvloop
 
-from dataplane import cpu, fabric, inc, registry, transport
+from dataplane import cpu, fabric_client, inc, registry, transport
 from dataplane.errors import EthplusError
 from dataplane.lab import python_module
 
@@ -92,7 +92,7 @@ class Rank:
 
 def fabric_stats(lab: str) -> dict:
     """The fabric's counters now (raises OSError or ValueError if it is gone)."""
-    resp = fabric.request(lab, {"op": "stats"})
+    resp = fabric_client.request(lab, {"op": "stats"})
     if not resp.get("ok"):
         raise ValueError(resp.get("error", "stats failed"))
     return resp["stats"]
@@ -101,7 +101,7 @@ def fabric_stats(lab: str) -> dict:
 def _fabric_inc(lab: str, req: dict) -> None:
     """Join or leave in-network aggregation trees in the lab's switches."""
     try:
-        resp = fabric.request(lab, {"op": "inc", **req})
+        resp = fabric_client.request(lab, {"op": "inc", **req})
     except (OSError, ValueError) as e:
         raise JobError(f"cannot set up in-network aggregation: {e}") from e
     if not resp.get("ok"):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import uvloop
 
-from dataplane import fabric, kernel, registry
+from dataplane import fabric_client, kernel, registry
 from dataplane.errors import EthplusError
 from dataplane.labfile import LabSpec
 from dataplane.topology import IF_PREFIX, Topology, plane_subnet
@@ -241,7 +241,7 @@ FABRIC_START_TIMEOUT_S = 60.0
 
 
 def _start_fabric(name: str) -> int:
-    log = open(fabric.log_path(name), "ab")  # noqa: SIM115 - handed to the child
+    log = open(fabric_client.log_path(name), "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(
             python_module("dataplane.fabric", name),
@@ -267,7 +267,7 @@ def python_module(module: str, *args: str) -> list[str]:
 
 def _fabric_log_tail(name: str, lines: int = 5) -> str:
     try:
-        with open(fabric.log_path(name), errors="replace") as f:
+        with open(fabric_client.log_path(name), errors="replace") as f:
             return " | ".join(f.read().strip().splitlines()[-lines:])
     except OSError:
         return ""
@@ -277,7 +277,7 @@ def _wait_fabric(name: str, pid: int) -> None:
     deadline = time.monotonic() + FABRIC_START_TIMEOUT_S
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, ValueError):
-            if fabric.request(name, {"op": "ping"}, timeout_s=2).get("ok"):
+            if fabric_client.request(name, {"op": "ping"}, timeout_s=2).get("ok"):
                 return
         try:
             done, _status = os.waitpid(pid, os.WNOHANG)
@@ -290,7 +290,7 @@ def _wait_fabric(name: str, pid: int) -> None:
 
 
 def _stop_fabric(journal: registry.Journal) -> None:
-    pids = fabric.find_pids(journal.name)
+    pids = fabric_client.find_pids(journal.name)
     kernel.kill_all(pids, grace_s=3.0)
     for pid in pids:
         with contextlib.suppress(ChildProcessError):
@@ -298,7 +298,7 @@ def _stop_fabric(journal: registry.Journal) -> None:
 
 
 def fabric_alive(journal: registry.Journal) -> bool:
-    return bool(journal.fabric_pid) and fabric.is_fabric(journal.fabric_pid, journal.name)
+    return bool(journal.fabric_pid) and fabric_client.is_fabric(journal.fabric_pid, journal.name)
 
 
 def _record(spec: LabSpec, plan: Plan, timings: dict) -> dict:
@@ -467,7 +467,7 @@ def control(name: str, req: dict) -> dict:
             f"{_fabric_log_tail(name) or 'no log'}; `ethplus lab down {name}` removes the lab"
         )
     try:
-        resp = fabric.request(name, req)
+        resp = fabric_client.request(name, req)
     except (OSError, ValueError) as exc:
         raise LabError(f"the fabric of lab {name!r} does not answer: {exc}") from None
     if not resp.get("ok"):

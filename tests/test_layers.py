@@ -53,7 +53,9 @@ def test_no_import_cycle():
             assert cycle is None, " -> ".join(cycle)
 
 
-@pytest.mark.parametrize("module", ["labfile", "topology", "transport", "inc", "governor", "units"])
+@pytest.mark.parametrize(
+    "module", ["labfile", "topology", "transport", "inc", "governor", "units", "fabric_client"]
+)
 def test_the_model_loads_without_the_compiled_core(module):
     code = (
         f"import sys, dataplane.{module}\n"
