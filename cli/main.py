@@ -553,15 +553,16 @@ def cmd_demo(args) -> int:
 
 
 def cmd_scenario_list(args) -> int:
-    from dataplane import scenario
+    from dataplane import scenario_file
 
     rows = []
-    for sc in scenario.listing():
+    scenarios = scenario_file.listing()
+    for sc in scenarios:
         jobs = ", ".join(f"{j.name}: {j.collective}" for j in sc.jobs[:3])
         more = f" (+{len(sc.jobs) - 3})" if len(sc.jobs) > 3 else ""
         rows.append([sc.name, sc.lab, ",".join(sc.transports), len(sc.faults), jobs + more])
     print(table(rows, ["NAME", "LAB", "TRANSPORTS", "FAULTS", "JOBS"]))
-    for sc in scenario.listing():
+    for sc in scenarios:
         print(f"\n{sc.name}: {sc.description}")
     return 0
 

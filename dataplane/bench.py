@@ -16,7 +16,6 @@ import csv
 import dataclasses
 import datetime
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,24 +23,17 @@ from dataplane import fidelity, reference, transport
 from dataplane.collectives import ALGORITHMS, bus_factor, canonical
 from dataplane.errors import UsageError
 from dataplane.job import Job, Plan, Workload
+from dataplane.units import parse_size
 
 SCHEMA = "ethplus-bench/1"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "bench.schema.json"
 COLUMNS = ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "pacing")
 UNITS = ("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "")
 _WIDTHS = (12, 12, 9, 6, 12, 9, 9, 7, 7)
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class BenchError(UsageError):
     """A bad argument: one line naming it and what was expected."""
-
-
-def parse_size(text: str, what: str = "--sizes") -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise BenchError(f"{what}: {text!r} is not a size (expected bytes such as 8, 8K, 64M, 1G)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
 
 
 def parse_sizes(spec: str, factor: float = 2.0) -> list[int]:

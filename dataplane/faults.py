@@ -4,7 +4,8 @@ set` and scenario fault schedules give them."""
 
 from __future__ import annotations
 
-from dataplane import lab
+# The changes are applied through the lab (imported when applied): reading
+# them from words, as scenario files do, needs no lab.
 
 
 def parse_value(what: str, text: str) -> float:
@@ -63,10 +64,14 @@ def link_change(words: list[str]) -> dict:
 
 
 def set_link(lab_name: str, link: str, change: dict) -> dict:
+    from dataplane import lab
+
     return lab.control(lab_name, {"op": "link", "link": link, "set": change})["link"]
 
 
 def set_node(lab_name: str, node: str, up: bool) -> dict:
+    from dataplane import lab
+
     return lab.control(lab_name, {"op": "node", "node": node, "up": up})
 
 

@@ -1,4 +1,4 @@
-"""Sizes and rates for people: the one formatter of each.
+"""Sizes and rates for people: the one formatter of each, and the size parser.
 
 Message sizes go in powers of two (16 MiB: what a collective moves),
 buffers, queues and thresholds in powers of ten (400 KB: as lab files and
@@ -7,6 +7,10 @@ that a column keeps one.
 """
 
 from __future__ import annotations
+
+import re
+
+from dataplane.errors import UsageError
 
 _BINARY = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
 _DECIMAL = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1))
@@ -33,3 +37,14 @@ def size_text(
 def rate_text(bps: float, unit: str | None = None, spec: str = ".4g") -> str:
     """400 Gbit/s, 62.5 Mbit/s: the largest unit the rate reaches, or unit."""
     return _text(bps, _RATES, unit, spec)
+
+
+_SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str, what: str = "--sizes") -> int:
+    """8, 8K, 64M, 1G (also 8KiB, 64MB: powers of two), or a UsageError naming what."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise UsageError(f"{what}: {text!r} is not a size (expected bytes such as 8, 8K, 64M, 1G)")
+    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).upper()]

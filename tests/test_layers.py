@@ -54,7 +54,17 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize(
-    "module", ["labfile", "topology", "transport", "inc", "governor", "units", "fabric_client"]
+    "module",
+    [
+        "labfile",
+        "topology",
+        "transport",
+        "inc",
+        "governor",
+        "units",
+        "fabric_client",
+        "scenario_file",
+    ],
 )
 def test_the_model_loads_without_the_compiled_core(module):
     code = (
