@@ -466,16 +466,22 @@ def _cross_checks(path: str, sw: dict[str, Any], host: LinkParams) -> None:
         )
 
 
-def load(file_or_name: str, name: str | None = None) -> LabSpec:
-    """Read and validate a lab file.  Raises LabFileError; creates nothing."""
-    p = resolve_path(file_or_name)
+def read_toml(p: Path) -> dict:
+    """A TOML file's tables, or a LabFileError (one line) naming the file."""
     path = str(p)
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise LabFileError(path, "file", "valid TOML", detail=str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise LabFileError(path, "file", "a readable UTF-8 text file", detail=str(exc)) from None
+
+
+def load(file_or_name: str, name: str | None = None) -> LabSpec:
+    """Read and validate a lab file.  Raises LabFileError; creates nothing."""
+    p = resolve_path(file_or_name)
+    path = str(p)
+    data = read_toml(p)
 
     lab_raw = data.get("lab")
     if not isinstance(lab_raw, dict) or "family" not in lab_raw:

@@ -5,7 +5,6 @@ no lab, no root and no compiled C; running one is scenario.py's."""
 from __future__ import annotations
 
 import random
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,12 +165,7 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
     """Read and check a scenario file; LabFileError (one line) if it is wrong."""
     p = resolve(name_or_path)
     path = str(p)
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise LabFileError(path, "file", "valid TOML", detail=str(exc)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LabFileError(path, "file", "a readable UTF-8 text file", detail=str(exc)) from None
+    data = lf.read_toml(p)
     for key in data:
         if key not in ("scenario", "job", "fault", "short"):
             raise _err(path, key, "one of the sections [scenario], [[job]], [[fault]], [short]")
