@@ -440,6 +440,33 @@ def test_nic_honours_pfc_on_a_lossless_fabric(tmp_path, lab_name):
     assert t["drop_queue_full"] == 0
 
 
+def test_a_small_message_before_its_receive_is_kept_not_refused(erack):
+    """A whole message of up to 64 bytes (a rendezvous' "ready") that comes
+    before its receive is kept, as a NIC keeps control messages in a buffer
+    that is always posted: no receiver-not-ready, and the receive posted
+    later completes at once with its bytes.  A larger one is still refused
+    until its receive is posted (the test below)."""
+    lab, eps = erack
+    for node in ("h2", "h5"):
+        if node in eps:
+            eps.pop(node).close()
+    a, b = Endpoint(lab.name, "h2"), Endpoint(lab.name, "h5")
+    try:
+        msgs = [np.full(n, i + 1, dtype=np.uint8) for i, n in enumerate((1, 64, 17))]
+        sends = [a.post_send(b.rank, 50 + i, m) for i, m in enumerate(msgs)]
+        for h, m in zip(sends, msgs, strict=True):
+            assert a.wait(h, 30) == m.nbytes  # acked with no receive posted
+        outs = [np.zeros(64, dtype=np.uint8) for _ in msgs]
+        for i in (2, 0, 1):  # posted in any order: each takes its tag's
+            assert b.wait(b.post_recv(a.rank, 50 + i, outs[i]), 5) == msgs[i].nbytes
+            assert np.array_equal(outs[i][: msgs[i].nbytes], msgs[i])
+        c = a.counters(b.rank)
+        assert c["rx_rnrs"] == 0, _moved(c)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_late_receive_and_tag_mismatch(erack):
     """Data for a tag nobody posted draws receiver-not-ready replies: the
     sender retries about once an RTT (no timeout needed) until the receive

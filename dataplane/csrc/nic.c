@@ -59,6 +59,8 @@
 #define NIC_CATCHUP_NS 2000000ull
 #define NIC_LATE_NS 100000ull /* as the switch's late_frames */
 #define NIC_CLOCK_POLL_NS 50000000ull /* an idle engine's look at the clock */
+#define NIC_EAGER_BYTES 64u /* a message this small may come before its receive */
+#define NIC_EAGER_SLOTS 8u  /* ... this many per peer */
 
 enum { PKT_FREE = 0, PKT_INFLIGHT, PKT_ACKED, PKT_LOST };
 
@@ -143,6 +145,17 @@ struct nic_peer {
     uint16_t ev_echo;
     int int_have;                    /* hpcc: int_echo holds the newest packet's INT block */
     uint8_t int_echo[ETHP_INT_BYTES];
+    /* recv: whole messages of at most NIC_EAGER_BYTES that came before a
+     * receive for their tag was posted, kept (in order) for the next one:
+     * the always-posted buffer a NIC keeps for control messages (NCCL's
+     * clear-to-send FIFO), so that a rendezvous' "ready" to a rank not yet
+     * in the collective is not turned away (RoCE would go back N for it) */
+    struct {
+        uint32_t tag;
+        uint32_t len;
+        uint8_t data[NIC_EAGER_BYTES];
+    } eager[NIC_EAGER_SLOTS];
+    uint32_t n_eager;
     struct nic_qp qp[ETHP_NIC_MAX_PLANES]; /* roce */
     uint32_t qp_ack_mask;                  /* roce: QPs owing a cumulative ack */
     uint32_t rx_open; /* recv: messages from it under way (bound, not complete) */
@@ -905,6 +918,50 @@ static struct nic_msg *bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t
     return NULL;
 }
 
+/* A message with no receive posted for its tag: keep it if it is whole in
+ * this one packet, small, and a slot is free (1), else 0 (the caller says
+ * receiver-not-ready).  Its length is the packet's, checked whole. */
+static int keep_eager(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                      const uint8_t *payload)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    if (!(h->flags & ETHP_F_LAST) || h->offset_bytes || ps->payload_bytes != h->len_bytes ||
+        h->len_bytes > NIC_EAGER_BYTES || p->n_eager >= NIC_EAGER_SLOTS)
+        return 0;
+    for (struct nic_msg *m = p->rq_head; m; m = m->next)
+        if (m->tag == h->tag)
+            return 0; /* posted, but no slot to bind it: it waits for one */
+    p->eager[p->n_eager].tag = h->tag;
+    p->eager[p->n_eager].len = h->len_bytes;
+    memcpy(p->eager[p->n_eager].data, payload, h->len_bytes);
+    p->n_eager++;
+    count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
+    count(n, p, ETHP_NC_rx_data_pkts, 1);
+    return 1;
+}
+
+/* A receive just posted: the oldest kept message of its tag completes it
+ * (1), or there is none (0). */
+static int take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
+{
+    for (uint32_t i = 0; i < p->n_eager; i++) {
+        if (p->eager[i].tag != m->tag)
+            continue;
+        uint32_t len = p->eager[i].len;
+        if (len > m->len) {
+            complete(n, m, ETHP_NIC_ERR_TOO_SMALL);
+        } else {
+            memcpy(m->buf, p->eager[i].data, len);
+            m->done_bytes = m->total = len;
+            complete(n, m, ETHP_NIC_OK);
+        }
+        p->n_eager--;
+        memmove(&p->eager[i], &p->eager[i + 1], (p->n_eager - i) * sizeof(p->eager[0]));
+        return 1;
+    }
+    return 0;
+}
+
 static void unbind(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
 {
     for (int i = 0; i < 64; i++)
@@ -985,13 +1042,14 @@ static void on_data_roce(struct ethp_nic *n, struct nic_peer *p, const struct et
     struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag, &refused);
     if (refused)
         return;
-    if (!m) {
+    if (!m && !keep_eager(n, p, ps, payload)) {
         count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
         send_ctl(n, p, ETHP_OP_RNR, h->psn, q, 0, h->ts_ns, qp->ev, NULL, 0);
         count(n, p, ETHP_NC_tx_rnrs, 1);
         return;
     }
-    place(n, p, m, ps, payload);
+    if (m)
+        place(n, p, m, ps, payload);
     qp->rcv_nxt += n->cfg.qps;
     qp->nak_sent = 0;
     p->qp_ack_mask |= 1u << q;
@@ -1043,7 +1101,7 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
     struct nic_msg *m = bind_msg(n, p, h->msg_id, h->tag, &refused);
     if (refused)
         return;
-    if (!m) {
+    if (!m && !keep_eager(n, p, ps, payload)) {
         /* no receive posted for this tag yet: not acked; say so, so that the
          * sender backs off and retries instead of waiting for a timeout */
         count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
@@ -1051,7 +1109,8 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         count(n, p, ETHP_NC_tx_rnrs, 1);
         return;
     }
-    place(n, p, m, ps, payload);
+    if (m)
+        place(n, p, m, ps, payload);
     p->rbits[(h->psn % NIC_RWIN) / 8] |= (uint8_t)(1u << (h->psn % 8));
     if ((int32_t)(h->psn - p->last_psn) > 0 || p->c[ETHP_NC_rx_data_pkts] == 1)
         p->last_psn = h->psn;
@@ -1579,6 +1638,7 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
     p->rnr_until = p->rnr_backoff_ns = 0;
     p->rnr_rounds = 0;
     p->rnr_since_progress = 0;
+    p->n_eager = 0; /* kept for an incarnation that is gone */
     peer_fresh(n, p);
     /* receive: bound messages back in line, in the order they were posted */
     struct nic_msg *back[64];
@@ -1832,7 +1892,7 @@ static void take_commands(struct ethp_nic *n)
                 p->sq_head = m;
             p->sq_tail = m;
             activate(n, p);
-        } else {
+        } else if (!take_eager(n, p, m)) {
             if (p->rq_tail)
                 p->rq_tail->next = m;
             else
