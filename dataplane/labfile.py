@@ -337,11 +337,11 @@ class LabSpec:
     tcp: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def pin_time_scale(self, k: Any, what: str = "--time-scale") -> None:
-        """Override the file's time scale with the number k (given as
-        `what`): >= 1 and finite, or a LabFileError naming it."""
-        if not (_is_num(k) and 1 <= k < math.inf):
-            raise LabFileError(self.path, what, "a number >= 1", k)
+    def pin_time_scale(self, k: Any) -> None:
+        """Override the file's time scale with --time-scale k: a finite
+        number >= 1, or a LabFileError naming it."""
+        if not (_is_num(k) and k >= 1):
+            raise LabFileError(self.path, "--time-scale", "a number >= 1", k)
         self.time_scale = self.time_scale_raw = float(k)
 
     def to_dict(self) -> dict:

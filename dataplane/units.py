@@ -39,7 +39,7 @@ def rate_text(bps: float, unit: str | None = None, spec: str = ".4g") -> str:
     return _text(bps, _RATES, unit, spec)
 
 
-_SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_SIZE_SUFFIX = {u[0] if u != "B" else "": s for u, s in _BINARY}  # "G", "M", "K", ""
 
 
 def parse_size(text: str, what: str = "--sizes") -> int:

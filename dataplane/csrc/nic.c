@@ -654,9 +654,9 @@ static int send_pkt(struct ethp_nic *n, struct nic_peer *p, uint32_t psn, uint32
     count(n, p, ETHP_NC_tx_data_bytes, t->len);
     /* the sub-flow's rate pacer: DCQCN's rate, HPCC's W / T */
     struct nic_cc *c = &p->cc[t->sub];
-    if (c->st.rate_bps && fl) {
-        c->next_tx_ns = pacer_start(c->next_tx_ns, now) + ser_ns(n, (uint32_t)fl) * n->cfg.rate_bps / c->st.rate_bps;
-    }
+    if (c->st.rate_bps && fl)
+        c->next_tx_ns = pacer_start(c->next_tx_ns, now) +
+                        ser_ns(n, (uint32_t)fl) * n->cfg.rate_bps / c->st.rate_bps;
     if (n->cfg.roce)
         p->qp[psn % n->cfg.qps].sent_bytes += t->len;
     if (!p->rto_deadline)
