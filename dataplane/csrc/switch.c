@@ -660,6 +660,11 @@ static void admit(struct ethp_switch *sw, struct sw_port *port, struct ethp_pkt 
      * does not reach the egress queues as one (to be marked or trimmed for
      * the machine's lateness). */
     uint64_t start = port->in_free_ns > now ? port->in_free_ns : now;
+    /* ... by at most a pacer's catch-up: what comes faster for longer (a
+     * node that floods its veth) is not the lateness of a paced sender, and
+     * must not pile up here unbounded */
+    if (start > now + sw->cfg.catchup_ns)
+        start = now + sw->cfg.catchup_ns;
     port->in_free_ns = start + ser_ns(&port->link, ethp_wire_bytes(p->len));
     if (delay_ns || start > now || port->in_wire.head) {
         wire_push(&port->in_wire, p, start + delay_ns);
