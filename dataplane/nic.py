@@ -105,7 +105,40 @@ def _ip(text: str) -> int:
     return int(ipaddress.IPv4Address(text))
 
 
-def _roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn, spray) -> None:
+def engine_cfg(
+    rank: int, planes: int, rate_real: int, base_rtt_real: int, k: float, *, cc: str,
+    adaptive: bool, seed: int, max_retries: int, drop_psn: int | None, compact: bool,
+    ring_idle_ms: int, rto_floor_ns: int = RTO_FLOOR_NS, unscaled_rtt_ns: int = UNSCALED_RTT_NS,
+):  # fmt: skip
+    """The engine's settings (real times and rates, at time scale k), and the
+    bandwidth-delay product of all its planes."""
+    if cc not in CC_ALGOS:
+        raise NicError(f"unknown congestion control {cc!r} (expected {', '.join(CC_ALGOS)})")
+    bdp = planes * rate_real * base_rtt_real // 8 // 1_000_000_000
+    cfg = ffi.new("struct ethp_nic_cfg *")
+    cfg.ep = rank
+    cfg.compact = compact
+    cfg.payload_bytes = PAYLOAD_BYTES
+    cfg.n_evs = EVS
+    cfg.adaptive = adaptive
+    cfg.max_retries = max_retries
+    cfg.rate_bps = rate_real
+    cfg.base_rtt_ns = base_rtt_real
+    # 4 base RTTs, but never under the floor (RTO_FLOOR_NS in a lab: the
+    # unscaled part of a real RTT there is a few ms on this machine).
+    cfg.rto_ns = max(4 * base_rtt_real, rto_floor_ns)
+    cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
+    cfg.cc = CC_ALGOS[cc]
+    cfg.seed = seed
+    cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
+    cfg.ring_idle_ms = ring_idle_ms
+    cfg.time_scale = k
+    cfg.unscaled_rtt_ns = unscaled_rtt_ns
+    cfg.rto_floor_ns = rto_floor_ns
+    return cfg, bdp
+
+
+def roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn, spray) -> None:
     """The RoCE mode's settings, from the lab file's [nic] (nominal) to real."""
     cfg.roce = 1
     cfg.qps = qps or nic.get("roce_qps") or planes
@@ -114,7 +147,7 @@ def _roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn,
     cfg.roce_spray = bool(spray)
     cfg.dcqcn = bool(nic.get("dcqcn", True) if dcqcn is None else dcqcn)
     us = 1000 * k  # one nominal microsecond, in real ns
-    cfg.rto_ns = max(int(nic.get("roce_rto_us", 131.072) * us), RTO_FLOOR_NS)
+    cfg.rto_ns = max(int(nic.get("roce_rto_us", 131.072) * us), cfg.rto_floor_ns)
     cfg.cnp_interval_ns = int(nic.get("cnp_interval_us", 50.0) * us)
     cfg.dcqcn_timer_ns = int(nic.get("dcqcn_timer_us", 55.0) * us)
     cfg.dcqcn_byte_counter_bytes = int(nic.get("dcqcn_byte_counter_bytes", 10_000_000))
@@ -177,38 +210,21 @@ class Endpoint:
         # traffic is light the ports take frames one by one and add far less;
         # sizing the window for the busy case costs a light flow nothing.)
         base_rtt_real = int(rec["topology"]["base_rtt_ns"] * k) + UNSCALED_RTT_NS
-        bdp = len(ports) * rate_real * base_rtt_real // 8 // 1_000_000_000
-        cfg = ffi.new("struct ethp_nic_cfg *")
-        cfg.ep = self.rank
-        cfg.compact = rec["nic"]["encapsulation"] == "compact"
-        cfg.payload_bytes = PAYLOAD_BYTES
-        cfg.n_evs = EVS
-        cfg.adaptive = adaptive
-        cfg.max_retries = max_retries
-        cfg.rate_bps = rate_real
-        cfg.base_rtt_ns = base_rtt_real
-        # 4 base RTTs, but never under 20 ms: the unscaled part of a real RTT
-        # (ring retire timers, scheduling) is a few ms on this machine.
-        cfg.rto_ns = max(4 * base_rtt_real, RTO_FLOOR_NS)
-        cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
         cc = cc or rec["nic"].get("cc", "nscc")
-        if cc not in CC_ALGOS:
-            raise NicError(f"unknown congestion control {cc!r} (expected {', '.join(CC_ALGOS)})")
-        cfg.cc = CC_ALGOS[cc]
-        cfg.seed = seed
-        cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
-        cfg.ring_idle_ms = rec["nic"].get("ring_idle_ms", 100)
-        cfg.time_scale = k
-        cfg.unscaled_rtt_ns = UNSCALED_RTT_NS
-        cfg.rto_floor_ns = RTO_FLOOR_NS
+        cfg, bdp = engine_cfg(
+            self.rank, len(ports), rate_real, base_rtt_real, k, cc=cc, adaptive=adaptive,
+            seed=seed, max_retries=max_retries, drop_psn=drop_psn,
+            compact=rec["nic"]["encapsulation"] == "compact",
+            ring_idle_ms=rec["nic"].get("ring_idle_ms", 100),
+        )  # fmt: skip
         if roce:
-            _roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
+            roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
         err = ffi.new("int *")
         ns = rec["namespaces"][node]
         nic = lib.ethp_nic_new(cfg, ns.encode(), max(h["index"] for h in hosts) + 1, err)
         if nic == ffi.NULL:
             raise OSError(-err[0], f"cannot start the NIC of {node}")
-        self._nic = ffi.gc(nic, lib.ethp_nic_free)
+        self._adopt(nic)
         for p in ports:
             sw = nodes[p["peer"]]
             gw = next(q for q in sw["ports"] if q["link"] == p["link"])
@@ -224,30 +240,37 @@ class Endpoint:
             rc = lib.ethp_nic_add_peer(self._nic, h["index"], ffi.new("uint32_t[]", ips), len(ips))
             if rc < 0:
                 raise OSError(-rc, f"cannot add peer {h['name']}")
-        self.inc_window = 0
         if inc is not None:
             self._inc_setup(inc, ports, rate_real, base_rtt_real, link["params"]["buffer_bytes"])
         if self._clock is not None and lib.ethp_nic_set_clock(self._nic, self._clock.ptr) < 0:
             raise NicError(f"cannot follow the clock of lab {lab!r}")
-        rc = lib.ethp_nic_start(self._nic)
-        if rc < 0:
-            raise OSError(-rc, "cannot start the NIC thread")
-        self._keep: dict[int, object] = {}  # buffers must outlive their transfers
-        self.config = {
-            "rate_bps": rate_real,
-            "base_rtt_ns": base_rtt_real,
-            "rto_ns": cfg.rto_ns,
-            "bdp_bytes": bdp,
-            "max_cwnd_bytes": cfg.max_cwnd_bytes,
-            "planes": len(ports),
-            "mode": "roce" if roce else "ethplus",
-            "cc": "dcqcn" if roce else cc,
-            "epoch": lib.ethp_nic_epoch(self._nic),
-        }
+        self._start(cfg, bdp, cc, len(ports))
         if inc is not None:
             self.config.update(inc_groups=[x[0] for x in inc.streams],
                                inc_aggregators=sorted({x[1] for x in inc.streams}),
                                inc_window=self.inc_window)  # fmt: skip
+
+    def _adopt(self, nic) -> None:
+        self._nic = ffi.gc(nic, lib.ethp_nic_free)
+        self.inc_window = 0
+        self._keep: dict[int, object] = {}  # buffers must outlive their transfers
+
+    def _start(self, cfg, bdp: int, cc: str, planes: int) -> None:
+        rc = lib.ethp_nic_start(self._nic)
+        if rc < 0:
+            raise OSError(-rc, "cannot start the NIC thread")
+        roce = bool(cfg.roce)
+        self.config = {
+            "rate_bps": cfg.rate_bps,
+            "base_rtt_ns": cfg.base_rtt_ns,
+            "rto_ns": cfg.rto_ns,
+            "bdp_bytes": bdp,
+            "max_cwnd_bytes": cfg.max_cwnd_bytes,
+            "planes": planes,
+            "mode": "roce" if roce else "ethplus",
+            "cc": "dcqcn" if roce else cc,
+            "epoch": lib.ethp_nic_epoch(self._nic),
+        }
         if roce:
             self.config.update(qps=cfg.qps, dcqcn=bool(cfg.dcqcn), spray=bool(cfg.roce_spray))
 

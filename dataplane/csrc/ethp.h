@@ -690,6 +690,56 @@ int ethp_nic_inc_setup(struct ethp_nic *nic, const struct ethp_nic_agg *aggs, ui
 int64_t ethp_nic_post_allreduce(struct ethp_nic *nic, uint8_t *buf, uint64_t count,
                                 uint32_t dtype, uint32_t op);
 
+/* --------------------------------------------------------------- memfab */
+
+/* An in-memory fabric: NIC engines of one process joined by a switch that
+ * lives in memory, for tests of the engine without root or namespaces.
+ * Endpoint e has one port per plane; the fabric delivers a frame to the
+ * endpoint its header names, after delay_ns and its place in that
+ * endpoint's downlink queue (rate_bps, buffer_bytes), and can lose, trim,
+ * mark and reorder frames on the way.  X(name, help) */
+#define ETHP_MEMFAB_COUNTERS(X)                                                 \
+    X(frames, "frames sent into the fabric")                                   \
+    X(delivered, "frames delivered")                                            \
+    X(lost, "frames lost at random (loss)")                                     \
+    X(silenced, "frames sent on a silent plane")                                \
+    X(dropped, "frames dropped: their downlink queue was full")                 \
+    X(trimmed, "payloads trimmed: their downlink queue was full")               \
+    X(marked, "frames marked CE: their downlink queue was over ecn_bytes")      \
+    X(reordered, "data frames delivered after one sent later (overtaken)")    \
+    X(misrouted, "frames for no endpoint attached, or not parsable")
+
+#define ETHP_X_ENUM(name, help) ETHP_MF_##name,
+enum ethp_memfab_counter { ETHP_MEMFAB_COUNTERS(ETHP_X_ENUM) ETHP_MEMFAB_NCOUNTERS };
+#undef ETHP_X_ENUM
+uint32_t ethp_memfab_counter_count(void);
+const char *ethp_memfab_counter_name(uint32_t i);
+
+struct ethp_memfab_cfg {
+    uint32_t planes;       /* ports per endpoint */
+    uint32_t endpoints;    /* endpoints 0 .. endpoints-1 */
+    uint64_t rate_bps;     /* each endpoint's downlink, on each plane */
+    uint64_t delay_ns;     /* one way, on top of the queue */
+    uint64_t buffer_bytes; /* a downlink's data queue; beyond it, trim or drop */
+    uint64_t ecn_bytes;    /* mark CE above this queue (0: never) */
+    uint32_t trimming;     /* trim trimmable data instead of dropping it */
+    uint32_t reorder;      /* a frame may overtake up to this many queued before it */
+    double loss;           /* each frame lost with this probability */
+    uint64_t seed;
+};
+struct ethp_memfab;
+struct ethp_memfab *ethp_memfab_new(const struct ethp_memfab_cfg *cfg, int *err);
+/* Free the fabric; its engines must be freed first. */
+void ethp_memfab_free(struct ethp_memfab *fab);
+/* A NIC engine on the fabric as endpoint cfg->ep, with its ports and every
+ * other endpoint as a peer; not started (ethp_nic_start). */
+struct ethp_nic *ethp_memfab_nic(struct ethp_memfab *fab, const struct ethp_nic_cfg *cfg,
+                                 int *err);
+/* Change the loss probability, or silence a plane (up = 0: its frames vanish). */
+void ethp_memfab_set_loss(struct ethp_memfab *fab, double loss);
+int ethp_memfab_set_plane(struct ethp_memfab *fab, uint32_t plane, uint32_t up);
+void ethp_memfab_counters(struct ethp_memfab *fab, uint64_t *out);
+
 /* ----------------------------------------------------------------- clock */
 
 /* The fabric clock of a lab: one shared page (a file under the lab's run

@@ -221,6 +221,36 @@ int ethp_agg_register(struct ethp_agg *agg, uint32_t group, const uint32_t *ips,
                       const uint32_t *eps, uint32_t n_members, uint32_t quota_slots);
 int ethp_agg_unregister(struct ethp_agg *agg, uint32_t group);
 
+/* wire.c: what a switch does to a frame on its way (ps: the frame parsed,
+ * kind: what ethp_parse returned).  Trim: cut the payload, flag the header
+ * ETHP_F_TRIMMED, fix the IPv4/UDP lengths.  Mark: set CE on an
+ * ECN-capable frame; 1 if it was marked. */
+void ethp_ipv4_fix_csum(uint8_t *ip);
+void ethp_frame_trim(uint8_t *data, uint32_t *len, const struct ethp_parsed *ps, int kind);
+int ethp_frame_mark_ce(uint8_t *data, const struct ethp_parsed *ps, int kind);
+
+/* nic.c: where a NIC engine's frames go and come from.  A port (AF_PACKET in
+ * the node's namespace) in a lab; an in-memory fabric (memfab.c) in tests,
+ * so that engines run in one process, without root.  The engine owns it
+ * (close at ethp_nic_free, or when ethp_nic_new_io fails). */
+struct ethp_nic_io {
+    void *ctx;
+    /* the ifindex frames on interface ifname come in with, or a negative errno */
+    int (*ifindex)(void *ctx, const char *ifname);
+    /* send up to n frames out of ifindex (copied); how many were taken */
+    uint32_t (*tx)(void *ctx, struct ethp_pkt **pkts, uint32_t n, int ifindex);
+    void (*wait_tx)(void *ctx, int timeout_ms);
+    uint32_t (*rx_each)(void *ctx, uint32_t n, ethp_frame_fn fn, void *arg);
+    /* when the engine must look again with no event (UINT64_MAX: never) */
+    uint64_t (*due_ns)(void *ctx);
+    int (*watch)(void *ctx, int epfd, uint32_t tag);
+    void (*event)(void *ctx, uint64_t data);
+    void (*counters)(void *ctx, uint64_t *out); /* ETHP_PORT_NCOUNTERS of them */
+    void (*close)(void *ctx);
+};
+struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct ethp_nic_io *io,
+                                 uint32_t max_peers, int *err);
+
 /* The live counters of a port (ETHP_PORT_NCOUNTERS), for its owner thread. */
 const uint64_t *ethp_port_counters_ref(const struct ethp_port *port);
 

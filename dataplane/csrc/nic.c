@@ -207,8 +207,7 @@ struct ethp_nic {
     uint32_t epoch;      /* this endpoint's incarnation, in every frame it sends */
     uint64_t bdp_bytes;  /* of all planes: rate x planes x base RTT */
     uint32_t data_bytes; /* payload per data packet */
-    char netns_path[256];
-    struct ethp_port *io;
+    struct ethp_nic_io io; /* its frames in and out: a port, or an in-memory fabric */
     struct ethp_pool *pool;
     int epfd, evfd, udp_fd;
     struct nic_port ports[ETHP_NIC_MAX_PLANES];
@@ -288,6 +287,16 @@ static uint64_t ser_ns(const struct ethp_nic *n, uint32_t frame_bytes)
     return (uint64_t)ethp_wire_bytes(frame_bytes) * 8000000000ull / n->cfg.rate_bps;
 }
 
+/* SACK-inferred loss waits this long past a packet's send: half a base RTT,
+ * at least twice the unscaled part of it (4 ms in a lab: this machine
+ * reorders sprayed packets by a few ms, 1 ms ring timers per hop and late
+ * thread wake-ups per plane; nothing on the in-memory fabric). */
+static uint64_t reorder_window_ns(const struct ethp_nic_cfg *c)
+{
+    uint64_t floor = 2 * c->unscaled_rtt_ns;
+    return c->base_rtt_ns / 2 > floor ? c->base_rtt_ns / 2 : floor;
+}
+
 /* When a pacer that was due at next_tx_ns lets a packet start, at now: the
  * switch's bounded burst, a late thread may make up NIC_CATCHUP_NS of the
  * time it lost while packets wait; a pacer idle longer earns no credit. */
@@ -300,10 +309,10 @@ static void flush_port(struct ethp_nic *n, struct nic_port *pt)
 {
     uint32_t done = 0;
     while (done < pt->ntx) {
-        uint32_t k = ethp_port_tx_burst_to(n->io, pt->txq + done, pt->ntx - done, pt->ifindex);
+        uint32_t k = n->io.tx(n->io.ctx, pt->txq + done, pt->ntx - done, pt->ifindex);
         if (!k) {
             n->c[ETHP_NC_tx_again]++;
-            ethp_port_wait_tx(n->io, 1);
+            n->io.wait_tx(n->io.ctx, 1);
             continue;
         }
         done += k;
@@ -1800,7 +1809,7 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
 static void rx(struct ethp_nic *n, uint64_t now)
 {
     struct rx_ctx c = {.n = n, .now = now};
-    while (ethp_port_rx_each(n->io, NIC_BURST, on_frame, &c) == NIC_BURST)
+    while (n->io.rx_each(n->io.ctx, NIC_BURST, on_frame, &c) == NIC_BURST)
         ;
 }
 
@@ -1950,7 +1959,7 @@ static uint64_t roce_due(const struct ethp_nic *n, const struct nic_peer *p)
  * packet of some peer waits for. */
 static uint64_t next_due(struct ethp_nic *n)
 {
-    uint64_t t = ethp_port_due_ns(n->io); /* an idle ring to take down */
+    uint64_t t = n->io.due_ns(n->io.ctx); /* an idle ring to take down, a frame due */
     for (uint32_t k = 0; k < n->n_active; k++) {
         struct nic_peer *p = &n->peers[n->active[k]];
         if (p->rto_deadline && p->rto_deadline < t)
@@ -2074,7 +2083,7 @@ static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
             continue;
         for (uint32_t j = 0; j < subs; j++)
             cc_rescale(n, &p->cc[j].st, &pp, r_step);
-        p->reo_ns = c->base_rtt_ns / 2 > 4000000 ? c->base_rtt_ns / 2 : 4000000;
+        p->reo_ns = reorder_window_ns(c);
         p->rto_ns = c->rto_ns;
         if (p->rto_deadline)
             p->rto_deadline = now + p->rto_ns;
@@ -2103,7 +2112,7 @@ static void follow_clock(struct ethp_nic *n, uint64_t now)
         return;
     n->ring_drops_read_ns = now;
     uint64_t io[ETHP_PORT_NCOUNTERS];
-    ethp_port_counters(n->io, io);
+    n->io.counters(n->io.ctx, io);
     if (io[ETHP_PC_rx_ring_drops] != n->ring_drops_reported) {
         ethp_clock_report(n->clock, ETHP_CLOCK_R_RING_DROPS,
                           io[ETHP_PC_rx_ring_drops] - n->ring_drops_reported);
@@ -2130,7 +2139,7 @@ static void *nic_main(void *arg)
         int k = ethp_epoll_until(n->epfd, evs, 8, due);
         for (int i = 0; i < k; i++)
             if ((uint32_t)evs[i].data.u64 != NIC_EVFD_TAG) {
-                ethp_port_event(n->io, evs[i].data.u64);
+                n->io.event(n->io.ctx, evs[i].data.u64);
             } else {
                 uint64_t v;
                 if (read(n->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
@@ -2206,19 +2215,73 @@ static int quiet_udp_port(const char *netns_path, uint16_t port)
     return fd;
 }
 
-struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_path,
-                              uint32_t max_peers, int *err)
+/* The engine's I/O in a lab: one AF_PACKET port bound to every interface
+ * of the node's namespace. */
+struct nic_port_io {
+    struct ethp_port *port;
+    char netns_path[256];
+};
+
+static int pio_ifindex(void *ctx, const char *ifname)
+{
+    const struct nic_port_io *io = ctx;
+    return ethp_netns_ifindex(io->netns_path[0] ? io->netns_path : NULL, ifname);
+}
+
+static uint32_t pio_tx(void *ctx, struct ethp_pkt **pkts, uint32_t k, int ifindex)
+{
+    return ethp_port_tx_burst_to(((struct nic_port_io *)ctx)->port, pkts, k, ifindex);
+}
+
+static void pio_wait_tx(void *ctx, int timeout_ms)
+{
+    ethp_port_wait_tx(((struct nic_port_io *)ctx)->port, timeout_ms);
+}
+
+static uint32_t pio_rx_each(void *ctx, uint32_t k, ethp_frame_fn fn, void *arg)
+{
+    return ethp_port_rx_each(((struct nic_port_io *)ctx)->port, k, fn, arg);
+}
+
+static uint64_t pio_due_ns(void *ctx) { return ethp_port_due_ns(((struct nic_port_io *)ctx)->port); }
+
+static int pio_watch(void *ctx, int epfd, uint32_t tag)
+{
+    return ethp_port_watch(((struct nic_port_io *)ctx)->port, epfd, tag);
+}
+
+static void pio_event(void *ctx, uint64_t data) { ethp_port_event(((struct nic_port_io *)ctx)->port, data); }
+
+static void pio_counters(void *ctx, uint64_t *out)
+{
+    ethp_port_counters(((struct nic_port_io *)ctx)->port, out);
+}
+
+static void pio_close(void *ctx)
+{
+    struct nic_port_io *io = ctx;
+    ethp_port_close(io->port);
+    free(io);
+}
+
+struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct ethp_nic_io *io,
+                                 uint32_t max_peers, int *err)
 {
     if (!cfg->rate_bps || cfg->payload_bytes <= ETHP_INT_BYTES || cfg->payload_bytes > 9000 ||
-        !cfg->n_evs || cfg->cc > ETHP_CCA_RCCC || !max_peers || max_peers > 65536) {
+        !cfg->n_evs || cfg->cc > ETHP_CCA_RCCC || !max_peers || max_peers > 65536 ||
+        (cfg->roce && (!cfg->qps || cfg->qps > ETHP_NIC_MAX_PLANES || !cfg->dcqcn_g_inv ||
+                       !cfg->dcqcn_timer_ns || !cfg->dcqcn_byte_counter_bytes))) {
+        io->close(io->ctx);
         *err = -EINVAL;
         return NULL;
     }
     struct ethp_nic *n = calloc(1, sizeof(*n));
     if (!n) {
+        io->close(io->ctx);
         *err = -ENOMEM;
         return NULL;
     }
+    n->io = *io;
     n->cfg = n->cfg0 = *cfg;
     set_ahead(n);
     if (!(cfg->time_scale >= 1.0))
@@ -2227,17 +2290,10 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     n->cc = cfg->cc == ETHP_CCA_HPCC ? &ethp_cc_hpcc : &ethp_cc_nscc;
     n->credits = cfg->cc == ETHP_CCA_RCCC && !cfg->roce;
     if (cfg->roce) {
-        if (!cfg->qps || cfg->qps > ETHP_NIC_MAX_PLANES || !cfg->dcqcn_g_inv ||
-            !cfg->dcqcn_timer_ns || !cfg->dcqcn_byte_counter_bytes) {
-            free(n);
-            *err = -EINVAL;
-            return NULL;
-        }
         n->cc = &ethp_cc_dcqcn;
         n->cfg.compact = 0; /* RoCEv2 is IPv4/UDP */
     }
     n->data_bytes = cfg->payload_bytes - (n->cc->on_int ? ETHP_INT_BYTES : 0);
-    snprintf(n->netns_path, sizeof(n->netns_path), "%s", netns_path ? netns_path : "");
     n->max_peers = max_peers;
     n->udp_fd = -1;
     n->rng = ethp_rng_seed(cfg->seed);
@@ -2248,24 +2304,14 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     n->pool = ethp_pool_new(8192, cfg->payload_bytes + 256);
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 256, .block_timeout_ms = 1,
-                               .sndbuf_bytes = 4u << 20, .ring_idle_ms = cfg->ring_idle_ms};
     int rc = 0;
     if (!n->peers || !n->active || !n->pool || n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
-        n->io = ethp_port_open(netns_path, NULL, &pc, &rc);
-        if (n->io) {
-            struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_EVFD_TAG};
-            rc = ethp_port_watch(n->io, n->epfd, NIC_RING_TAG);
-            if (!rc && epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->evfd, &ev) < 0)
-                rc = -errno;
-        }
-    }
-    if (!rc && !n->cfg.compact) {
-        n->udp_fd = quiet_udp_port(netns_path, cfg->roce ? ETHP_ROCE_UDP_PORT : ETHP_UDP_PORT);
-        if (n->udp_fd < 0)
-            rc = n->udp_fd;
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_EVFD_TAG};
+        rc = n->io.watch(n->io.ctx, n->epfd, NIC_RING_TAG);
+        if (!rc && epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->evfd, &ev) < 0)
+            rc = -errno;
     }
     if (rc) {
         ethp_nic_free(n);
@@ -2276,12 +2322,44 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     return n;
 }
 
+struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_path,
+                              uint32_t max_peers, int *err)
+{
+    struct nic_port_io *pio = calloc(1, sizeof(*pio));
+    if (!pio) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    snprintf(pio->netns_path, sizeof(pio->netns_path), "%s", netns_path ? netns_path : "");
+    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = 256, .block_timeout_ms = 1,
+                               .sndbuf_bytes = 4u << 20, .ring_idle_ms = cfg->ring_idle_ms};
+    pio->port = ethp_port_open(netns_path, NULL, &pc, err);
+    if (!pio->port) {
+        free(pio);
+        return NULL;
+    }
+    struct ethp_nic_io io = {.ctx = pio, .ifindex = pio_ifindex, .tx = pio_tx,
+                             .wait_tx = pio_wait_tx, .rx_each = pio_rx_each,
+                             .due_ns = pio_due_ns, .watch = pio_watch, .event = pio_event,
+                             .counters = pio_counters, .close = pio_close};
+    struct ethp_nic *n = ethp_nic_new_io(cfg, &io, max_peers, err);
+    if (n && !n->cfg.compact) {
+        n->udp_fd = quiet_udp_port(netns_path, cfg->roce ? ETHP_ROCE_UDP_PORT : ETHP_UDP_PORT);
+        if (n->udp_fd < 0) {
+            *err = n->udp_fd;
+            ethp_nic_free(n);
+            return NULL;
+        }
+    }
+    return n;
+}
+
 int ethp_nic_add_port(struct ethp_nic *n, const char *ifname, const uint8_t *mac,
                       const uint8_t *gw_mac, uint32_t ip)
 {
     if (n->started || n->n_ports >= ETHP_NIC_MAX_PLANES)
         return -EINVAL;
-    int ifx = ethp_netns_ifindex(n->netns_path[0] ? n->netns_path : NULL, ifname);
+    int ifx = n->io.ifindex(n->io.ctx, ifname);
     if (ifx < 0)
         return ifx;
     struct nic_port *pt = &n->ports[n->n_ports];
@@ -2309,9 +2387,7 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
         p->qp[q].ev = (uint16_t)(((h >> 32) % n->cfg.n_evs) << 4 | (q % n->n_ports));
     }
     peer_fresh(n, p);
-    /* half a base RTT, at least 4 ms: this machine reorders sprayed packets by
-     * a few ms (1 ms ring timers per hop, late thread wake-ups per plane) */
-    p->reo_ns = n->cfg.base_rtt_ns / 2 > 4000000 ? n->cfg.base_rtt_ns / 2 : 4000000;
+    p->reo_ns = reorder_window_ns(&n->cfg);
     p->known = 1;
     return 0;
 }
@@ -2373,7 +2449,8 @@ void ethp_nic_free(struct ethp_nic *n)
     free(n->msgs);
     free(n->peers);
     free(n->active);
-    ethp_port_close(n->io);
+    if (n->io.close)
+        n->io.close(n->io.ctx);
     ethp_pool_free(n->pool);
     if (n->udp_fd >= 0)
         close(n->udp_fd);
@@ -2522,7 +2599,7 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
     out[ETHP_NC_cwnd_bytes] = out[ETHP_NC_credit_bytes] = 0;
     if (peer < 0) { /* the port's receive mode, from its own counters */
         uint64_t io[ETHP_PORT_NCOUNTERS];
-        ethp_port_counters(n->io, io);
+        n->io.counters(n->io.ctx, io);
         out[ETHP_NC_rx_one_by_one] = io[ETHP_PC_rx_one_by_one];
         out[ETHP_NC_ring_builds] = io[ETHP_PC_ring_builds];
         out[ETHP_NC_ring_parks] = io[ETHP_PC_ring_parks];

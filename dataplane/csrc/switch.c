@@ -212,13 +212,6 @@ static int port_busy(const struct sw_port *e)
            e->pfc_refresh_ns[0] || e->pfc_refresh_ns[1];
 }
 
-static void fix_ipv4_csum(uint8_t *ip)
-{
-    ip[10] = ip[11] = 0;
-    uint16_t c = ethp_inet_csum(ip, ETHP_IPV4_HDR_BYTES);
-    memcpy(ip + 10, &c, 2);
-}
-
 /* ---------------------------------------------------------------- PFC */
 
 static void pfc_send(struct ethp_switch *sw, struct sw_port *port, int cls, uint16_t quanta,
@@ -290,20 +283,6 @@ static int is_bulk(uint8_t opcode)
     return opcode == ETHP_OP_DATA || opcode == ETHP_OP_AGG || opcode == ETHP_OP_AGG_RESULT;
 }
 
-static void trim(struct ethp_pkt *p, const struct ethp_parsed *ps, int kind)
-{
-    p->len = ps->payload_off;
-    p->data[ps->hdr_off + 1] |= ETHP_F_TRIMMED;
-    if (kind == ETHP_KIND_ETHP_UDP) {
-        uint8_t *ip = p->data + ETHP_ETH_HDR_BYTES;
-        uint16_t total = htons((uint16_t)(p->len - ETHP_ETH_HDR_BYTES));
-        uint16_t udp_len = htons((uint16_t)(p->len - ps->l4_off));
-        memcpy(ip + 2, &total, 2);
-        memcpy(p->data + ps->l4_off + 4, &udp_len, 2);
-        fix_ipv4_csum(ip);
-    }
-}
-
 /* RED: no mark below Kmin, probability rising to Pmax at Kmax, all above. */
 static int red_mark(struct ethp_switch *sw, uint64_t q)
 {
@@ -315,18 +294,6 @@ static int red_mark(struct ethp_switch *sw, uint64_t q)
     double prob = c->ecn_pmax * (double)(q - c->ecn_kmin_bytes) /
                   (double)(c->ecn_kmax_bytes - c->ecn_kmin_bytes);
     return rnd(sw) < prob;
-}
-
-static void mark_ce(struct sw_port *e, struct ethp_pkt *p, const struct ethp_parsed *ps, int kind)
-{
-    uint8_t *tos = kind == ETHP_KIND_ETHP_COMPACT ? p->data + ps->hdr_off + 26
-                                                  : p->data + ETHP_ETH_HDR_BYTES + 1;
-    if (!(*tos & 3) || (*tos & 3) == 3)
-        return; /* not ECN-capable, or already marked */
-    *tos |= 3;
-    if (kind != ETHP_KIND_ETHP_COMPACT)
-        fix_ipv4_csum(p->data + ETHP_ETH_HDR_BYTES);
-    e->c[ETHP_SC_ecn_marked]++;
 }
 
 static void schedule_until(struct ethp_switch *sw, struct sw_port *e, uint64_t until);
@@ -354,11 +321,11 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
     if (cls == ETHP_CLS_DATA) {
         if (sw->cfg.trimming && is_ethp(kind) && (ps->hdr.flags & ETHP_F_TRIMMABLE) &&
             e->q[ETHP_CLS_DATA].bytes > sw->cfg.trim_threshold_bytes) {
-            trim(p, ps, kind);
+            ethp_frame_trim(p->data, &p->len, ps, kind);
             e->c[ETHP_SC_trimmed]++;
             cls = ETHP_CLS_HIGH;
         } else if (sw->cfg.ecn && red_mark(sw, qb)) {
-            mark_ce(e, p, ps, kind);
+            e->c[ETHP_SC_ecn_marked] += (uint64_t)ethp_frame_mark_ce(p->data, ps, kind);
         }
     }
     int full = -1;

@@ -1,0 +1,176 @@
+"""The NIC engine's transport in one process, on the in-memory fabric: no
+root, no lab, no rings.  Each test runs real engines (their own threads,
+real frames, the real wire format) and checks what a user of the transport
+would notice: every byte arrives, and the engine recovered the way the
+protocol says (selective retransmit, NACKs for trimmed packets, a failed
+plane taken out, receiver-not-ready, credits, go-back-N)."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dataplane.memfabric import FabricSpec, MemFabric
+
+KiB, MiB = 1024, 1024 * 1024
+TIMEOUT_S = 30
+
+
+def _payload(size: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+
+def exchange(fab: MemFabric, eps: dict, flows: list[tuple[int, int, int]], tag: int = 1) -> None:
+    """Send size bytes for each (src, dst, size), all at once; every receiver
+    gets exactly the sender's bytes."""
+    posted = []
+    for i, (src, dst, size) in enumerate(flows):
+        data = _payload(size, 7 * i + src + 100 * dst)
+        out = np.zeros(size, dtype=np.uint8)
+        hr = eps[dst].post_recv(src, tag + i, out)
+        hs = eps[src].post_send(dst, tag + i, data)
+        posted.append((src, dst, hs, hr, data, out))
+    for src, dst, hs, hr, data, out in posted:
+        assert eps[src].wait(hs, TIMEOUT_S) == len(data), f"send {src}->{dst} unfinished"
+        assert eps[dst].wait(hr, TIMEOUT_S) == len(data), f"receive {src}->{dst} unfinished"
+        assert hashlib.sha256(out).digest() == hashlib.sha256(data).digest(), f"{src}->{dst}"
+
+
+@pytest.fixture
+def make():
+    """make(n, endpoint options, **fabric spec) -> (fabric, {rank: Endpoint})."""
+    fabs = []
+
+    def _make(n: int = 2, ep: dict | None = None, **kw):
+        fab = MemFabric(FabricSpec(endpoints=n, **kw))
+        fabs.append(fab)
+        return fab, {r: fab.endpoint(r, **(ep or {})) for r in range(n)}
+
+    yield _make
+    for fab in fabs:
+        fab.close()
+
+
+def total(eps: dict, name: str) -> int:
+    return sum(ep.counters()[name] for ep in eps.values())
+
+
+def test_a_clean_fabric_moves_every_byte_with_no_retransmission(make):
+    fab, eps = make(2, planes=1)
+    exchange(fab, eps, [(0, 1, 4 * MiB), (1, 0, 4 * MiB)])
+    assert total(eps, "retx_pkts") == 0
+    c = fab.counters()
+    assert c["delivered"] == c["frames"] > 2 * 4 * MiB // 4096
+    assert c["reordered"] == 0
+
+
+def test_spraying_over_unequal_planes_reorders_but_resends_almost_nothing(make):
+    fab, eps = make(4, planes=4)
+    exchange(fab, eps, [(0, 1, 4 * MiB), (2, 1, 4 * MiB), (1, 3, 4 * MiB)])
+    assert fab.counters()["reordered"] > 0
+    assert total(eps, "retx_pkts") < 0.01 * total(eps, "tx_data_pkts")
+
+
+def test_five_percent_loss_is_repaired_selectively(make):
+    fab, eps = make(2, loss=0.05)
+    exchange(fab, eps, [(0, 1, 4 * MiB), (1, 0, 4 * MiB)])
+    sent, retx = total(eps, "tx_data_pkts"), total(eps, "retx_pkts")
+    lost = fab.counters()["lost"]
+    assert lost > 0
+    # selective: what is resent is about what was lost (data and acks alike
+    # are lost; a lost ack's packets may be resent too), never a window
+    assert 0 < retx < 3 * lost, (retx, lost)
+    assert total(eps, "retx_sack") > 0
+    assert retx < 0.2 * sent
+
+
+def test_reordering_by_up_to_64_packets_delivers_in_order_and_spares_retransmits(make):
+    fab, eps = make(2, reorder=64, delay_ns=200_000)
+    exchange(fab, eps, [(0, 1, 8 * MiB)])
+    c = fab.counters()
+    assert c["reordered"] > 100  # frames really were overtaken
+    assert c["lost"] == c["dropped"] == 0
+    sent, retx = total(eps, "tx_data_pkts"), total(eps, "retx_pkts")
+    # reordering is not loss: at most a few spurious retransmissions
+    assert retx < 0.05 * sent, (retx, sent)
+
+
+def test_trimmed_packets_are_nacked_and_resent_at_once(make):
+    # four senders into one downlink whose queue holds 16 packets
+    fab, eps = make(5, trimming=True, buffer_bytes=16 * 4200)
+    exchange(fab, eps, [(s, 4, 2 * MiB) for s in range(4)])
+    c = fab.counters()
+    assert c["trimmed"] > 0 and c["dropped"] == 0
+    assert eps[4].counters()["rx_trimmed_pkts"] > 0
+    assert eps[4].counters()["tx_nacks"] > 0
+    assert total(eps, "retx_nack") > 0
+    assert total(eps, "retx_timeout") == 0  # a trimmed packet never waits for a timeout
+
+
+def test_a_silent_plane_is_taken_out_and_the_message_completes(make):
+    fab, eps = make(2, planes=4, ep={"adaptive": True})
+    fab.set_plane(2, up=False)
+    exchange(fab, eps, [(0, 1, 4 * MiB)])
+    assert fab.counters()["silenced"] > 0
+    assert eps[0].counters()["plane_failures"] >= 1
+
+
+@pytest.mark.parametrize("roce", [False, True], ids=["ethplus", "roce"])
+def test_an_rnr_storm_ends_when_the_receives_are_posted(make, roce):
+    fab, eps = make(2, ep={"roce": roce})
+    sizes = [64 * KiB + i for i in range(8)]
+    data = [_payload(s, s) for s in sizes]
+    sends = [eps[0].post_send(1, 10 + i, d) for i, d in enumerate(data)]
+    # every message meets a receiver that has posted nothing, and is told so
+    while eps[0].counters()["rx_rnrs"] < len(sizes):
+        time.sleep(0.001)
+    assert eps[1].counters()["tx_rnrs"] >= len(sizes)
+    outs = [np.zeros(s, dtype=np.uint8) for s in sizes]
+    recvs = [eps[1].post_recv(0, 10 + i, o) for i, o in enumerate(outs)]
+    for h, s in zip(sends, sizes, strict=True):
+        assert eps[0].wait(h, TIMEOUT_S) == s
+    for h, d, o in zip(recvs, data, outs, strict=True):
+        assert eps[1].wait(h, TIMEOUT_S) == len(d)
+        assert np.array_equal(o, d)
+
+
+def test_credits_keep_four_senders_within_one_receivers_buffer(make):
+    # four senders into one downlink whose queue holds 8 packets per plane
+    dropped = {}
+    for cc in ("rccc", "nscc"):
+        fab, eps = make(5, buffer_bytes=8 * 4200, ep={"cc": cc})
+        exchange(fab, eps, [(s, 4, 4 * MiB) for s in range(4)])
+        dropped[cc] = fab.counters()["dropped"]
+    # without credits the incast overflows the queue; with them the receiver
+    # shares its downlink among its senders, and at most a first window's
+    # excess is lost before the first grants arrive
+    assert dropped["nscc"] > 20, dropped
+    assert dropped["rccc"] <= dropped["nscc"] // 10, dropped
+
+
+def test_roce_goes_back_n_on_loss_and_delivers_every_byte(make):
+    fab, eps = make(2, loss=0.01, ep={"roce": True})
+    exchange(fab, eps, [(0, 1, 2 * MiB)])
+    c0, c1 = eps[0].counters(), eps[1].counters()
+    assert c0["retx_gbn"] > 0
+    assert c1["rx_oos_drops"] > 0  # what came after a hole was thrown away
+
+
+def test_these_tests_need_no_privilege():
+    """The seam's promise: the engine's tests run with no capability at all
+    (no root, no namespaces, no raw sockets)."""
+    if os.environ.get("ETHP_ENGINE_UNPRIVILEGED") or not shutil.which("setpriv"):
+        pytest.skip("already unprivileged, or no setpriv (util-linux) here")
+    r = subprocess.run(
+        ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-m", "pytest",
+         "-q", "-p", "no:cacheprovider", __file__],
+        env={**os.environ, "ETHP_ENGINE_UNPRIVILEGED": "1"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout
