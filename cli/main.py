@@ -431,9 +431,13 @@ def _governor_line(result: dict) -> str | None:
     tried = ", ".join(
         f"k={_k_text(t['k_range'])} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"]
     )
+    again = "".join(
+        f"; {r['size_bytes']} B fell behind at k={_k_text(r['k_range'])} and ran again"
+        for r in g.get("reruns", [])
+    )
     return (
         f"# governed time scale: k={_k_text([g['k'], g['k_max']])} over the timed runs"
-        f" (floor {g['floor_k']:g}; the largest size tried first at {tried})"
+        f" (floor {g['floor_k']:g}; the largest size tried first at {tried}{again})"
     )
 
 

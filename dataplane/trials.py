@@ -53,6 +53,7 @@ def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) ->
         rec, lambda: _trial(spec, rec, nodes), lambda t: f"a trial of {t['size_bytes']} B", log
     )
     result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
+    reruns = _rerun_behind(spec, rec, result["rows"], on_row, nodes, log)
     ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
     result["governor"] = {
         "setting": "auto",
@@ -60,6 +61,7 @@ def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) ->
         "k": min((k[0] for k in ks), default=result["lab"]["time_scale"]),
         "k_max": max((k[1] for k in ks), default=result["lab"]["time_scale"]),
         "trials": trials,
+        "reruns": reruns,
         "trials_real_s": time.monotonic() - t0 - result["wall_s"],
         # every change of k the fabric's governor made during trials and run
         "events": [e for e in fabric_governor(rec)["events"] if e["t_real"] >= t0],
@@ -67,22 +69,54 @@ def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) ->
     return result
 
 
-def trial_runs(rec: dict, attempt, what, log=None, most: int = MAX_TRIALS) -> list[dict]:
+def _rerun_behind(spec, rec: dict, rows: list[dict], on_row, nodes, log) -> list[dict]:
+    """A size of the run that fell behind all the same (the machine got
+    busier since the trials, or the governor had lowered k) runs again once
+    k was raised, up to MAX_TRIALS times; its last run replaces its row.
+    Returns the runs that were replaced."""
+    reruns: list[dict] = []
+    for i, row in enumerate(rows):
+        if not row["fell_behind"]:
+            continue
+        one = dataclasses.replace(spec, sizes=[row["size_bytes"]])
+        tries = trial_runs(
+            rec,
+            lambda one=one: bench.run(one, rec, on_row=on_row, nodes=nodes)["rows"][0],
+            lambda t: f"{t['size_bytes']} B in the run",
+            log,
+            first=row,
+        )
+        reruns += [{k: t.get(k) for k in ("size_bytes", "k_range", "fell_behind")}
+                   for t in [row, *tries[:-1]]]  # fmt: skip
+        rows[i] = tries[-1]
+    return reruns
+
+
+def trial_runs(
+    rec: dict, attempt, what, log=None, most: int = MAX_TRIALS, first: dict | None = None
+) -> list[dict]:
     """Trials until one does not fall behind (at most `most`): attempt() runs
     one and gives a dict with fell_behind and k_range; what(trial) names it.
     After a trial that fell behind, the governor has raised k, or is asked
-    to (a trial too short for its windows to see what its own verdict saw)."""
+    to (a trial too short for its windows to see what its own verdict saw).
+    first: a run that fell behind already (k is raised before the first)."""
     say = log or (lambda _msg: None)
+
+    def raised(t: dict) -> None:
+        lo, hi = t["k_range"] or (0, 0)
+        if not _wait_for_a_change(rec, hi):
+            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": f"{what(t)} fell behind"})
+        say(f"# governor: {what(t)} fell behind at k={lo:g}..{hi:g}; trying again")
+
+    if first is not None:
+        raised(first)
     trials: list[dict] = []
     for _ in range(most):
         t = attempt()
         trials.append(t)
         if not t["fell_behind"]:
             break
-        lo, hi = t["k_range"] or (0, 0)
-        if not _wait_for_a_change(rec, hi):
-            lab.control(rec["name"], {"op": "scale", "k": "raise", "why": f"{what(t)} fell behind"})
-        say(f"# governor: {what(t)} fell behind at k={lo:g}..{hi:g}; trying again")
+        raised(t)
     return trials
 
 
