@@ -1,0 +1,132 @@
+/* nic_rx.c - what the ETH+ and RoCE receivers share: a data packet's
+ * message (bound to a posted receive by msg_id and tag), its payload placed
+ * at its offset straight from the ring, the eager buffer for small messages
+ * that come before their receive. */
+#include "nic_int.h"
+
+/* The posted receive a data packet belongs to: the message its msg_id is
+ * bound to, else the first receive posted for its tag, bound now.  NULL
+ * when none is posted (*refused 0) or when the msg_id is bound to a message
+ * of another tag (*refused 1: forged or broken, counted). */
+struct nic_msg *nic_bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t msg_id,
+                             uint32_t tag, int *refused)
+{
+    *refused = 0;
+    for (int i = 0; i < 64; i++)
+        if (p->bound[i] && p->bound[i]->msg_id == msg_id) {
+            if (p->bound[i]->tag == tag)
+                return p->bound[i];
+            nic_count(n, p, ETHP_NC_rx_malformed, 1);
+            *refused = 1;
+            return NULL;
+        }
+    struct nic_msg *prev = NULL;
+    for (struct nic_msg *m = p->rq_head; m; prev = m, m = m->next) {
+        if (m->tag != tag)
+            continue;
+        for (int i = 0; i < 64; i++) {
+            if (p->bound[i])
+                continue;
+            if (prev)
+                prev->next = m->next;
+            else
+                p->rq_head = m->next;
+            if (p->rq_tail == m)
+                p->rq_tail = prev;
+            m->next = NULL;
+            m->msg_id = msg_id;
+            m->bound = 1;
+            p->bound[i] = m;
+            nic_rx_open(n, p, 1);
+            return m;
+        }
+        return NULL;
+    }
+    return NULL;
+}
+
+/* A message with no receive posted for its tag: keep it if it is whole in
+ * this one packet, small, and a slot is free (1), else 0 (the caller says
+ * receiver-not-ready).  Its length is the packet's, checked whole. */
+int nic_keep_eager(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                   const uint8_t *payload)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    if (!(h->flags & ETHP_F_LAST) || h->offset_bytes || ps->payload_bytes != h->len_bytes ||
+        h->len_bytes > NIC_EAGER_BYTES || p->n_eager >= NIC_EAGER_SLOTS)
+        return 0;
+    for (struct nic_msg *m = p->rq_head; m; m = m->next)
+        if (m->tag == h->tag)
+            return 0; /* posted, but no slot to bind it: it waits for one */
+    p->eager[p->n_eager].tag = h->tag;
+    p->eager[p->n_eager].len = h->len_bytes;
+    memcpy(p->eager[p->n_eager].data, payload, h->len_bytes);
+    p->n_eager++;
+    nic_count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
+    nic_count(n, p, ETHP_NC_rx_data_pkts, 1);
+    return 1;
+}
+
+/* A receive just posted: the oldest kept message of its tag completes it
+ * (1), or there is none (0). */
+int nic_take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
+{
+    for (uint32_t i = 0; i < p->n_eager; i++) {
+        if (p->eager[i].tag != m->tag)
+            continue;
+        uint32_t len = p->eager[i].len;
+        if (len > m->len) {
+            nic_complete(n, m, ETHP_NIC_ERR_TOO_SMALL);
+        } else {
+            memcpy(m->buf, p->eager[i].data, len);
+            m->done_bytes = m->total = len;
+            nic_complete(n, m, ETHP_NIC_OK);
+        }
+        p->n_eager--;
+        memmove(&p->eager[i], &p->eager[i + 1], (p->n_eager - i) * sizeof(p->eager[0]));
+        return 1;
+    }
+    return 0;
+}
+
+static void unbind(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
+{
+    for (int i = 0; i < 64; i++)
+        if (p->bound[i] == m) {
+            p->bound[i] = NULL;
+            nic_rx_open(n, p, -1);
+        }
+}
+
+/* A data frame's payload must be whole: exactly len_bytes, present in the
+ * frame (a trimmed packet is answered, never placed).  Returns 0 and counts
+ * the frame as malformed otherwise. */
+int nic_payload_whole(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps)
+{
+    if (!(ps->hdr.flags & ETHP_F_TRIMMED) && ps->payload_bytes == ps->hdr.len_bytes)
+        return 1;
+    nic_count(n, p, ETHP_NC_rx_malformed, 1);
+    return 0;
+}
+
+void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
+               const struct ethp_parsed *ps, const uint8_t *payload)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    if (m->status != ETHP_NIC_PENDING) {
+        /* a message that already failed (buffer too small): swallow the rest */
+    } else if ((uint64_t)h->offset_bytes + h->len_bytes > m->len) {
+        nic_complete(n, m, ETHP_NIC_ERR_TOO_SMALL); /* stays bound: its packets keep coming */
+    } else {
+        memcpy(m->buf + h->offset_bytes, payload, ps->payload_bytes); /* == len_bytes */
+        m->done_bytes += h->len_bytes;
+        if (h->flags & ETHP_F_LAST)
+            m->total = (uint64_t)h->offset_bytes + h->len_bytes;
+        nic_count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
+        if (m->done_bytes == m->total) {
+            unbind(n, p, m);
+            nic_complete(n, m, ETHP_NIC_OK);
+        }
+    }
+    nic_count(n, p, ETHP_NC_rx_data_pkts, 1);
+}
