@@ -99,12 +99,54 @@ def cmd_lab_ls(args) -> int:
     return 0
 
 
+# The lab-wide tables of a lab file (links are shown per link by `lab show`).
+SETTING_TABLES = ("lab", "switch", "nic", "tcp")
+
+
+def _toml_text(v) -> str:
+    return json.dumps(v) if not isinstance(v, float) else f"{v:g}"
+
+
+def _settings_table(family: str, rec: dict | None = None) -> str:
+    """Every lab-wide key a lab file of this family takes, from its
+    declaration (labfile.schema): default, meaning and, for a lab, its
+    value there."""
+    from dataplane import labfile
+
+    rows = []
+    for sec, fields in labfile.schema(family).items():
+        if sec not in SETTING_TABLES:
+            continue
+        for key, f in fields.items():
+            default = "(required)" if f.default is None else _toml_text(f.default)
+            row = [f"{sec}.{key}", default, f.help or f.expected]
+            if rec is not None:
+                v = rec.get(sec, {}).get(key, f.default) if sec != "lab" else rec.get(key)
+                row.insert(1, _toml_text(v))
+            rows.append(row)
+    head = ["KEY", "DEFAULT", "MEANING"]
+    return table(rows, head if rec is None else head[:1] + ["VALUE"] + head[1:])
+
+
+def cmd_lab_keys(args) -> int:
+    from dataplane import labfile
+
+    for family in [args.family] if args.family else labfile.FAMILIES:
+        print(f"# {family}")
+        print(_settings_table(family))
+        print()
+    return 0
+
+
 def cmd_lab_show(args) -> int:
     from dataplane import lab
 
     rec = lab.get(args.name)
     if args.json:
         print(json.dumps(rec, indent=1))
+        return 0
+    if args.settings:
+        print(_settings_table(rec["family"], rec))
         return 0
     k = rec["time_scale"]
     topo = rec["topology"]
@@ -717,7 +759,16 @@ def build_parser() -> argparse.ArgumentParser:
     show = lsub.add_parser("show", help="nodes, links, parameters and time scale of a lab")
     show.add_argument("name", metavar="NAME")
     show.add_argument("--json", action="store_true", help="machine-readable, for scripts")
+    show.add_argument(
+        "--settings", action="store_true",
+        help="every [lab], [switch], [nic] and [tcp] key: its value here, default, meaning",
+    )  # fmt: skip
     show.set_defaults(func=cmd_lab_show)
+    keys = lsub.add_parser(
+        "keys", help="every lab-wide key a lab file takes: default and meaning (declared once)"
+    )
+    keys.add_argument("--family", choices=("erack", "upn", "clos", "hpn"))
+    keys.set_defaults(func=cmd_lab_keys)
 
     sc_ = lsub.add_parser(
         "scale", help="change a running lab's time scale k (real = nominal x k), at once"

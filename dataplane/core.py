@@ -491,15 +491,9 @@ class Switch:
 
     def __init__(self, cfg: SwitchConfig, max_ports: int):
         c = ffi.new("struct ethp_switch_cfg *")
-        c.forwarding = FWD_MODES[cfg.forwarding]
-        for name in (
-            "ecn", "ecn_kmin_bytes", "ecn_kmax_bytes", "ecn_pmax", "trimming",
-            "trim_threshold_bytes", "lossless", "pfc_xoff_bytes", "pfc_xon_bytes",
-            "pfc_headroom_bytes", "lookahead_ns", "catchup_ns", "seed", "pool_pkts", "buf_bytes",
-            "shared_buffer_bytes", "dt_alpha", "agg_id", "agg_slots", "int_id", "ring_idle_ms",
-            "hosts_may_pause", "pfc_watchdog_ns",
-        ):  # fmt: skip
-            setattr(c, name, getattr(cfg, name))
+        for name, _ in ffi.typeof(c[0]).fields:  # the C struct's fields, all of them
+            v = getattr(cfg, name)
+            setattr(c, name, FWD_MODES[v] if name == "forwarding" else v)
         sw = lib.ethp_switch_new(c, max_ports)
         if sw == ffi.NULL:
             raise MemoryError("cannot allocate a switch")
@@ -544,6 +538,14 @@ class Switch:
 
     def agg_unregister(self, group: int) -> None:
         lib.ethp_switch_agg_unregister(self._live(), group)
+
+    def config(self) -> dict:
+        """The switch's settings as its C struct holds them (real units)."""
+        c = ffi.new("struct ethp_switch_cfg *")
+        lib.ethp_switch_config(self._live(), c)
+        out = {name: getattr(c, name) for name, _ in ffi.typeof(c[0]).fields}
+        out["forwarding"] = {v: k for k, v in FWD_MODES.items()}[out["forwarding"]]
+        return out
 
     def start(self) -> None:
         _check(lib.ethp_switch_start(self._live()), "cannot start the switch thread")

@@ -9,6 +9,7 @@ counters and applies faults.  Requests are one JSON object per line:
     {"op": "stats"}                                  -> counters of every port
     {"op": "link", "link": "h0-plane0", "set": {...}} -> change a link
     {"op": "node", "node": "plane1", "up": false}    -> a whole switch down/up
+    {"op": "config", "node": "plane1"}              -> a switch's settings, as in C
     {"op": "ping"}
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import uvloop
 
-from dataplane import clock, core, cpu, fidelity, governor, kernel, registry, routing
+from dataplane import clock, core, cpu, fidelity, governor, kernel, labfile, registry, routing
 from dataplane.fabric_client import socket_path
 
 
@@ -114,28 +115,13 @@ class Fabric:
             i = ids[name]
             n_ports = len(node["ports"])
             cfg = core.SwitchConfig(
-                forwarding=sw_cfg["forwarding"],
-                ecn=sw_cfg["ecn"],
-                ecn_kmin_bytes=sw_cfg["ecn_kmin_bytes"],
-                ecn_kmax_bytes=sw_cfg["ecn_kmax_bytes"],
-                ecn_pmax=sw_cfg["ecn_pmax"],
-                trimming=sw_cfg["trimming"],
-                trim_threshold_bytes=sw_cfg["trim_threshold_bytes"],
-                lossless=sw_cfg["lossless"],
-                pfc_xoff_bytes=sw_cfg["pfc_xoff_bytes"],
-                pfc_xon_bytes=sw_cfg["pfc_xon_bytes"],
-                pfc_headroom_bytes=sw_cfg.get("pfc_headroom_bytes", 0),
-                shared_buffer_bytes=sw_cfg.get("shared_buffer_bytes", 0),
-                dt_alpha=sw_cfg.get("dt_alpha", 1.0),
+                **labfile.c_values(labfile.switch_fields(self.rec["family"]), sw_cfg, self.k),
                 agg_id=i,
                 int_id=i,
                 agg_slots=sw_cfg.get("inc_slots", 1024) if sw_cfg.get("inc") else 0,
                 seed=seed * 1_000_003 + i,
                 pool_pkts=min(65536, max(4096, n_ports * 512)),
                 buf_bytes=mtu + 14 + 64,
-                ring_idle_ms=sw_cfg.get("ring_idle_ms", 100),
-                hosts_may_pause=sw_cfg.get("hosts_may_pause", False),
-                pfc_watchdog_ns=int(sw_cfg.get("pfc_watchdog_us", 200_000) * 1000 * self.k),
             )
             sw = core.Switch(cfg, n_ports)
             ns = self.rec["namespaces"][name]
@@ -419,6 +405,8 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
             elif op == "inc":
                 fabric.inc(req)
                 resp = {"ok": True}
+            elif op == "config":
+                resp = {"ok": True, "config": fabric.switches[req["node"]].config()}
             else:
                 resp = {"ok": False, "error": f"unknown request {op!r}"}
         except (KeyError, ValueError, TypeError, OSError) as exc:

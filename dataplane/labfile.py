@@ -7,6 +7,7 @@ got -2``.  Nothing is created before a file validates.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Callable
@@ -57,6 +58,38 @@ class Field:
     ok: Callable[[Any], bool]
     default: Any = None
     help: str = ""
+    # Where the setting goes in the C core's struct (None: nowhere, or by
+    # hand), and how: to_c(value, k) gives the real value from the file's
+    # nominal one at time scale k (None: as written).
+    c: str | None = None
+    to_c: Callable[[Any, float], Any] | None = None
+    choices: tuple[str, ...] = ()  # one_of's
+
+    def into(self, c: str = "", to_c: Callable[[Any, float], Any] | None = None) -> Field:
+        """This field, filling C field c (default: the key's own name)."""
+        return dataclasses.replace(self, c=c, to_c=to_c)
+
+
+def real_ns_from_us(v: float, k: float) -> int:
+    """A nominal time in microseconds, as real nanoseconds at time scale k."""
+    return int(v * 1000 * k)
+
+
+def real_bps_from_mbps(v: float, k: float) -> int:
+    """A nominal rate in Mbit/s, as real bit/s at time scale k (at least 1)."""
+    return max(1, int(v * 1e6 / k))
+
+
+def c_values(fields: dict[str, Field], values: dict[str, Any], k: float) -> dict[str, Any]:
+    """The C struct's fields from a section's settings: every declared
+    field with a C home, converted to real units at time scale k."""
+    out = {}
+    for key, f in fields.items():
+        if f.c is None:
+            continue
+        v = values.get(key, f.default)
+        out[f.c or key] = f.to_c(v, k) if f.to_c else v
+    return out
 
 
 def _is_int(v: Any) -> bool:
@@ -102,7 +135,11 @@ def boolean(default: Any = None, help: str = "") -> Field:
 
 def one_of(choices: tuple[str, ...], default: Any = None, help: str = "") -> Field:
     return Field(
-        "one of " + ", ".join(repr(c) for c in choices), lambda v: v in choices, default, help
+        "one of " + ", ".join(repr(c) for c in choices),
+        lambda v: v in choices,
+        default,
+        help,
+        choices=choices,
     )
 
 
@@ -197,47 +234,51 @@ def _topology_schema(family: str) -> dict[str, Field]:
     }
 
 
-def _switch_schema(family: str) -> dict[str, Field]:
+def switch_fields(family: str) -> dict[str, Field]:
     bdp = _bdp_bytes(family)
+    # .into(): the C struct field it fills (inc_slots goes in by hand: only
+    # while inc is on)
     return {
         "forwarding": one_of(
             ("ecmp", "spray", "adaptive"),
             "spray",
             "ETH+ frames: per-packet by entropy, or least-loaded queue",
-        ),
-        "ecn": boolean(True),
-        "ecn_kmin_bytes": pos_int(bdp // 5, "RED Kmin (0.2 BDP)"),
-        "ecn_kmax_bytes": pos_int(bdp * 4 // 5, "RED Kmax (0.8 BDP)"),
-        "ecn_pmax": fraction(0.2),
-        "trimming": boolean(True),
-        "trim_threshold_bytes": pos_int(bdp, "1 x BDP"),
-        "lossless": boolean(False, "PFC on every switch port"),
-        "pfc_xoff_bytes": pos_int(bdp * 2),
-        "pfc_xon_bytes": pos_int(bdp),
+        ).into(),
+        "ecn": boolean(True).into(),
+        "ecn_kmin_bytes": pos_int(bdp // 5, "RED Kmin (0.2 BDP)").into(),
+        "ecn_kmax_bytes": pos_int(bdp * 4 // 5, "RED Kmax (0.8 BDP)").into(),
+        "ecn_pmax": fraction(0.2).into(),
+        "trimming": boolean(True).into(),
+        "trim_threshold_bytes": pos_int(bdp, "1 x BDP").into(),
+        "lossless": boolean(False, "PFC on every switch port").into(),
+        "pfc_xoff_bytes": pos_int(bdp * 2).into(),
+        "pfc_xon_bytes": pos_int(bdp).into(),
         "pfc_headroom_bytes": nonneg_int(
             0,
             "lossless: what a port may have buffered past XOFF (its frames are never"
             " tail-dropped at an egress); 0: its link's rate x (two delays + 5 ms of"
             " emulator response), plus two frames",
-        ),
+        ).into(),
         "hosts_may_pause": boolean(
             False, "PFC frames from an accelerator's port pause the switch (else ignored, counted)"
-        ),
+        ).into(),
         "pfc_watchdog_us": nonneg_int(
             200_000,
             "PFC watchdog, nominal: a class paused longer than this without a break is released"
             " and ignores pauses for as long again (0: never)",
-        ),
+        ).into("pfc_watchdog_ns", real_ns_from_us),
         "shared_buffer_bytes": nonneg_int(
             0, "one buffer for all of a switch's egress queues; 0: per-port buffers"
-        ),
-        "dt_alpha": pos_num(1.0, "dynamic threshold: a queue may take alpha x the free buffer"),
+        ).into(),
+        "dt_alpha": pos_num(
+            1.0, "dynamic threshold: a queue may take alpha x the free buffer"
+        ).into(),
         "ring_idle_ms": nonneg_int(
             100,
             "a switch receives frame by frame while idle and through an RX ring while busy;"
             " the ring is taken down after this long without a frame, or of a trickle"
             " (0: it stays up)",
-        ),
+        ).into(),
         "inc": boolean(False, "in-network computing: switches aggregate all-reduce chunks"),
         "inc_tree": boolean(
             True,
@@ -256,6 +297,37 @@ def _switch_schema(family: str) -> dict[str, Field]:
 # The ETH+ transport's congestion controls (nic.CC_ALGOS maps them to the C core's).
 CC_NAMES = ("nscc", "hpcc", "rccc")
 
+# The emulated RoCEv2 transport (`roce`), nominal units, each into the
+# engine's struct ethp_nic_cfg (nic.roce_cfg); DCQCN defaults are the
+# paper's (PROTOCOLS.md), increase steps 0.1% / 1% of a 400G port.
+NIC_ROCE_FIELDS = {
+    "roce_qps": nonneg_int(0, "queue pairs per pair of ranks; 0: one per plane").into("qps"),
+    "roce_rto_us": pos_num(131.072, "retransmit timeout: 4.096 us x 2^5, as RoCE NICs set it").into(
+        "rto_ns", real_ns_from_us
+    ),
+    "dcqcn": boolean(True, "DCQCN rate control (off: line rate, PFC alone)").into(),
+    "dcqcn_g": fraction(1 / 256, "alpha gain g").into(
+        "dcqcn_g_inv", lambda g, _k: max(1, round(1 / g))
+    ),
+    "dcqcn_timer_us": pos_num(55.0, "alpha update and rate-increase timer").into(
+        "dcqcn_timer_ns", real_ns_from_us
+    ),
+    "dcqcn_byte_counter_bytes": pos_int(10_000_000, "bytes per byte-counter stage").into(),
+    "dcqcn_f": pos_int(5, "fast-recovery stages").into(),
+    "dcqcn_rai_mbps": pos_num(400.0, "additive increase step").into(
+        "dcqcn_rai_bps", real_bps_from_mbps
+    ),
+    "dcqcn_rhai_mbps": pos_num(4000.0, "hyper increase step").into(
+        "dcqcn_rhai_bps", real_bps_from_mbps
+    ),
+    "dcqcn_min_rate_mbps": pos_num(100.0, "lowest rate").into(
+        "dcqcn_min_rate_bps", real_bps_from_mbps
+    ),
+    "cnp_interval_us": pos_num(50.0, "at most one CNP per QP per interval").into(
+        "cnp_interval_ns", real_ns_from_us
+    ),
+}
+
 _NIC_SCHEMA = {
     "encapsulation": one_of(
         ("udp", "compact"), "udp", "ETH+ over IPv4/UDP, or the compact EtherType form"
@@ -266,25 +338,13 @@ _NIC_SCHEMA = {
         "ETH+ congestion control: NSCC-like (ECN and delay), HPCC-like (INT from each switch)"
         " or RCCC-like (receiver credits capping the NSCC-like window)",
     ),
-    # The emulated RoCEv2 transport (`roce`), nominal units; DCQCN defaults are
-    # the paper's (PROTOCOLS.md), increase steps 0.1% / 1% of a 400G port.
-    "roce_qps": nonneg_int(0, "queue pairs per pair of ranks; 0: one per plane"),
     "ring_idle_ms": nonneg_int(
         100,
         "a NIC receives frame by frame while idle and through an RX ring while busy;"
         " the ring is taken down after this long without a frame, or of a trickle"
         " (0: it stays up)",
     ),
-    "roce_rto_us": pos_num(131.072, "retransmit timeout: 4.096 us x 2^5, as RoCE NICs set it"),
-    "dcqcn": boolean(True, "DCQCN rate control (off: line rate, PFC alone)"),
-    "dcqcn_g": fraction(1 / 256, "alpha gain g"),
-    "dcqcn_timer_us": pos_num(55.0, "alpha update and rate-increase timer"),
-    "dcqcn_byte_counter_bytes": pos_int(10_000_000, "bytes per byte-counter stage"),
-    "dcqcn_f": pos_int(5, "fast-recovery stages"),
-    "dcqcn_rai_mbps": pos_num(400.0, "additive increase step"),
-    "dcqcn_rhai_mbps": pos_num(4000.0, "hyper increase step"),
-    "dcqcn_min_rate_mbps": pos_num(100.0, "lowest rate"),
-    "cnp_interval_us": pos_num(50.0, "at most one CNP per QP per interval"),
+    **NIC_ROCE_FIELDS,
 }
 
 
@@ -299,7 +359,8 @@ _TCP_SCHEMA = {
 }
 
 
-def _schema(family: str) -> dict[str, dict[str, Field]]:
+def schema(family: str) -> dict[str, dict[str, Field]]:
+    """Every table and key a lab file of this family may have, declared."""
     bdp = _bdp_bytes(family)
     d = _FAMILY_DEFAULTS[family]
     s = {
@@ -311,7 +372,7 @@ def _schema(family: str) -> dict[str, dict[str, Field]]:
         },
         "topology": _topology_schema(family),
         "link": _link_schema(400, d["delay_ns"], 4 * bdp),
-        "switch": _switch_schema(family),
+        "switch": switch_fields(family),
         "nic": _NIC_SCHEMA,
         "tcp": _TCP_SCHEMA,
     }
@@ -491,11 +552,11 @@ def load(file_or_name: str, name: str | None = None) -> LabSpec:
         raise LabFileError(
             path, "lab.family", "one of " + ", ".join(repr(f) for f in FAMILIES), family
         )
-    schema = _schema(family)
+    tables = schema(family)
     for section in data:
-        if section not in schema:
-            raise LabFileError(path, section, "a known section (one of " + ", ".join(schema) + ")")
-    s = {sec: _section(path, data, sec, fields) for sec, fields in schema.items()}
+        if section not in tables:
+            raise LabFileError(path, section, "a known section (one of " + ", ".join(tables) + ")")
+    s = {sec: _section(path, data, sec, fields) for sec, fields in tables.items()}
 
     lab_name_value = name if name is not None else (s["lab"]["name"] or p.stem)
     if not registry.valid_name(lab_name_value):

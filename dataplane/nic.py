@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dataplane import clock, registry
 from dataplane.core import ffi, lib
 from dataplane.errors import EthplusError
-from dataplane.labfile import CC_NAMES
+from dataplane.labfile import CC_NAMES, NIC_ROCE_FIELDS, c_values
 
 NIC_COUNTERS: tuple[str, ...] = tuple(
     ffi.string(lib.ethp_nic_counter_name(i)).decode() for i in range(lib.ethp_nic_counter_count())
@@ -139,25 +139,21 @@ def engine_cfg(
 
 
 def roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn, spray) -> None:
-    """The RoCE mode's settings, from the lab file's [nic] (nominal) to real."""
+    """The RoCE mode's settings: the lab file's [nic] (nominal) into the
+    engine's struct, real at time scale k (labfile.NIC_ROCE_FIELDS says
+    where each goes and how); then what the command line or the engine's
+    bounds override."""
     cfg.roce = 1
-    cfg.qps = qps or nic.get("roce_qps") or planes
+    for name, v in c_values(NIC_ROCE_FIELDS, nic, k).items():
+        setattr(cfg, name, v)
+    cfg.qps = qps or cfg.qps or planes
     if not 1 <= cfg.qps <= 16:
         raise NicError(f"qps must be between 1 and 16, not {cfg.qps}")
     cfg.roce_spray = bool(spray)
-    cfg.dcqcn = bool(nic.get("dcqcn", True) if dcqcn is None else dcqcn)
-    us = 1000 * k  # one nominal microsecond, in real ns
-    cfg.rto_ns = max(int(nic.get("roce_rto_us", 131.072) * us), cfg.rto_floor_ns)
-    cfg.cnp_interval_ns = int(nic.get("cnp_interval_us", 50.0) * us)
-    cfg.dcqcn_timer_ns = int(nic.get("dcqcn_timer_us", 55.0) * us)
-    cfg.dcqcn_byte_counter_bytes = int(nic.get("dcqcn_byte_counter_bytes", 10_000_000))
-    cfg.dcqcn_g_inv = max(1, round(1 / nic.get("dcqcn_g", 1 / 256)))
-    cfg.dcqcn_f = int(nic.get("dcqcn_f", 5))
-    mbps = 1e6 / k  # one nominal Mbit/s, in real bit/s
-    cfg.dcqcn_rai_bps = max(1, int(nic.get("dcqcn_rai_mbps", 400.0) * mbps))
-    cfg.dcqcn_rhai_bps = max(1, int(nic.get("dcqcn_rhai_mbps", 4000.0) * mbps))
-    lowest = max(1, int(nic.get("dcqcn_min_rate_mbps", 100.0) * mbps))
-    cfg.dcqcn_min_rate_bps = min(rate_real, lowest)
+    if dcqcn is not None:
+        cfg.dcqcn = bool(dcqcn)
+    cfg.rto_ns = max(cfg.rto_ns, cfg.rto_floor_ns)
+    cfg.dcqcn_min_rate_bps = min(rate_real, cfg.dcqcn_min_rate_bps)
 
 
 class Endpoint:
@@ -354,6 +350,13 @@ class Endpoint:
             cls, msg = _ERRORS.get(st, (NicError, f"error {st}"))
             raise cls(msg)
         return nbytes[0]
+
+    def c_config(self) -> dict:
+        """The engine's settings as its C struct holds them (real units, at
+        the k it was made at)."""
+        c = ffi.new("struct ethp_nic_cfg *")
+        lib.ethp_nic_config(self._nic, c)
+        return {name: getattr(c, name) for name, _ in ffi.typeof(c[0]).fields}
 
     def counters(self, peer: int | None = None) -> dict[str, int]:
         out = ffi.new("uint64_t[]", len(NIC_COUNTERS))

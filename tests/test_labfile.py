@@ -80,3 +80,27 @@ def test_defaults_fill_what_a_file_leaves_out(tmp_path):
     assert spec.name == "tiny"
     assert len(spec.topology.hosts()) == 16  # 4 leaves x 4 hosts
     assert spec.topology.base_rtt_ns == 10_000
+
+
+def test_a_setting_is_declared_once_with_its_way_into_c():
+    """The C structs' fields come from the declarations: each [switch] key
+    that reaches a switch names its C field and conversion, and the nominal
+    times and rates come out real at the lab's k (no root, no C)."""
+    sw = labfile.switch_fields("erack")
+    vals = {k: f.default for k, f in sw.items()}
+    at_10 = labfile.c_values(sw, vals, 10.0)
+    assert at_10["pfc_watchdog_ns"] == 200_000 * 1000 * 10  # us nominal -> ns real
+    assert at_10["ecn_kmin_bytes"] == sw["ecn_kmin_bytes"].default  # bytes do not scale
+    assert "inc_slots" not in at_10 and "inc" not in at_10  # by hand: only while inc is on
+    nic = labfile.c_values(labfile.NIC_ROCE_FIELDS, {"dcqcn_rai_mbps": 400.0}, 100.0)
+    assert nic["dcqcn_rai_bps"] == 4_000_000  # Mbit/s nominal -> bit/s real
+    assert nic["dcqcn_g_inv"] == 256 and nic["cnp_interval_ns"] == 50 * 1000 * 100
+    assert set(nic) >= {"qps", "rto_ns", "dcqcn", "dcqcn_timer_ns", "dcqcn_min_rate_bps"}
+
+
+def test_lab_keys_lists_every_declared_key():
+    r = ethplus("lab", "keys", "--family", "clos", check=True)
+    for sec in ("lab", "switch", "nic", "tcp"):
+        for key in labfile.schema("clos")[sec]:
+            assert f"{sec}.{key}" in r.stdout
+    assert "dcqcn_g" in r.stdout and "RED Kmin" in r.stdout

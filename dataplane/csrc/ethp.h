@@ -500,6 +500,8 @@ int ethp_switch_agg_leave(struct ethp_switch *sw, uint32_t group);
 int ethp_switch_agg_register(struct ethp_switch *sw, uint32_t group, const uint32_t *ips,
                              const uint32_t *eps, uint32_t n_members, uint32_t quota_slots);
 int ethp_switch_agg_unregister(struct ethp_switch *sw, uint32_t group);
+/* The switch's settings as it was made with (real units). */
+void ethp_switch_config(const struct ethp_switch *sw, struct ethp_switch_cfg *out);
 /* Build an 802.1Qbb PFC frame pausing the classes in mask for quanta. */
 int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t class_mask,
                    uint16_t quanta);
@@ -670,6 +672,8 @@ int ethp_nic_set_clock(struct ethp_nic *nic, struct ethp_clock *clock);
 double ethp_nic_time_scale(const struct ethp_nic *nic);
 /* This endpoint's incarnation (its connection epoch, in every frame it sends). */
 uint32_t ethp_nic_epoch(const struct ethp_nic *nic);
+/* The engine's settings as it was made with (real units, at its first k). */
+void ethp_nic_config(const struct ethp_nic *nic, struct ethp_nic_cfg *out);
 /* In-network all-reduce.  One aggregator a job's chunks go to, and the port
  * (plane) that reaches it. */
 struct ethp_nic_agg {

@@ -1000,3 +1000,5 @@ int ethp_nic_set_plane(struct ethp_nic *n, uint32_t plane, uint32_t up)
 }
 
 uint32_t ethp_nic_epoch(const struct ethp_nic *n) { return n->epoch; }
+
+void ethp_nic_config(const struct ethp_nic *n, struct ethp_nic_cfg *out) { *out = n->cfg0; }

@@ -1208,3 +1208,8 @@ void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out, 
         for (int i = 0; i < ETHP_SW_NCLASS_COUNTERS; i++)
             cls_out[c * ETHP_SW_NCLASS_COUNTERS + i] = __atomic_load_n(&e->cc[c][i], __ATOMIC_RELAXED);
 }
+
+void ethp_switch_config(const struct ethp_switch *sw, struct ethp_switch_cfg *out)
+{
+    *out = sw->cfg;
+}

@@ -1,0 +1,110 @@
+"""Every setting a lab file declares goes where its declaration says, on a
+real lab: file -> lab.json -> the C structs the switches and the NIC
+engines run with (converted to real units at the lab's k exactly as
+declared) -> `lab show --settings`, unchanged.  Each declared key is set
+to a value other than its default, so a setting dropped or defaulted on
+the way shows."""
+
+import math
+
+import pytest
+from conftest import RUN_ID, ethplus
+
+from dataplane import lab, labfile, registry
+from dataplane.nic import RTO_FLOOR_NS, Endpoint
+
+pytestmark = pytest.mark.root
+
+K = 100  # the lab's time scale, pinned: every conversion is at this k
+# values a generic rule cannot pick (the NIC takes 1 to 16 queue pairs)
+SPECIAL = {"roce_qps": 1}
+
+
+def _other(key: str, f: labfile.Field):
+    """A valid value for f other than its default."""
+    d = f.default
+    if key in SPECIAL:
+        v = SPECIAL[key]
+    elif f.choices:
+        v = next(c for c in f.choices if c != d)
+    elif isinstance(d, bool):
+        v = not d
+    elif isinstance(d, int):
+        v = 2 * d if d else 1_000_000
+    else:
+        v = d * 1.5
+    assert f.ok(v) and v != d, (key, v)
+    return v
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return f'"{v}"' if isinstance(v, str) else repr(v)
+
+
+SWITCH = labfile.switch_fields("erack")
+DECLARED = {
+    "switch": {k: _other(k, f) for k, f in SWITCH.items() if f.c is not None},
+    "nic": {k: _other(k, f) for k, f in labfile.NIC_ROCE_FIELDS.items()},
+}
+
+
+@pytest.fixture(scope="module")
+def settings_lab(tmp_path_factory):
+    name = f"{RUN_ID}-st"
+    path = tmp_path_factory.mktemp("settings") / "settings.toml"
+    body = [
+        "[lab]", 'family = "erack"', f"time_scale = {K}",
+        "[topology]", "accelerators = 4", "planes = 2",
+    ]  # fmt: skip
+    for sec, values in DECLARED.items():
+        body.append(f"[{sec}]")
+        body += [f"{k} = {_toml(v)}" for k, v in values.items()]
+    path.write_text("\n".join(body) + "\n")
+    ethplus("lab", "up", str(path), "--name", name, check=True)
+    try:
+        yield name
+    finally:
+        ethplus("lab", "down", name)
+
+
+def _same(a, b) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9) if isinstance(a, float) else a == b
+
+
+def test_every_switch_setting_reaches_the_switches_c_struct(settings_lab):
+    rec = registry.load_lab(settings_lab)
+    assert {k: rec["switch"][k] for k in DECLARED["switch"]} == DECLARED["switch"]  # lab.json
+    want = labfile.c_values(SWITCH, rec["switch"], K)
+    assert "pfc_watchdog_ns" in want and want["pfc_watchdog_ns"] != rec["switch"]["pfc_watchdog_us"]
+    for node in ("plane0", "plane1"):
+        got = lab.control(settings_lab, {"op": "config", "node": node})["config"]
+        wrong = {c: (got[c], v) for c, v in want.items() if not _same(got[c], v)}
+        assert not wrong, f"{node}: C struct field: (in C, declared): {wrong}"
+
+
+def test_every_roce_setting_reaches_the_engines_c_struct(settings_lab):
+    rec = registry.load_lab(settings_lab)
+    assert {k: rec["nic"][k] for k in DECLARED["nic"]} == DECLARED["nic"]  # lab.json
+    want = labfile.c_values(labfile.NIC_ROCE_FIELDS, rec["nic"], K)
+    with Endpoint(settings_lab, "h0", roce=True) as ep:
+        got = ep.c_config()
+        # the engine's bounds, on top of the declared conversion
+        want["rto_ns"] = max(want["rto_ns"], RTO_FLOOR_NS)
+        want["dcqcn_min_rate_bps"] = min(got["rate_bps"], want["dcqcn_min_rate_bps"])
+        wrong = {c: (got[c], v) for c, v in want.items() if not _same(got[c], v)}
+        assert not wrong, f"C struct field: (in C, declared): {wrong}"
+        assert ep.config["qps"] == DECLARED["nic"]["roce_qps"]
+
+
+def test_lab_show_settings_lists_every_declared_key_with_its_value(settings_lab):
+    r = ethplus("lab", "show", settings_lab, "--settings", check=True)
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()[1:] if line}
+    for sec in ("lab", "switch", "nic", "tcp"):
+        for key in labfile.schema("erack")[sec]:
+            assert f"{sec}.{key}" in rows, f"{sec}.{key} missing from lab show --settings"
+    for sec, values in DECLARED.items():
+        for key, v in values.items():
+            shown = rows[f"{sec}.{key}"]
+            assert shown == (f"{v:g}" if isinstance(v, float) else _toml(v)), (key, shown, v)
