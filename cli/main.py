@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -513,47 +512,36 @@ def cmd_bench(args) -> int:
 def _compare(args, collectives: list[str], transports: list[str], in_network: bool = False) -> int:
     """in_network: all-reduce also as the switches reduce it (ethplus), if
     the lab can."""
-    from dataplane import bench, fidelity, inc, lab, report
+    from dataplane import bench, compare, fidelity, lab, report
 
-    if args.cc and "ethplus" not in transports:
-        raise BenchError("--cc: chooses the ethplus transport's congestion control;"
-                         " add ethplus to --transports")  # fmt: skip
-    specs = []
-    for c in collectives:
-        args.collective = c
-        for t in transports:
-            if t == "ethplus" and args.cc:
-                specs += [_bench_spec(args, t, cc) for cc in _split(args.cc)]
-            else:
-                specs.append(_bench_spec(args, t))
-        if in_network and c == "all-reduce" and args.algo != "in-network":
-            specs.append(dataclasses.replace(_bench_spec(args, "ethplus"), algo="in-network"))
+    def make(collective: str, transport: str, cc: str | None):
+        return _bench_spec(argparse.Namespace(**{**vars(args), "collective": collective}),
+                           transport, cc)  # fmt: skip
+
+    def run_one(spec, rec: dict, nodes) -> dict:
+        print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
+        res = _run_one(spec, rec, nodes, govern=not args.no_govern)
+        if _governor_line(res):
+            print(_governor_line(res), file=sys.stderr)
+        print(bench.footer(res))
+        if not res["fidelity"]["clean"]:
+            print(fidelity.render(res["fidelity"]))
+        print(flush=True)
+        return res
+
+    runs = compare.specs(collectives, transports, make, _split(args.cc or ""), in_network,
+                         args.algo)  # fmt: skip
     lab.require_root(f"ethplus {args.command}")
-    results = []
-    with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
-        why = inc.inc_problem(rec)
-        if why and any(s.algo == "in-network" for s in specs):
-            if args.command != "demo":
-                raise BenchError(f"--in-network: {why}")
-            print(f"(no in-network all-reduce: {why})", flush=True)
-            specs = [s for s in specs if s.algo != "in-network"]
-        nodes = bench.check_nodes(getattr(args, "nodes", None), rec)
-        for spec in specs:
-            print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
-            res = _run_one(spec, rec, nodes, govern=not args.no_govern)
-            if _governor_line(res):
-                print(_governor_line(res), file=sys.stderr)
-            print(bench.footer(res))
-            if not res["fidelity"]["clean"]:
-                print(fidelity.render(res["fidelity"]))
-            print(flush=True)
-            results.append(res)
-        paths = report.write(args.out, results, rec)
+    results, paths = compare.run(
+        runs, args.lab, args.time_scale, args.out, run_one=run_one,
+        nodes=getattr(args, "nodes", None), skip_in_network=args.command == "demo",
+        announce=_announce, say=lambda m: print(m, flush=True),
+    )  # fmt: skip
     _print_comparison(results)
     print(f"\nreport: {paths['report']}")
     print(f"data:   {paths['results']}")
     print("plots:  " + "  ".join(paths[p.removesuffix(".png")] for p in report.PLOTS))
-    return 1 if any(r["wrong"] for res in results for r in res["rows"]) else 0
+    return 1 if compare.wrong(results) else 0
 
 
 def _print_comparison(results: list[dict]) -> None:
