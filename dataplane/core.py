@@ -1,8 +1,12 @@
 """The one module that owns the compiled C core (``dataplane._ethp``).
 
-Everything else in the package goes through the typed wrappers here; nobody
-else imports the raw ``lib``.  Import checks that the compiled core matches
-the header this Python code was written against.
+It loads the extension and checks that it matches the header this Python
+code was written against; nothing else imports ``dataplane._ethp``.  The
+switch, ports, pools and wire format have their typed wrappers here; the
+modules that wrap one C object each (nic.py the NIC engine, memfabric.py
+the in-memory fabric, clock.py the fabric clock, capture.py and fuzz.py
+raw frames) take ``ffi`` and ``lib`` from here, and only they do (the
+model and the command line import no C: tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 29
+ABI_VERSION = 30
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(

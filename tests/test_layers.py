@@ -120,3 +120,21 @@ def test_the_model_loads_without_the_compiled_core(module):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent)
     assert r.returncode == 0, r.stderr
+
+
+# The modules that wrap one C object each and take the raw ffi and lib from
+# core (core.py says why); every other module uses core's typed wrappers.
+RAW_C = {"core", "nic", "memfabric", "clock", "capture", "fuzz"}
+
+
+def test_only_the_c_objects_wrappers_touch_the_raw_cffi():
+    for path in PKG.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in (
+                "dataplane.core",
+                "dataplane._ethp",
+            ):
+                raw = {a.name for a in node.names} & {"ffi", "lib"}
+                assert not raw or path.stem in RAW_C, (
+                    f"{path.name} imports {raw} from {node.module}"
+                )

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
-#define ETHP_ABI_VERSION 29
+#define ETHP_ABI_VERSION 30
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
