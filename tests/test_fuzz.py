@@ -7,7 +7,7 @@ ends somewhere counted: the switches' conservation check and every
 endpoint's receive balance hold."""
 
 import pytest
-from conftest import RUN_ID, ethplus
+from labtools import shipped_lab
 
 from dataplane import core, fuzz, registry
 from dataplane.job import fabric_stats
@@ -17,12 +17,8 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture(scope="module")
 def erack():
-    name = f"{RUN_ID}-fz"
-    ethplus("lab", "up", "erack-8x4", "--name", name, check=True)
-    try:
+    with shipped_lab("fz", "erack-8x4") as name:
         yield name
-    finally:
-        ethplus("lab", "down", name)
 
 
 def test_fuzzer_covers_every_opcode_form_and_field():

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RUN_ID, ethplus
-from labtools import Capture, Lab, ethp_frame, send_paced
+from conftest import ethplus
+from labtools import Capture, Lab, ethp_frame, send_paced, shipped_lab
 
 from dataplane import core, stats
 from dataplane.nic import BufferTooSmall, Endpoint, NicError, NoReceive, Unreachable
@@ -23,16 +23,13 @@ OTHER_VERSIONS = [v for v in range(16) if v != core.lib.ETHP_VERSION]
 
 @pytest.fixture(scope="module")
 def erack():
-    name = f"{RUN_ID}-nic"
-    ethplus("lab", "up", "erack-8x4", "--name", name, check=True)
-    lab = Lab(name)
     eps = {}
-    try:
-        yield lab, eps
-    finally:
-        for ep in eps.values():
-            ep.close()
-        ethplus("lab", "down", name)
+    with shipped_lab("nic", "erack-8x4") as name:
+        try:
+            yield Lab(name), eps
+        finally:
+            for ep in eps.values():
+                ep.close()
 
 
 def endpoint(ctx, node: str) -> Endpoint:
