@@ -125,18 +125,9 @@ static void on_data(struct ethp_nic *n, struct nic_peer *p, const struct ethp_pa
         nic_count(n, p, ETHP_NC_rx_beyond_window, 1); /* the sender will resend */
         return;
     }
-    int refused;
-    struct nic_msg *m = nic_bind_msg(n, p, h->msg_id, h->tag, &refused);
-    if (refused)
+    struct nic_msg *m;
+    if (!nic_rx_take(n, p, ps, payload, 0, h->entropy, &m))
         return;
-    if (!m && !nic_keep_eager(n, p, ps, payload)) {
-        /* no receive posted for this tag yet: not acked; say so, so that the
-         * sender backs off and retries instead of waiting for a timeout */
-        nic_count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
-        nic_send_ctl(n, p, ETHP_OP_RNR, h->psn, 0, 0, 0, h->ts_ns, h->entropy, NULL, 0);
-        nic_count(n, p, ETHP_NC_tx_rnrs, 1);
-        return;
-    }
     if (m)
         nic_place(n, p, m, ps, payload);
     p->rbits[(h->psn % NIC_RWIN) / 8] |= (uint8_t)(1u << (h->psn % 8));

@@ -356,14 +356,12 @@ uint64_t nic_sub_free_at(const struct nic_peer *p, uint32_t sub);
 void nic_timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now);
 
 /* nic_rx.c */
-struct nic_msg *nic_bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t msg_id,
-                             uint32_t tag, int *refused);
-int nic_keep_eager(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
-                   const uint8_t *payload);
 int nic_payload_whole(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps);
 void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
                const struct ethp_parsed *ps, const uint8_t *payload);
 int nic_take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m);
+int nic_rx_take(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                const uint8_t *payload, uint32_t aux, uint16_t ev, struct nic_msg **m);
 
 /* nic_inc.c */
 uint64_t nic_inc_due(const struct ethp_nic *n);

@@ -94,16 +94,9 @@ static void on_data_roce(struct ethp_nic *n, struct nic_peer *p, const struct et
         }
         return;
     }
-    int refused;
-    struct nic_msg *m = nic_bind_msg(n, p, h->msg_id, h->tag, &refused);
-    if (refused)
+    struct nic_msg *m;
+    if (!nic_rx_take(n, p, ps, payload, q, qp->ev, &m))
         return;
-    if (!m && !nic_keep_eager(n, p, ps, payload)) {
-        nic_count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
-        nic_send_ctl(n, p, ETHP_OP_RNR, h->psn, q, 0, 0, h->ts_ns, qp->ev, NULL, 0);
-        nic_count(n, p, ETHP_NC_tx_rnrs, 1);
-        return;
-    }
     if (m)
         nic_place(n, p, m, ps, payload);
     qp->rcv_nxt += n->cfg.qps;

@@ -8,8 +8,8 @@
  * bound to, else the first receive posted for its tag, bound now.  NULL
  * when none is posted (*refused 0) or when the msg_id is bound to a message
  * of another tag (*refused 1: forged or broken, counted). */
-struct nic_msg *nic_bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t msg_id,
-                             uint32_t tag, int *refused)
+static struct nic_msg *nic_bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t msg_id,
+                                    uint32_t tag, int *refused)
 {
     *refused = 0;
     for (int i = 0; i < 64; i++)
@@ -48,8 +48,8 @@ struct nic_msg *nic_bind_msg(struct ethp_nic *n, struct nic_peer *p, uint32_t ms
 /* A message with no receive posted for its tag: keep it if it is whole in
  * this one packet, small, and a slot is free (1), else 0 (the caller says
  * receiver-not-ready).  Its length is the packet's, checked whole. */
-int nic_keep_eager(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
-                   const uint8_t *payload)
+static int nic_keep_eager(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                          const uint8_t *payload)
 {
     const struct ethp_hdr_fields *h = &ps->hdr;
     if (!(h->flags & ETHP_F_LAST) || h->offset_bytes || ps->payload_bytes != h->len_bytes ||
@@ -129,4 +129,26 @@ void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
         }
     }
     nic_count(n, p, ETHP_NC_rx_data_pkts, 1);
+}
+
+/* A data packet's message, or room in the eager buffer: 1 if the packet is
+ * taken (*m: its message; NULL: kept eager), 0 if not (refused, or no
+ * receive posted for its tag: then it is not acked, and the sender is told
+ * so, to back off and retry rather than wait for a timeout; aux and ev as
+ * the mode puts them in its control frames). */
+int nic_rx_take(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
+                const uint8_t *payload, uint32_t aux, uint16_t ev, struct nic_msg **m)
+{
+    const struct ethp_hdr_fields *h = &ps->hdr;
+    int refused;
+    *m = nic_bind_msg(n, p, h->msg_id, h->tag, &refused);
+    if (refused)
+        return 0;
+    if (!*m && !nic_keep_eager(n, p, ps, payload)) {
+        nic_count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
+        nic_send_ctl(n, p, ETHP_OP_RNR, h->psn, aux, 0, 0, h->ts_ns, ev, NULL, 0);
+        nic_count(n, p, ETHP_NC_tx_rnrs, 1);
+        return 0;
+    }
+    return 1;
 }
