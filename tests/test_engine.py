@@ -175,3 +175,24 @@ def test_these_tests_need_no_privilege():
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and "failed" not in r.stdout
+
+
+def test_a_peer_that_restarts_mid_message_gets_all_of_it_again(make):
+    """Rank 1 is replaced by a new incarnation while rank 0's message to it
+    is under way: the new one refuses the old incarnation's frames and says
+    hello, rank 0 starts the message over, and every byte arrives."""
+    fab, eps = make(2)
+    data = _payload(1 * MiB, 3)
+    hs = eps[0].post_send(1, 5, data)
+    while eps[0].counters()["rx_rnrs"] == 0:  # under way: the old rank 1 posted nothing
+        time.sleep(0.001)
+    eps[1].close()
+    fab.endpoints.remove(eps[1])
+    eps[1] = fab.endpoint(1)  # the same rank, restarted
+    out = np.zeros(1 * MiB, dtype=np.uint8)
+    hr = eps[1].post_recv(0, 5, out)
+    assert eps[0].wait(hs, TIMEOUT_S) == len(data)
+    assert eps[1].wait(hr, TIMEOUT_S) == len(data)
+    assert np.array_equal(out, data)
+    assert eps[0].counters()["peer_resets"] == 1
+    assert eps[1].counters()["rx_stale_epoch"] > 0 and eps[1].counters()["tx_hellos"] > 0
