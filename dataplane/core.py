@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from dataplane.errors import EthplusError
 
@@ -429,20 +429,34 @@ FWD_MODES = {
 
 
 @dataclass
-class LinkState:
-    """A switch port's link in real (time-scaled) units."""
+class Link:
+    """A link's parameters and faults, in nominal units or real ones (the
+    fabric keeps the nominal ones; scaled() gives the real ones)."""
 
     rate_bps: int
     delay_ns: int
     buffer_bytes: int
-    mac: str
-    peer_mac: str
     loss: float = 0.0
     corrupt: float = 0.0
     up: bool = True
-    peer_is_host: bool = False
     llr: bool = False  # link-level retry
     jitter_ns: int = 0
+
+    def scaled(self, k: float) -> dict:
+        """These parameters at time scale k: real = nominal rate / k,
+        nominal times x k (the one place a link's units are converted)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(Link)},
+                "rate_bps": max(1, int(self.rate_bps / k)), "delay_ns": int(self.delay_ns * k),
+                "jitter_ns": int(self.jitter_ns * k)}  # fmt: skip
+
+
+@dataclass
+class LinkState(Link):
+    """A switch port's link in real (time-scaled) units, and its two ends."""
+
+    mac: str = ""
+    peer_mac: str = ""
+    peer_is_host: bool = False
 
     def to_c(self):
         c = ffi.new("struct ethp_link_state *")

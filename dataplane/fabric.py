@@ -34,18 +34,10 @@ from dataplane.fabric_client import socket_path
 
 
 @dataclass
-class NominalLink:
+class NominalLink(core.Link):
     """What `lab show` and `link set` speak: nominal units."""
 
-    rate_bps: int
-    delay_ns: int
-    buffer_bytes: int
-    mtu_bytes: int
-    loss: float = 0.0
-    corrupt: float = 0.0
-    up: bool = True
-    llr: bool = False
-    jitter_ns: int = 0
+    mtu_bytes: int = 0
 
 
 def _worst(before: list[int], after: list[int]) -> int:
@@ -92,17 +84,10 @@ class Fabric:
         peer_node = self.nodes[me["peer"]]
         peer_port = lk["a_port"] if lk["a"] == me["peer"] else lk["b_port"]
         return core.LinkState(
-            rate_bps=max(1, int(nl.rate_bps / self.k)),
-            delay_ns=int(nl.delay_ns * self.k),
-            jitter_ns=int(nl.jitter_ns * self.k),
-            buffer_bytes=nl.buffer_bytes,
+            **nl.scaled(self.k),
             mac=me["mac"],
             peer_mac=peer_node["ports"][peer_port]["mac"],
-            loss=nl.loss,
-            corrupt=nl.corrupt,
-            up=nl.up,
             peer_is_host=peer_node["role"] == "host",
-            llr=nl.llr,
         )
 
     def build(self) -> None:
@@ -150,7 +135,7 @@ class Fabric:
                 kernel.shape(
                     self.rec["namespaces"][end],
                     p["ifname"],
-                    rate_bps=max(8000, int(nl.rate_bps / self.k)),
+                    rate_bps=max(8000, nl.scaled(self.k)["rate_bps"]),
                     mtu_bytes=nl.mtu_bytes,
                 )
 
