@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from conftest import RUN_ID, ethplus
 
 from dataplane import core, job, kernel, stats
@@ -217,6 +218,22 @@ def running_lab(tag: str, file: str):
     afterwards (see shipped_lab)."""
     with shipped_lab(tag, file) as name:
         yield Lab(name)
+
+
+def module_lab(tag: str, file: str, *, name_only: bool = False):
+    """A module-scoped fixture (assign it to the fixture's name): shipped lab
+    `file` for the whole module, as a Lab (or its name, name_only), removed
+    afterwards whatever happens (see shipped_lab)."""
+
+    @pytest.fixture(scope="module")
+    def fixture():
+        if name_only:
+            with shipped_lab(tag, file) as name:
+                yield name
+        else:
+            yield from running_lab(tag, file)
+
+    return fixture
 
 
 def ethp_frames(frames: list[bytes]) -> list[core.Parsed]:

@@ -13,7 +13,7 @@ import time
 import jsonschema
 import pytest
 from conftest import RUN_ID, ethplus, fabric_pids
-from labtools import shipped_lab
+from labtools import module_lab
 
 from dataplane import bench, governor, registry, transport
 from dataplane.collectives import COLLECTIVES, bus_factor
@@ -23,16 +23,10 @@ pytestmark = pytest.mark.root
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def erack():
-    with shipped_lab("bn", "erack-8x4") as name:
-        yield name
+erack = module_lab("bn", "erack-8x4", name_only=True)
 
 
-@pytest.fixture(scope="module")
-def clos():
-    with shipped_lab("bn", "clos-16") as name:
-        yield name
+clos = module_lab("bn", "clos-16", name_only=True)
 
 
 def _job(lab: str, transport_name: str, collective: str, sizes: list[int], **kw) -> dict:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 from conftest import ethplus
-from labtools import Lab, running_lab
+from labtools import Lab, module_lab
 
 from dataplane.clock import Clock
 from dataplane.nic import Endpoint
@@ -23,9 +23,7 @@ MiB = 1 << 20
 STEPS = (2.0, 4.0, 1.0, 3.0, 1.5)
 
 
-@pytest.fixture(scope="module")
-def erack():
-    yield from running_lab("clock", "erack-8x4")
+erack = module_lab("clock", "erack-8x4")
 
 
 def _scale(lab: Lab, k: float) -> None:

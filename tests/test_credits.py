@@ -6,16 +6,14 @@ and queues, with every byte checked."""
 
 import numpy as np
 import pytest
-from labtools import MiB, capture_cli, incast, running_lab
+from labtools import MiB, capture_cli, incast, module_lab
 
 from dataplane.nic import Endpoint
 
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module")
-def erack():
-    yield from running_lab("credits", "erack-8x4")
+erack = module_lab("credits", "erack-8x4")
 
 
 def test_receiver_credits_keep_a_four_to_one_incast_from_trimming(erack, record_property):

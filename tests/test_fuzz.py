@@ -7,7 +7,7 @@ ends somewhere counted: the switches' conservation check and every
 endpoint's receive balance hold."""
 
 import pytest
-from labtools import shipped_lab
+from labtools import module_lab
 
 from dataplane import core, fuzz, registry
 from dataplane.job import fabric_stats
@@ -15,10 +15,7 @@ from dataplane.job import fabric_stats
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module")
-def erack():
-    with shipped_lab("fz", "erack-8x4") as name:
-        yield name
+erack = module_lab("fz", "erack-8x4", name_only=True)
 
 
 def test_fuzzer_covers_every_opcode_form_and_field():

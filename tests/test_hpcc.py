@@ -17,7 +17,7 @@ from labtools import (
     ethp_frames,
     if_stats,
     incast,
-    running_lab,
+    module_lab,
     send_paced,
 )
 
@@ -30,14 +30,10 @@ MiB = 1 << 20
 INT = core.FLAGS["int"]
 
 
-@pytest.fixture(scope="module")
-def erack():
-    yield from running_lab("hpcc", "erack-8x4")
+erack = module_lab("hpcc", "erack-8x4")
 
 
-@pytest.fixture(scope="module")
-def clos():
-    yield from running_lab("hpcc", "clos-16")
+clos = module_lab("hpcc", "clos-16")
 
 
 def _switch_ids(lab: Lab) -> dict[int, str]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from conftest import ethplus
-from labtools import Lab, if_stats, running_lab, shipped_lab
+from labtools import Lab, if_stats, module_lab, shipped_lab
 
 from dataplane import bench, core, labfile, registry, routing, stats
 from dataplane.job import Job, JobError, Plan
@@ -90,14 +90,10 @@ def test_in_network_needs_the_ethplus_transport():
 # ---------------------------------------------------------------- real labs
 
 
-@pytest.fixture(scope="module")
-def erack():
-    yield from running_lab("ic", "erack-8x4")
+erack = module_lab("ic", "erack-8x4")
 
 
-@pytest.fixture(scope="module")
-def clos():
-    yield from running_lab("ic", "clos-16")
+clos = module_lab("ic", "clos-16")
 
 
 def _job(lab: Lab, sizes: list[int], **kw) -> dict:

@@ -7,23 +7,17 @@ import warnings
 
 import pytest
 from conftest import ethplus
-from labtools import shipped_lab
+from labtools import module_lab
 
 from dataplane import bench, report, scenario
 
 KiB, MiB = 1024, 1 << 20
 
 
-@pytest.fixture(scope="module")
-def erack():
-    with shipped_lab("sc", "erack-8x4") as name:
-        yield name
+erack = module_lab("sc", "erack-8x4", name_only=True)
 
 
-@pytest.fixture(scope="module")
-def clos():
-    with shipped_lab("sc", "clos-16") as name:
-        yield name
+clos = module_lab("sc", "clos-16", name_only=True)
 
 
 def _run(lab: str, name: str, out, *extra: str) -> dict:

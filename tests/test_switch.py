@@ -23,7 +23,7 @@ from labtools import (
     ethp_frame,
     ethp_frames,
     if_stats,
-    running_lab,
+    module_lab,
     send_paced,
 )
 
@@ -37,14 +37,10 @@ def _up(name: str, file: str, *extra: str) -> Lab:
     return Lab(name)
 
 
-@pytest.fixture(scope="module")
-def erack():
-    yield from running_lab("sw", "erack-8x4")
+erack = module_lab("sw", "erack-8x4")
 
 
-@pytest.fixture(scope="module")
-def clos():
-    yield from running_lab("sw", "clos-16")
+clos = module_lab("sw", "clos-16")
 
 
 def assert_conserved(lab: Lab) -> dict:
