@@ -12,6 +12,7 @@ import time
 from dataplane.bench import BenchError
 from dataplane.errors import EthplusError
 from dataplane.lab import LabError
+from dataplane.scale import Scale
 from dataplane.stats import table
 from dataplane.units import rate_text, size_text
 
@@ -226,7 +227,7 @@ def cmd_lab_show(args) -> int:
                 ifname[link["a"], link["a_port"]],
                 ifname[link["b"], link["b_port"]],
                 rate_text(prm["rate_bps"]),
-                rate_text(prm["rate_bps"] / k),
+                rate_text(Scale(k).real_bps(prm["rate_bps"])),
                 f"{prm['delay_ns']} ns"
                 + (f" + 0-{prm['jitter_ns']} ns" if prm.get("jitter_ns") else ""),
                 size_text(prm["buffer_bytes"], binary=False),

@@ -23,6 +23,7 @@ from dataplane import fidelity, reference, transport
 from dataplane.collectives import ALGORITHMS, bus_factor, canonical
 from dataplane.errors import UsageError
 from dataplane.job import Job, Plan, Workload
+from dataplane.scale import Scale
 from dataplane.units import parse_size
 
 SCHEMA = "ethplus-bench/1"
@@ -132,7 +133,8 @@ def ideal_busbw_Bps(rec: dict, algo: str = "ring", world: int = 0) -> float:
 def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
     """A job's row in nominal units (from the fabric clock: time_nominal_s;
     real seconds / k for a row without it), with the bandwidths."""
-    t_s = row["time_nominal_s"] if "time_nominal_s" in row else row["time_real_s"] / k
+    t_s = row.get("time_nominal_s")
+    t_s = Scale(k).nominal_s(row["time_real_s"]) if t_s is None else t_s
     alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
     return {
         "size_bytes": row["size"],
@@ -346,7 +348,8 @@ def series(res: dict, rec: dict) -> dict:
         for p in n["ports"]:
             key = f"{n['name']}:{p['peer']}"
             port_group[key] = group
-            cap[group] = cap.get(group, 0.0) + links[p["link"]]["params"]["rate_bps"] / k
+            real_bps = Scale(k).real_bps(links[p["link"]]["params"]["rate_bps"])
+            cap[group] = cap.get(group, 0.0) + real_bps
     t0 = samples[0]["t"]
     out = {
         "t_s": [],

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from dataplane.errors import EthplusError
+from dataplane.scale import Scale
 
 try:
     from dataplane._ethp import ffi, lib
@@ -445,9 +446,10 @@ class Link:
     def scaled(self, k: float) -> dict:
         """These parameters at time scale k: real = nominal rate / k,
         nominal times x k (the one place a link's units are converted)."""
+        s = Scale(k)
         return {**{f.name: getattr(self, f.name) for f in fields(Link)},
-                "rate_bps": max(1, int(self.rate_bps / k)), "delay_ns": int(self.delay_ns * k),
-                "jitter_ns": int(self.jitter_ns * k)}  # fmt: skip
+                "rate_bps": s.real_bps(self.rate_bps), "delay_ns": s.real_ns(self.delay_ns),
+                "jitter_ns": s.real_ns(self.jitter_ns)}  # fmt: skip
 
 
 @dataclass

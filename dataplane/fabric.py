@@ -31,6 +31,7 @@ import uvloop
 
 from dataplane import clock, core, cpu, fidelity, governor, kernel, labfile, registry, routing
 from dataplane.fabric_client import socket_path
+from dataplane.scale import Scale
 
 
 @dataclass
@@ -221,7 +222,7 @@ class Fabric:
         for key, (lo, ls, tf) in b["ports"].items():
             lo0, ls0, tf0 = a["ports"].get(key, (lo, ls, tf))
             lost, late, tx = max(lost, lo - lo0), late + ls - ls0, tx + tf - tf0
-        base_rtt_real_ns = self.rec["topology"]["base_rtt_ns"] * self.k
+        base_rtt_real_ns = Scale(self.k).real_ns(self.rec["topology"]["base_rtt_ns"])
         ca, cb = a["clock"], b["clock"]
         total = b["total"] - a["total"]
         return governor.Observation(

@@ -20,6 +20,7 @@ what is not time-scaled.
 from __future__ import annotations
 
 from dataplane import stats
+from dataplane.scale import Scale
 from dataplane.units import rate_text
 
 LOST_SHARE_MAX = 0.05  # a link lost more than 5% of its time: the rate was not honoured
@@ -140,7 +141,7 @@ def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
     and the range of k it ran at."""
     row["k_range"] = k_range(samples, row["t0"], row["t1"])
     k = row["k_range"][0] if row["k_range"] else float(rec["time_scale"])
-    base_rtt_real_ns = rec["topology"]["base_rtt_ns"] * k
+    base_rtt_real_ns = Scale(k).real_ns(rec["topology"]["base_rtt_ns"])
     w = window(samples, row["t0"], row["t1"], base_rtt_real_ns)
     e = engines_window(row, base_rtt_real_ns)
     row["pacing"] = w
@@ -169,7 +170,7 @@ def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
                 rates.append((b["ports"][port][_TX_BYTES] - a["ports"][port][_TX_BYTES]) * 8 / dt)
         if not rates:
             continue
-        real_bps = nominal_bps / k
+        real_bps = Scale(k).real_bps(nominal_bps)
         busy = [r for r in rates if r > 0.5 * real_bps]
         out.append({
             "port": port, "link": link, "configured_nominal_bps": nominal_bps,
@@ -276,7 +277,7 @@ def report(result: dict, rec: dict) -> dict:
             *transport.get("notes", []),
             "up to about 2 ms of real time per round trip (RX ring block timers while traffic"
             " runs, scheduling) is not scaled: up to"
-            f" {2e6 / k:.0f} ns nominal at k={k:g}",
+            f" {Scale(k).nominal_ns(2e6):.0f} ns nominal at k={k:g}",
             "CPU time of reductions and copies in the workers (numpy) is real time",
         ],
     }

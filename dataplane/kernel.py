@@ -20,6 +20,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from dataplane import core
+from dataplane.scale import Scale
 
 IFF_UP = 0x1
 MARKER_PREFIX = "ethplus:"  # alias of `lo` in every namespace a lab made
@@ -227,7 +228,7 @@ TCP_RTO_MAX_MS = 120_000  # the kernel caps every RTO here
 
 def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
     """The real rto_min a route gets for a nominal one at time scale k."""
-    return max(1, min(TCP_RTO_MAX_MS, round(rto_min_us * k / 1000)))
+    return max(1, min(TCP_RTO_MAX_MS, round(Scale(k).real_ns(rto_min_us * 1000) / 1e6)))
 
 
 def tcp_timers(rec: dict, k: float) -> None:

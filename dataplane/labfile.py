@@ -18,6 +18,7 @@ from typing import Any
 from dataplane import registry
 from dataplane import topology as topo_mod
 from dataplane.errors import UsageError
+from dataplane.scale import Scale
 from dataplane.topology import LinkParams, Topology, TopologyError
 
 LABS_DIR = Path(__file__).resolve().parent.parent / "netns-labs"
@@ -72,12 +73,12 @@ class Field:
 
 def real_ns_from_us(v: float, k: float) -> int:
     """A nominal time in microseconds, as real nanoseconds at time scale k."""
-    return int(v * 1000 * k)
+    return Scale(k).real_ns(v * 1000)
 
 
 def real_bps_from_mbps(v: float, k: float) -> int:
     """A nominal rate in Mbit/s, as real bit/s at time scale k (at least 1)."""
-    return max(1, int(v * 1e6 / k))
+    return Scale(k).real_bps(v * 1e6)
 
 
 def c_values(fields: dict[str, Field], values: dict[str, Any], k: float) -> dict[str, Any]:

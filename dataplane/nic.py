@@ -15,6 +15,7 @@ from dataplane import clock, registry
 from dataplane.core import ffi, lib
 from dataplane.errors import EthplusError
 from dataplane.labfile import CC_NAMES, NIC_ROCE_FIELDS, c_values
+from dataplane.scale import Scale
 
 NIC_COUNTERS: tuple[str, ...] = tuple(
     ffi.string(lib.ethp_nic_counter_name(i)).decode() for i in range(lib.ethp_nic_counter_count())
@@ -199,13 +200,13 @@ class Endpoint:
         k = self._clock.k if self._clock is not None else float(rec["time_scale"])
         ports = sorted(me["ports"], key=lambda p: p["plane"])
         link = {lk["name"]: lk for lk in rec["topology"]["links"]}[ports[0]["link"]]
-        rate_real = int(link["params"]["rate_bps"] / k)
+        rate_real = Scale(k).real_bps(link["params"]["rate_bps"])
         # The real base RTT is the scaled nominal one plus what the emulator
         # adds unscaled: up to 1 ms per TPACKET_V3 ring a packet or its ack
         # waits in (switch and NIC, each way), about 2 ms in all here.  (While
         # traffic is light the ports take frames one by one and add far less;
         # sizing the window for the busy case costs a light flow nothing.)
-        base_rtt_real = int(rec["topology"]["base_rtt_ns"] * k) + UNSCALED_RTT_NS
+        base_rtt_real = Scale(k).real_ns(rec["topology"]["base_rtt_ns"]) + UNSCALED_RTT_NS
         cc = cc or rec["nic"].get("cc", "nscc")
         cfg, bdp = engine_cfg(
             self.rank, len(ports), rate_real, base_rtt_real, k, cc=cc, adaptive=adaptive,

@@ -17,10 +17,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 from dataplane import scenario, transport  # noqa: E402
+from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
 
 PLOT_WIDTH_IN, PLOT_DPI = 12, 100  # every plot is 1200 pixels wide
 PLOTS = ("busbw.png", "link-utilisation.png", "queue-depth.png")
+
+
+def _us(k: float, real_s: float) -> str:
+    """Real seconds as nominal microseconds at time scale k."""
+    return f"{Scale(k).nominal_s(real_s) * 1e6:.1f} us"
 
 
 def run_name(r: dict) -> str:
@@ -237,7 +243,7 @@ def _plot_series(results: list[dict], path: Path, key: str, ylabel: str, scale: 
     fig, axes = _fig(len(results))
     for ax, r in zip(axes, results, strict=True):
         s = r.get("series", {})
-        ms = 1e3 / float(r["lab"]["time_scale"])  # real s -> nominal ms
+        ms = Scale.of(r["lab"]).nominal_s(1e3)  # real s -> nominal ms
         for i, (size, a, b) in enumerate(s.get("windows", [])):
             ax.axvspan(a * ms, b * ms, color="grey", alpha=0.12 if i % 2 else 0.22, linewidth=0)
             ax.text((a + b) / 2 * ms, 1.0, size_text(size), transform=ax.get_xaxis_transform(),
@@ -288,7 +294,7 @@ def plot_timeline(result: dict, path: Path, k: float) -> None:
     lab's time scale), one panel per transport, the fault events as
     vertical lines."""
     ts = result["transports"]
-    ms = 1e3 / k  # real s -> nominal ms
+    ms = Scale(k).nominal_s(1e3)  # real s -> nominal ms
     fig, axes = _fig(len(ts))
     for ax, r in zip(axes, ts.values(), strict=True):
         for jname, j in r["jobs"].items():
@@ -393,7 +399,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                     f"Phases of {jname}: "
                     + "; ".join(
                         f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations,"
-                        f" the longest {p['longest_iteration_s'] / k * 1e6:.1f} us nominal)"
+                        f" the longest {_us(k, p['longest_iteration_s'])} nominal)"
                         for p in j["phases"]
                     )
                     + "."
@@ -405,7 +411,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                 " seconds: planned, actual, and actual in nominal time): "
                 + "; ".join(
                     f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s real,"
-                    f" {f['at_s'] / k * 1e6:.1f} us nominal)"
+                    f" {_us(k, f['at_s'])} nominal)"
                     for f in r["faults_applied"]
                 )
                 + ".",
@@ -429,19 +435,17 @@ def _stall_lines(r: dict, k: float) -> list[str]:
     scale), and the deepest queues sampled."""
     out = []
 
-    def us(real_s: float) -> str:
-        return f"{real_s / k * 1e6:.1f} us"
-
     for jname, j in r["jobs"].items():
         if j.get("stalled_s"):
             out.append(
-                f"**{jname} stalled**: its longest iteration took {us(j['longest_iteration_s'])}"
-                f" against a typical {us(j['typical_iteration_s'])} (nominal)."
+                f"**{jname} stalled**: its longest iteration took"
+                f" {_us(k, j['longest_iteration_s'])} against a typical"
+                f" {_us(k, j['typical_iteration_s'])} (nominal)."
             )
         elif j["status"] != "failed" and r["faults_applied"]:
             out.append(
-                f"{jname} did not stall (longest iteration {us(j['longest_iteration_s'])},"
-                f" typical {us(j['typical_iteration_s'])}, nominal)."
+                f"{jname} did not stall (longest iteration {_us(k, j['longest_iteration_s'])},"
+                f" typical {_us(k, j['typical_iteration_s'])}, nominal)."
             )
     sampled = r["results"].get(next(iter(r["jobs"])), {}).get("series", {})
     deepest = {sw: max(q) for sw, q in sampled.get("queue_bytes", {}).items() if q}

@@ -48,6 +48,7 @@ from dataplane import bench, faults, governor
 from dataplane.collectives import bus_factor
 from dataplane.job import JobError
 from dataplane.labfile import LabFileError
+from dataplane.scale import Scale
 from dataplane.scenario_file import (  # noqa: F401 - scenario.load and the rest, as callers use them
     METRIC_UNITS,
     METRICS,
@@ -179,12 +180,12 @@ def _iterations(result: dict, t0: float) -> list[dict]:
     (nominal: from the fabric clock's times of the same iteration)."""
     out = []
     world, coll = result["world"], result["collective"]
-    k = result["lab"]["time_scale"]
+    scale = Scale.of(result["lab"])
     for rr in result.get("real_rows", []):
         start = rr["t0"]
         nstart = rr.get("n0")
         for i, end in enumerate(rr["ends"]):
-            dt = rr["nends"][i] - nstart if "nends" in rr else (end - start) / k
+            dt = rr["nends"][i] - nstart if "nends" in rr else scale.nominal_s(end - start)
             bw = rr["size"] / dt / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
             out.append(
                 {"size": rr["size"], "start_s": start - t0, "end_s": end - t0, "busbw_GBps": bw}
@@ -203,8 +204,8 @@ def _jct_s(result: dict) -> float:
 def _jct_nominal_s(result: dict) -> float:
     """Nominal seconds the same runs took, on the fabric clock."""
     rows = result.get("real_rows", [])
-    k = result["lab"]["time_scale"]
-    return sum(r["n1"] - r["n0"] if "n1" in r else (r["t1"] - r["t0"]) / k for r in rows)
+    scale = Scale.of(result["lab"])
+    return sum(r["n1"] - r["n0"] if "n1" in r else scale.nominal_s(r["t1"] - r["t0"]) for r in rows)
 
 
 def _phases(iters: list[dict], applied: list[dict]) -> list[dict]:

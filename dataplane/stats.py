@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataplane.scale import Scale
+
 DROP_REASONS = (
     "drop_queue_full", "drop_shared_full", "drop_headroom", "drop_loss", "drop_corrupt",
     "drop_link_down", "drop_node_down", "drop_malformed", "drop_spoofed", "drop_no_route",
@@ -145,7 +147,7 @@ def rates(before: dict, after: dict, dt_s: float) -> dict[str, dict[str, dict]]:
     utilisation of what it sent, counts of drops, marks, trims, replays,
     pauses and frames its aggregator took in (in-network all-reduce), and its
     queue now.  Ports that did nothing are left out."""
-    k = float(after["time_scale"])
+    scale = Scale.of(after)
     link_bps = {name: lk["rate_bps"] for name, lk in after["links"].items()}
     out: dict[str, dict[str, dict]] = {}
     for sw, s1 in after["switches"].items():
@@ -161,8 +163,8 @@ def rates(before: dict, after: dict, dt_s: float) -> dict[str, dict[str, dict]]:
             row = {
                 "peer": c1["peer"],
                 "link": c1["link"],
-                "rx_bps": d("rx_bytes") * 8 / dt_s * k,
-                "tx_bps": d("tx_bytes") * 8 / dt_s * k,
+                "rx_bps": scale.nominal_bps(d("rx_bytes") * 8 / dt_s),
+                "tx_bps": scale.nominal_bps(d("tx_bytes") * 8 / dt_s),
                 "drops": sum(d(r) for r in DROP_REASONS),
                 **{key: d(key) for key in RATE_KEYS},
                 "q_bytes": c1["q_bytes"],

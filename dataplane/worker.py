@@ -24,6 +24,7 @@ import numpy as np
 
 from dataplane import clock, core, cpu, reference, registry
 from dataplane.collectives import Comm
+from dataplane.scale import Scale
 from dataplane.transport import Group, Options, Transport, TransportError, available
 from dataplane.workload import Case
 
@@ -90,11 +91,11 @@ class Timer:
 
     def __init__(self, lab: str | None, k: float):
         self.clock = clock.Clock.open(lab) if lab else None
-        self.k = k
+        self.scale = Scale(k)
 
     def now(self) -> tuple[float, float]:
         t = time.monotonic()
-        return t, self.clock.nominal_s() if self.clock is not None else t / self.k
+        return t, self.clock.nominal_s() if self.clock is not None else self.scale.nominal_s(t)
 
 
 def checked_run(

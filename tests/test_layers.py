@@ -111,6 +111,7 @@ def test_the_roce_mode_is_its_ops_not_branches():
         "units",
         "fabric_client",
         "scenario_file",
+        "scale",
     ],
 )
 def test_the_model_loads_without_the_compiled_core(module):

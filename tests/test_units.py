@@ -22,3 +22,15 @@ def test_rates_pick_their_unit_or_keep_the_one_asked_for():
     assert rate_text(2e9, "Mbit/s", ".1f") == "2000.0 Mbit/s"
     with pytest.raises(ValueError, match="Gbps"):
         rate_text(1e9, "Gbps")
+
+
+def test_the_time_scale_converts_both_ways_in_one_place():
+    from dataplane.scale import Scale
+
+    s = Scale(6400)
+    assert s.real_ns(2_000) == 12_800_000  # 2 us nominal: 12.8 ms real
+    assert s.real_bps(400e9) == 62_500_000  # 400 Gbit/s nominal: 62.5 Mbit/s real
+    assert s.real_bps(1) == 1  # a link never stops for rounding
+    assert s.nominal_s(12.8e-3) == 2e-6 and s.nominal_ns(12_800_000) == 2_000
+    assert s.nominal_bps(62_500_000) == 400e9
+    assert Scale.of({"time_scale": "6400"}) == s
