@@ -2,6 +2,7 @@
 #ifndef ETHP_INT_H
 #define ETHP_INT_H
 
+#include <arpa/inet.h>
 #include <assert.h>
 #include <stdint.h>
 #include <string.h>
@@ -221,13 +222,43 @@ int ethp_agg_register(struct ethp_agg *agg, uint32_t group, const uint32_t *ips,
                       const uint32_t *eps, uint32_t n_members, uint32_t quota_slots);
 int ethp_agg_unregister(struct ethp_agg *agg, uint32_t group);
 
-/* wire.c: what a switch does to a frame on its way (ps: the frame parsed,
- * kind: what ethp_parse returned).  Trim: cut the payload, flag the header
+/* What a switch does to a frame on its way (ps: the frame parsed, kind:
+ * what ethp_parse returned), for switch.c and memfab.c; inline, as the
+ * switch's enqueue had them.  Trim: cut the payload, flag the header
  * ETHP_F_TRIMMED, fix the IPv4/UDP lengths.  Mark: set CE on an
  * ECN-capable frame; 1 if it was marked. */
-void ethp_ipv4_fix_csum(uint8_t *ip);
-void ethp_frame_trim(uint8_t *data, uint32_t *len, const struct ethp_parsed *ps, int kind);
-int ethp_frame_mark_ce(uint8_t *data, const struct ethp_parsed *ps, int kind);
+static inline void ethp_ipv4_fix_csum(uint8_t *ip)
+{
+    ip[10] = ip[11] = 0;
+    uint16_t c = ethp_inet_csum(ip, ETHP_IPV4_HDR_BYTES);
+    memcpy(ip + 10, &c, 2);
+}
+
+static inline void ethp_frame_trim(uint8_t *data, uint32_t *len, const struct ethp_parsed *ps, int kind)
+{
+    *len = ps->payload_off;
+    data[ps->hdr_off + 1] |= ETHP_F_TRIMMED;
+    if (kind == ETHP_KIND_ETHP_UDP) {
+        uint8_t *ip = data + ETHP_ETH_HDR_BYTES;
+        uint16_t total = htons((uint16_t)(*len - ETHP_ETH_HDR_BYTES));
+        uint16_t udp_len = htons((uint16_t)(*len - ps->l4_off));
+        memcpy(ip + 2, &total, 2);
+        memcpy(data + ps->l4_off + 4, &udp_len, 2);
+        ethp_ipv4_fix_csum(ip);
+    }
+}
+
+static inline int ethp_frame_mark_ce(uint8_t *data, const struct ethp_parsed *ps, int kind)
+{
+    uint8_t *tos = kind == ETHP_KIND_ETHP_COMPACT ? data + ps->hdr_off + 26
+                                                  : data + ETHP_ETH_HDR_BYTES + 1;
+    if (!(*tos & 3) || (*tos & 3) == 3)
+        return 0; /* not ECN-capable, or already marked */
+    *tos |= 3;
+    if (kind != ETHP_KIND_ETHP_COMPACT)
+        ethp_ipv4_fix_csum(data + ETHP_ETH_HDR_BYTES);
+    return 1;
+}
 
 /* nic.c: where a NIC engine's frames go and come from.  A port (AF_PACKET in
  * the node's namespace) in a lab; an in-memory fabric (memfab.c) in tests,

@@ -292,38 +292,3 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     }
     return (int)len;
 }
-
-/* ---------------------------------------------------------------- on the way */
-
-void ethp_ipv4_fix_csum(uint8_t *ip)
-{
-    ip[10] = ip[11] = 0;
-    uint16_t c = ethp_inet_csum(ip, ETHP_IPV4_HDR_BYTES);
-    memcpy(ip + 10, &c, 2);
-}
-
-void ethp_frame_trim(uint8_t *data, uint32_t *len, const struct ethp_parsed *ps, int kind)
-{
-    *len = ps->payload_off;
-    data[ps->hdr_off + 1] |= ETHP_F_TRIMMED;
-    if (kind == ETHP_KIND_ETHP_UDP) {
-        uint8_t *ip = data + ETHP_ETH_HDR_BYTES;
-        uint16_t total = htons((uint16_t)(*len - ETHP_ETH_HDR_BYTES));
-        uint16_t udp_len = htons((uint16_t)(*len - ps->l4_off));
-        memcpy(ip + 2, &total, 2);
-        memcpy(data + ps->l4_off + 4, &udp_len, 2);
-        ethp_ipv4_fix_csum(ip);
-    }
-}
-
-int ethp_frame_mark_ce(uint8_t *data, const struct ethp_parsed *ps, int kind)
-{
-    uint8_t *tos = kind == ETHP_KIND_ETHP_COMPACT ? data + ps->hdr_off + 26
-                                                  : data + ETHP_ETH_HDR_BYTES + 1;
-    if (!(*tos & 3) || (*tos & 3) == 3)
-        return 0; /* not ECN-capable, or already marked */
-    *tos |= 3;
-    if (kind != ETHP_KIND_ETHP_COMPACT)
-        ethp_ipv4_fix_csum(data + ETHP_ETH_HDR_BYTES);
-    return 1;
-}
