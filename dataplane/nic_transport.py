@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataplane import nic
 from dataplane.transport import Options, Transport, TransportError, needs_ethplus
 
+# What an endpoint says of its in-network all-reduces when one fails.
+INC_COUNTERS = ("inc_tx_pkts", "inc_retx_pkts", "inc_rx_results", "inc_dup_results",
+                "inc_timeouts", "rx_malformed", "rx_spoofed")  # fmt: skip
+
 
 def inc_group(plan: dict, me: str):
     """Accelerator me's part in a job's in-network all-reduce (nic.IncGroup)."""
@@ -65,7 +69,11 @@ class NicTransport(Transport):
                 if isinstance(e, self._unreachable)
                 else str(e)
             )
-            raise TransportError(f"rank {self.rank}: in-network all-reduce: {why}") from e
+            c = self.ep.counters()
+            seen = ", ".join(f"{k.removeprefix('inc_')} {c[k]}" for k in INC_COUNTERS)
+            raise TransportError(
+                f"rank {self.rank}: in-network all-reduce: {why} (this endpoint: {seen})"
+            ) from e
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.ep.post_send(peer, tag, view)

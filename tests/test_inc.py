@@ -439,3 +439,33 @@ def test_hpn_aggregates_in_trees_on_both_planes():
     tors = [sw for sw in absorbed if sw.startswith("tor")]
     assert len(tors) == 16 and all(absorbed[sw] > 0 for sw in tors), absorbed
     assert all(absorbed[f"spine{i}"] > 0 for i in range(4)), absorbed
+
+
+def test_a_failed_in_network_all_reduce_says_what_its_endpoint_saw():
+    """When an aggregator never answers, the error carries the endpoint's
+    in-network counters (sent, resent, results, timeouts, refused), the
+    first thing to look at; every name it reads is a real counter."""
+    from dataplane import nic, nic_transport
+
+    assert set(nic_transport.INC_COUNTERS) <= set(nic.NIC_COUNTERS)
+
+    class Silent:  # an endpoint whose aggregator never answered
+        inc_window = 4
+
+        def all_reduce(self, buf, dtype, op):
+            return 1
+
+        def wait(self, handle):
+            raise nic.Unreachable("peer unreachable after the retry budget")
+
+        def counters(self):
+            return dict.fromkeys(nic.NIC_COUNTERS, 0) | {"inc_tx_pkts": 9, "inc_timeouts": 13}
+
+    t = object.__new__(nic_transport.NicTransport)
+    t.ep, t.rank = Silent(), 3
+    t._errors, t._unreachable = nic.NicError, nic.Unreachable
+    with pytest.raises(nic_transport.TransportError) as e:
+        t.all_reduce_in_network(bytearray(16), "sum", "float32")
+    msg = str(e.value)
+    assert msg.startswith("rank 3: in-network all-reduce: an aggregator (switch) answered nothing")
+    assert "tx_pkts 9" in msg and "timeouts 13" in msg and "rx_spoofed 0" in msg
