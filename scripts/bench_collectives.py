@@ -47,7 +47,8 @@ def main() -> int:
             print(
                 f"{t:8s} all-reduce {bench.parse_sizes(args.size)[0] >> 20} MiB: busbw"
                 f" {row['busbw_GBps']:.1f} GB/s = {share:.3f} of ideal"
-                f" ({res['ideal_busbw_GBps']:.0f} GB/s){extra}; #wrong {row['wrong']};"
+                f" ({res['ideal_busbw_GBps']:.0f} GB/s){extra}; k={row.get('k_range')};"
+                f" #wrong {row['wrong']};"
                 f" fidelity {'clean' if f['clean'] else 'NOT clean'}"
                 f" (lost link time {f['pacer']['lost_link_ns'] / 1e6:.0f} ms,"
                 f" machine {f['cpu']['machine_busy_share']:.0%} busy)",
