@@ -245,10 +245,10 @@ def cmd_lab_show(args) -> int:
 
 
 def cmd_link_set(args) -> int:
-    from dataplane import faults, lab
+    from dataplane import changes, lab
 
     try:
-        change = faults.link_change(args.change)
+        change = changes.link_change(args.change)
     except ValueError as exc:
         raise LabError(str(exc)) from None
     resp = lab.control(args.lab, {"op": "link", "link": args.link, "set": change})
@@ -576,15 +576,15 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from dataplane import transport
+    from dataplane import catalog
 
     print(
         f"ethplus demo: builds {args.lab}, runs all-reduce and all-to-all over "
-        f"{', '.join(transport.available())} (and all-reduce in the network: the switches"
+        f"{', '.join(catalog.available())} (and all-reduce in the network: the switches"
         f" reduce) at {args.sizes}, writes a report to {args.out}",
         flush=True,
     )
-    return _compare(args, ["all-reduce", "all-to-all"], transport.available(), in_network=True)
+    return _compare(args, ["all-reduce", "all-to-all"], catalog.available(), in_network=True)
 
 
 def cmd_scenario_list(args) -> int:
@@ -710,9 +710,9 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
 
 
 def _available() -> list[str]:
-    from dataplane import transport
+    from dataplane import catalog
 
-    return transport.available()
+    return catalog.available()
 
 
 def build_parser() -> argparse.ArgumentParser:

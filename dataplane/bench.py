@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataplane import fidelity, reference, transport
-from dataplane.collectives import ALGORITHMS, bus_factor, canonical
+from dataplane import catalog, fidelity, reference
+from dataplane.catalog import ALGORITHMS, bus_factor, canonical
 from dataplane.errors import UsageError
 from dataplane.job import Job, Plan, Workload
 from dataplane.scale import Scale
@@ -73,8 +73,8 @@ class Spec(Workload):
             self.dtype = reference.dtype_name(self.dtype)
         except ValueError as e:
             raise BenchError(str(e)) from None
-        if self.transport not in transport.available():
-            known = ", ".join(transport.available())
+        if self.transport not in catalog.available():
+            known = ", ".join(catalog.available())
             raise BenchError(
                 f"--transport: unknown transport {self.transport!r} (expected one of {known})"
             )
@@ -215,7 +215,7 @@ def run_name(spec: Workload) -> str:
 
 def transport_label(transport_name: str, cc: str | None = None) -> str:
     """A transport as reports name it, with its congestion control if chosen."""
-    label = transport.LABELS[transport_name]
+    label = catalog.TRANSPORT_LABELS[transport_name]
     return label if cc is None else f"{label}, {cc.upper()}-like congestion control"
 
 

@@ -12,38 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataplane.catalog import ALGORITHMS
 from dataplane.reference import bounds, reduce_into
 from dataplane.transport import Transport
 
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
-ALGORITHMS = {"all-reduce": ("ring", "halving-doubling", "in-network")}
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
 RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
 _TAG_BITS = 12  # tags per collective call: 4096
 _ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
-
-
-def canonical(name: str) -> str:
-    """'allreduce', 'all_reduce' and 'all-reduce' all name all-reduce."""
-    key = name.lower().replace("_", "").replace("-", "")
-    for c in COLLECTIVES:
-        if c.replace("-", "") == key:
-            return c
-    raise ValueError(f"unknown collective {name!r} (expected one of {', '.join(COLLECTIVES)})")
-
-
-def bus_factor(collective: str, world: int) -> float:
-    """busbw = algbw x factor (nccl-tests' definitions, PROTOCOLS.md)."""
-    n = world
-    return {
-        "all-reduce": 2 * (n - 1) / n,
-        "reduce-scatter": (n - 1) / n,
-        "all-gather": (n - 1) / n,
-        "all-to-all": (n - 1) / n,
-        "broadcast": 1.0,
-    }[canonical(collective)]
 
 
 class Comm:

@@ -25,7 +25,7 @@ import uvloop
 from dataplane import fabric_client, kernel, registry
 from dataplane.errors import EthplusError
 from dataplane.labfile import LabSpec
-from dataplane.topology import IF_PREFIX, Topology, plane_subnet
+from dataplane.topology import IF_PREFIX, Topology, plane_subnet, valid_name
 
 
 class LabError(EthplusError, RuntimeError):
@@ -410,7 +410,7 @@ def clean(only: list[str] | None = None) -> dict:
                     continue
                 lab_of = m[len(kernel.MARKER_PREFIX) :]
                 if (wanted is None or m in wanted) and not (
-                    registry.valid_name(lab_of) and registry.lab_dir(lab_of).exists()
+                    valid_name(lab_of) and registry.lab_dir(lab_of).exists()
                 ):
                     stray.append(entry.path)
         removed["namespaces"] += kernel.delete_namespaces(stray)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataplane import registry
 from dataplane import topology as topo_mod
 from dataplane.errors import UsageError
 from dataplane.scale import Scale
@@ -162,7 +161,7 @@ def text_list(min_items: int, what: str, default: Any = None, help: str = "") ->
 def lab_name(default: Any = None) -> Field:
     return Field(
         "a name of 1-24 characters from a-z, 0-9 and '-', starting with a letter or digit",
-        registry.valid_name,
+        topo_mod.valid_name,
         default,
     )
 
@@ -560,7 +559,7 @@ def load(file_or_name: str, name: str | None = None) -> LabSpec:
     s = {sec: _section(path, data, sec, fields) for sec, fields in tables.items()}
 
     lab_name_value = name if name is not None else (s["lab"]["name"] or p.stem)
-    if not registry.valid_name(lab_name_value):
+    if not topo_mod.valid_name(lab_name_value):
         key = "--name" if name is not None else ("lab.name" if s["lab"]["name"] else "file name")
         raise LabFileError(path, key, lab_name(None).expected, lab_name_value)
 

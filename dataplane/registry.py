@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import shutil
 import stat
 import string
@@ -23,27 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dataplane.errors import EthplusError
-from dataplane.topology import LAB_TAG_CHARS
+from dataplane.topology import LAB_NAME_EXPECTED, LAB_TAG_CHARS, NODE_NAME_RE, valid_name
 
 # Fixed paths: code run as root takes no directory from the caller's environment.
 RUN_DIR = Path("/run/ethplus")
 NETNS_DIR = Path("/run/netns")
 NS_PREFIX = "ethp-"
 _TAG_ALPHABET = string.digits + string.ascii_lowercase
-# A lab name: it becomes a directory and namespace names, so it is checked
-# (whole, fullmatch: no trailing newline) before it becomes any path.
-LAB_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
-NODE_NAME_RE = re.compile(r"[a-z]+[0-9]+")
-LAB_NAME_EXPECTED = "1-24 characters: a-z, 0-9 and '-', starting with a letter or digit"
 STATUSES = ("creating", "up", "failed", "deleting")
 
 
 class RegistryError(EthplusError, ValueError):
     """A lab name or record that ethplus refuses to act on; the message says which."""
-
-
-def valid_name(name: object) -> bool:
-    return isinstance(name, str) and LAB_NAME_RE.fullmatch(name) is not None
 
 
 def check_name(name: object) -> str:

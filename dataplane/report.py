@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
-from dataplane import scenario, transport  # noqa: E402
+from dataplane import catalog, scenario_file  # noqa: E402
 from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
 
@@ -36,7 +36,7 @@ def run_name(r: dict) -> str:
 
 
 def label(r: dict) -> str:
-    return r.get("transport_label") or transport.LABELS.get(r["transport"], r["transport"])
+    return r.get("transport_label") or catalog.TRANSPORT_LABELS.get(r["transport"], r["transport"])
 
 
 def by_collective(results: list[dict]) -> dict[str, list[dict]]:
@@ -344,7 +344,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         "## Result",
         "",
     ]
-    unit = scenario.METRIC_UNITS[s["metric"]]
+    unit = scenario_file.METRIC_UNITS[s["metric"]]
     rows = [
         [
             t,

@@ -45,7 +45,7 @@ import threading
 import time
 
 from dataplane import bench, faults, governor
-from dataplane.collectives import bus_factor
+from dataplane.catalog import bus_factor
 from dataplane.job import JobError
 from dataplane.labfile import LabFileError
 from dataplane.scale import Scale

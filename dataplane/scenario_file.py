@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataplane import faults, transport
+from dataplane import catalog, changes
 from dataplane import labfile as lf
-from dataplane.collectives import ALGORITHMS, COLLECTIVES, canonical
+from dataplane.catalog import ALGORITHMS, COLLECTIVES, canonical
 from dataplane.errors import UsageError
 from dataplane.labfile import CC_NAMES, LABS_DIR, LabFileError, resolve_path
 from dataplane.units import parse_size
@@ -78,7 +78,7 @@ def valid_run_name(name) -> bool:
     if not isinstance(name, str):
         return False
     base, cc = split_run(name)
-    return base in transport.available() and (
+    return base in catalog.available() and (
         cc is None or (base == "ethplus" and cc in CC_NAMES and name.count("/") == 1)
     )
 
@@ -86,7 +86,7 @@ def valid_run_name(name) -> bool:
 def run_names() -> str:
     """The run names a scenario may list, for error messages."""
     ccs = ", ".join(f"ethplus/{c}" for c in CC_NAMES)
-    return f"{', '.join(transport.available())} (or a congestion control of ethplus: {ccs})"
+    return f"{', '.join(catalog.available())} (or a congestion control of ethplus: {ccs})"
 
 
 def _err(path: str, key: str, expected: str, value=None) -> LabFileError:
@@ -131,7 +131,7 @@ JOB_FIELDS = {
     "root": lf.nonneg_int(0),
     "uneven": lf.boolean(False),
 }
-FAULT_SET = faults.CHANGES
+FAULT_SET = changes.CHANGES
 FAULT_FIELDS = {
     "at_s": lf.nonneg_num(lf.REQUIRED, "seconds (real) after the jobs' timed phase starts"),
     "link": lf.text(),
@@ -152,7 +152,7 @@ def _scenario_fields() -> dict[str, lf.Field]:
         "transports": lf.Field(
             f"a list of transports from {run_names()}",
             lambda v: isinstance(v, list) and v and all(map(valid_run_name, v)),
-            transport.available(),
+            catalog.available(),
         ),
         "adaptive": lf.boolean(False),
         "cc": lf.one_of(tuple(CC_NAMES)),
@@ -259,7 +259,7 @@ def _fault(path: str, i: int, f, scale: float, rng: random.Random) -> Fault:
     change: dict = {}
     if target == "link":
         try:
-            change = faults.link_change(words.split())
+            change = changes.link_change(words.split())
         except ValueError as exc:
             raise LabFileError(path, f"{where}.set", FAULT_SET, detail=str(exc)) from None
     elif words not in ("up", "down"):

@@ -19,12 +19,18 @@ and index (``plane0``, ``leaf2``, ``spine1``, ``tor5``).
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import asdict, dataclass, field
 
 from dataplane.errors import UsageError
 
 IFNAMSIZ_CHARS = 15
 IF_PREFIX = "ethp"
+# A lab name: it becomes a directory and namespace names, so it is checked
+# (whole, fullmatch: no trailing newline) before it becomes any path.
+LAB_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,23}")
+NODE_NAME_RE = re.compile(r"[a-z]+[0-9]+")
+LAB_NAME_EXPECTED = "1-24 characters: a-z, 0-9 and '-', starting with a letter or digit"
 LAB_TAG_CHARS = 2
 # ethp + tag + "-" + peer node name (+ optional ".k" for parallel links)
 IF_NAME_OVERHEAD_CHARS = len(IF_PREFIX) + LAB_TAG_CHARS + 1
@@ -44,6 +50,10 @@ MAX_HOSTS_PER_PLANE = 4094  # 198.18.0.0/16 is cut into 16 /20 blocks, one per p
 # transports (the fidelity figures were measured at it).
 # docs/performance.md.
 AUTO_REAL_BUDGET_BPS = 2_000_000_000
+
+
+def valid_name(name: object) -> bool:
+    return isinstance(name, str) and LAB_NAME_RE.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,6 @@ from dataclasses import dataclass
 
 from dataplane.errors import EthplusError
 
-LABELS = {
-    "ethplus": "ETH+ (this project's NIC)",
-    "tcp": "kernel TCP",
-    "roce": "RoCEv2 (emulated)",
-}
-
 
 class TransportError(EthplusError, RuntimeError):
     """A transfer failed (peer unreachable, buffer too small, connection lost)."""
@@ -142,8 +136,3 @@ class Group(Transport):
 
     def close(self) -> None:
         self.inner.close()
-
-
-def available() -> list[str]:
-    """Transports this build can run, in report order."""
-    return ["ethplus", "roce", "tcp"]

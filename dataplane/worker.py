@@ -23,9 +23,10 @@ import traceback
 import numpy as np
 
 from dataplane import clock, core, cpu, reference, registry
+from dataplane.catalog import available
 from dataplane.collectives import Comm
 from dataplane.scale import Scale
-from dataplane.transport import Group, Options, Transport, TransportError, available
+from dataplane.transport import Group, Options, Transport, TransportError
 from dataplane.workload import Case
 
 PR_SET_PDEATHSIG = 1

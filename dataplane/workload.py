@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from dataplane import reference as ref
-from dataplane.collectives import Comm, canonical
+from dataplane.catalog import canonical
+from dataplane.collectives import Comm
 
 SENTINEL = 0x5A  # bytes a receive buffer holds before it is filled
 

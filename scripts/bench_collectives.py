@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dataplane import bench, lab, transport
+from dataplane import bench, catalog, lab
 
 
 def main() -> int:
@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--algo", default="ring")
-    ap.add_argument("--transports", default=",".join(transport.available()))
+    ap.add_argument("--transports", default=",".join(catalog.available()))
     ap.add_argument("--tcp-streams", type=int)
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()

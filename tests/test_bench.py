@@ -15,8 +15,8 @@ import pytest
 from conftest import RUN_ID, ethplus, fabric_pids
 from labtools import module_lab
 
-from dataplane import bench, governor, registry, transport
-from dataplane.collectives import COLLECTIVES, bus_factor
+from dataplane import bench, catalog, governor, registry
+from dataplane.catalog import COLLECTIVES, bus_factor
 from dataplane.job import Job, Plan
 
 pytestmark = pytest.mark.root
@@ -45,7 +45,7 @@ def _sizes(collective: str) -> list[int]:
     return SIZES if collective == "all-reduce" else [*SIZES[:-1], 16 * MiB]
 
 
-@pytest.mark.parametrize("transport_name", transport.available())
+@pytest.mark.parametrize("transport_name", catalog.available())
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_every_collective_is_exact_on_erack(erack, transport_name, collective):
     sizes = _sizes(collective)
@@ -54,7 +54,7 @@ def test_every_collective_is_exact_on_erack(erack, transport_name, collective):
     assert [r["wrong"] for r in res["rows"]] == [0] * len(sizes)
 
 
-@pytest.mark.parametrize("transport_name", transport.available())
+@pytest.mark.parametrize("transport_name", catalog.available())
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_every_collective_is_exact_on_clos(clos, transport_name, collective):
     # (64 MiB all-reduces run on erack above; 8 MiB here keeps the suite in its budget)
@@ -282,7 +282,7 @@ def test_demo_runs_every_transport(erack, tmp_path):
     r = ethplus("demo", "--lab", erack, "--sizes", "64K,1M", "--out", str(tmp_path / "demo"),
                 timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    for t in transport.available():
+    for t in catalog.available():
         assert t.upper() in r.stdout
     assert "ETHPLUS/IN-NETWORK" in r.stdout  # the switches reduce, on a lab that can
     assert "all-reduce: busbw" in r.stdout and "all-to-all: busbw" in r.stdout

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dataplane import reference as ref
-from dataplane.collectives import bus_factor, canonical
+from dataplane.catalog import bus_factor, canonical
 from dataplane.transport import TransportError
 from dataplane.workload import Case
 from tests.localtransport import run_ranks
