@@ -9,25 +9,26 @@ import os
 import sys
 import time
 
-from dataplane.bench import BenchError
 from dataplane.errors import EthplusError
-from dataplane.lab import LabError
+from dataplane.lab.labs import LabError
+from dataplane.report.stats import table
+from dataplane.run.bench import BenchError
 from dataplane.scale import Scale
-from dataplane.stats import table
 from dataplane.units import rate_text, size_text
 
 # ---------------------------------------------------------------- lab
 
 
 def cmd_lab_up(args) -> int:
-    from dataplane import lab, labfile
+    from dataplane.lab import labs
+    from dataplane.model import labfile
 
     spec = labfile.load(args.file, name=args.name)
     if args.time_scale is not None:
         spec.pin_time_scale(args.time_scale)
     elif args.pin:
         spec.time_scale_raw = spec.time_scale  # the auto choice, as a number: not governed
-    rec = lab.up(spec)
+    rec = labs.up(spec)
     if args.json:
         print(json.dumps(rec, indent=1))
         return 0
@@ -43,7 +44,7 @@ def cmd_lab_up(args) -> int:
 
 
 def _scale_reason(spec) -> str:
-    from dataplane.topology import AUTO_REAL_BUDGET_BPS
+    from dataplane.model.topology import AUTO_REAL_BUDGET_BPS
 
     total = spec.topology.total_link_rate_bps()
     how = (
@@ -60,23 +61,23 @@ def _scale_reason(spec) -> str:
 
 
 def cmd_lab_down(args) -> int:
-    from dataplane import lab
+    from dataplane.lab import labs
 
     if args.all == bool(args.name):
         raise LabError("give a lab name or --all (not both)")
     if args.all:
-        names = lab.down_all()
+        names = labs.down_all()
         print(f"removed {len(names)} lab(s)" + (": " + ", ".join(names) if names else ""))
         return 0
-    n = lab.down(args.name)
+    n = labs.down(args.name)
     print(f"lab {args.name} removed ({n} namespaces)")
     return 0
 
 
 def cmd_lab_ls(args) -> int:
-    from dataplane import lab
+    from dataplane.lab import labs
 
-    labs = lab.listing()
+    labs = labs.listing()
     if args.json:
         print(json.dumps(labs, indent=1))
         return 0
@@ -111,7 +112,7 @@ def _settings_table(family: str, rec: dict | None = None) -> str:
     """Every lab-wide key a lab file of this family takes, from its
     declaration (labfile.schema): default, meaning and, for a lab, its
     value there."""
-    from dataplane import labfile
+    from dataplane.model import labfile
 
     rows = []
     for sec, fields in labfile.schema(family).items():
@@ -129,7 +130,7 @@ def _settings_table(family: str, rec: dict | None = None) -> str:
 
 
 def cmd_lab_keys(args) -> int:
-    from dataplane import labfile
+    from dataplane.model import labfile
 
     for family in [args.family] if args.family else labfile.FAMILIES:
         print(f"# {family}")
@@ -139,9 +140,9 @@ def cmd_lab_keys(args) -> int:
 
 
 def cmd_lab_show(args) -> int:
-    from dataplane import lab
+    from dataplane.lab import labs
 
-    rec = lab.get(args.name)
+    rec = labs.get(args.name)
     if args.json:
         print(json.dumps(rec, indent=1))
         return 0
@@ -156,7 +157,7 @@ def cmd_lab_show(args) -> int:
     gov = None
     if setting == "auto":
         try:
-            gov = lab.control(args.name, {"op": "governor"})["governor"]
+            gov = labs.control(args.name, {"op": "governor"})["governor"]
         except LabError:
             gov = None  # the fabric does not answer: the record's k
     if gov is None:
@@ -245,13 +246,14 @@ def cmd_lab_show(args) -> int:
 
 
 def cmd_link_set(args) -> int:
-    from dataplane import changes, lab
+    from dataplane.lab import labs
+    from dataplane.model import changes
 
     try:
         change = changes.link_change(args.change)
     except ValueError as exc:
         raise LabError(str(exc)) from None
-    resp = lab.control(args.lab, {"op": "link", "link": args.link, "set": change})
+    resp = labs.control(args.lab, {"op": "link", "link": args.link, "set": change})
     st = resp["link"]
     print(
         f"{args.link}: {'up' if st['up'] else 'DOWN'}, rate {rate_text(st['rate_bps'])}, "
@@ -264,21 +266,21 @@ def cmd_link_set(args) -> int:
 
 
 def cmd_node_set(args) -> int:
-    from dataplane import lab
+    from dataplane.lab import labs
 
-    resp = lab.control(args.lab, {"op": "node", "node": args.node, "up": args.state == "up"})
+    resp = labs.control(args.lab, {"op": "node", "node": args.node, "up": args.state == "up"})
     print(f"{resp['node']}: {'up' if resp['up'] else 'DOWN'}")
     return 0
 
 
 def cmd_lab_scale(args) -> int:
-    from dataplane import lab
+    from dataplane.lab import labs
 
-    rec = lab.get(args.name)
+    rec = labs.get(args.name)
     if args.k == "auto":
         if args.floor is not None and not 1 <= args.floor <= 1e9:
             raise LabError(f"lab scale: --floor is a time scale from 1 to 1e9, not {args.floor:g}")
-        resp = lab.control(args.name, {"op": "scale", "k": "auto", "floor": args.floor})
+        resp = labs.control(args.name, {"op": "scale", "k": "auto", "floor": args.floor})
         floor = "" if args.floor is None else f", never under {args.floor:g}"
         print(f"{args.name}: time scale governed again, from k={resp['time_scale']:g}{floor}")
         return 0
@@ -293,7 +295,7 @@ def cmd_lab_scale(args) -> int:
             f"lab scale: K is the new time scale, a number from 1 to 1e9 or auto, not {args.k!r}"
         )
     before = float(rec["time_scale"])
-    lab.rescale(rec, k)
+    labs.rescale(rec, k)
     print(
         f"{args.name}: time scale {before:g} -> {k:g}, pinned (the fabric, its host shapers and"
         " every NIC engine follow; nominal results are unchanged, real time is k times nominal;"
@@ -303,11 +305,12 @@ def cmd_lab_scale(args) -> int:
 
 
 def cmd_lab_stats(args) -> int:
-    from dataplane import lab, stats
+    from dataplane.lab import labs
+    from dataplane.report import stats
 
     if args.count < 0 or (args.watch is not None and args.watch <= 0):
         raise LabError("lab stats: --watch takes seconds > 0 and --count a number >= 0")
-    st = lab.control(args.name, {"op": "stats"})["stats"]
+    st = labs.control(args.name, {"op": "stats"})["stats"]
     if args.watch is None:
         if args.json:
             print(json.dumps(st, indent=1))
@@ -319,7 +322,7 @@ def cmd_lab_stats(args) -> int:
     n = 0
     while not args.count or n < args.count:
         time.sleep(max(0.0, prev_t + args.watch - time.monotonic()))
-        cur, now = lab.control(args.name, {"op": "stats"})["stats"], time.monotonic()
+        cur, now = labs.control(args.name, {"op": "stats"})["stats"], time.monotonic()
         r = stats.rates(st, cur, now - prev_t)
         if args.json:
             print(json.dumps({"t_s": round(now - t0, 3), "switches": r}), flush=True)
@@ -330,11 +333,11 @@ def cmd_lab_stats(args) -> int:
 
 
 def cmd_capture(args) -> int:
-    from dataplane import capture, lab
+    from dataplane.lab import capture, labs
 
     if args.count < 0 or args.seconds < 0:
         raise LabError("capture: -c/--count and --seconds take a number >= 0")
-    lab.require_root("ethplus capture")
+    labs.require_root("ethplus capture")
     cap = capture.LinkCapture(args.lab, args.link)
     (a, _, _), (b, _, _) = cap.ends
     print(f"capturing {args.link} ({a} <-> {b}); Ctrl-C stops", file=sys.stderr, flush=True)
@@ -375,13 +378,13 @@ def cmd_capture(args) -> int:
 
 
 def cmd_exec(args) -> int:
-    from dataplane import core, lab
+    from dataplane.lab import core, labs
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
         raise LabError("nothing to run: ethplus exec LAB NODE -- CMD [ARGS...]")
-    lab.require_root("ethplus exec")
-    ns = lab.node_ns(args.lab, args.node)
+    labs.require_root("ethplus exec")
+    ns = labs.node_ns(args.lab, args.node)
     core.netns_join(ns)
     try:
         os.execvp(cmd[0], cmd)
@@ -392,9 +395,9 @@ def cmd_exec(args) -> int:
 
 
 def cmd_clean(args) -> int:
-    from dataplane import lab
+    from dataplane.lab import labs
 
-    removed = lab.clean(args.names or None)
+    removed = labs.clean(args.names or None)
     print(
         f"removed {removed['namespaces']} namespaces of {removed['labs']} dead lab(s); "
         "objects ethplus did not make were left alone"
@@ -413,7 +416,7 @@ def cmd_clean(args) -> int:
 
 
 def _bench_spec(args, transport: str, cc: str | None = None):
-    from dataplane import bench
+    from dataplane.run import bench
 
     return bench.Spec(
         collective=args.collective,
@@ -445,7 +448,8 @@ def _announce(rec: dict) -> None:
 
 def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool = True) -> dict:
     from cli.progress import Reporter
-    from dataplane import bench, governor, trials
+    from dataplane.lab import governor
+    from dataplane.run import bench, trials
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -461,7 +465,8 @@ def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool =
 
 
 def _governs(args, rec: dict) -> bool:
-    from dataplane import governor, trials
+    from dataplane.lab import governor
+    from dataplane.run import trials
 
     return governor.governed(rec) and not args.no_govern and trials.fabric_governor(rec)["on"]
 
@@ -491,11 +496,13 @@ def _k_text(k_range) -> str:
 
 
 def cmd_bench(args) -> int:
-    from dataplane import bench, fidelity, lab
+    from dataplane.lab import labs
+    from dataplane.report import fidelity
+    from dataplane.run import bench
 
     spec = _bench_spec(args, args.transport, args.cc)
-    lab.require_root("ethplus bench")
-    with lab.session(args.lab, args.time_scale, announce=_announce) as rec:
+    labs.require_root("ethplus bench")
+    with labs.session(args.lab, args.time_scale, announce=_announce) as rec:
         nodes = bench.check_nodes(args.nodes, rec)
         print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
         result = _run_one(spec, rec, nodes, govern=not args.no_govern)
@@ -513,7 +520,9 @@ def cmd_bench(args) -> int:
 def _compare(args, collectives: list[str], transports: list[str], in_network: bool = False) -> int:
     """in_network: all-reduce also as the switches reduce it (ethplus), if
     the lab can."""
-    from dataplane import bench, compare, fidelity, lab, report
+    from dataplane.lab import labs
+    from dataplane.report import fidelity, reports
+    from dataplane.run import bench, compare
 
     def make(collective: str, transport: str, cc: str | None):
         return _bench_spec(argparse.Namespace(**{**vars(args), "collective": collective}),
@@ -532,7 +541,7 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
 
     runs = compare.specs(collectives, transports, make, _split(args.cc or ""), in_network,
                          args.algo)  # fmt: skip
-    lab.require_root(f"ethplus {args.command}")
+    labs.require_root(f"ethplus {args.command}")
     results, paths = compare.run(
         runs, args.lab, args.time_scale, args.out, run_one=run_one,
         nodes=getattr(args, "nodes", None), skip_in_network=args.command == "demo",
@@ -541,17 +550,17 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
     _print_comparison(results)
     print(f"\nreport: {paths['report']}")
     print(f"data:   {paths['results']}")
-    print("plots:  " + "  ".join(paths[p.removesuffix(".png")] for p in report.PLOTS))
+    print("plots:  " + "  ".join(paths[p.removesuffix(".png")] for p in reports.PLOTS))
     return 1 if compare.wrong(results) else 0
 
 
 def _print_comparison(results: list[dict]) -> None:
-    from dataplane import report
+    from dataplane.report import reports
 
-    for coll, runs in report.by_collective(results).items():
-        names = [report.run_name(r) for r in runs]
+    for coll, runs in reports.by_collective(results).items():
+        names = [reports.run_name(r) for r in runs]
         rows = []
-        for c in report.comparison(runs):
+        for c in reports.comparison(runs):
             cells = [c["transports"].get(t) for t in names]
             rows.append(
                 [size_text(c["size_bytes"])]
@@ -576,7 +585,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from dataplane import catalog
+    from dataplane.model import catalog
 
     print(
         f"ethplus demo: builds {args.lab}, runs all-reduce and all-to-all over "
@@ -588,7 +597,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_scenario_list(args) -> int:
-    from dataplane import scenario_file
+    from dataplane.model import scenario_file
 
     rows = []
     scenarios = scenario_file.listing()
@@ -603,7 +612,9 @@ def cmd_scenario_list(args) -> int:
 
 
 def cmd_scenario_run(args) -> int:
-    from dataplane import lab, report, scenario
+    from dataplane.lab import labs
+    from dataplane.report import reports
+    from dataplane.run import scenario
 
     sc = scenario.load(args.scenario, short=args.short)
     if args.transports:
@@ -614,11 +625,11 @@ def cmd_scenario_run(args) -> int:
                 f"--transports: unknown transport {bad[0]!r}"
                 f" (expected one of {scenario.run_names()})"
             )
-    lab.require_root("ethplus scenario run")
+    labs.require_root("ethplus scenario run")
     out_dir = args.out or f"results/{sc.name}"
-    with lab.session(args.lab or sc.lab, announce=_announce) as rec:
+    with labs.session(args.lab or sc.lab, announce=_announce) as rec:
         res = scenario.run(sc, rec, log=lambda m: print(m, file=sys.stderr, flush=True))
-        paths = report.write_scenario(out_dir, res, rec)
+        paths = reports.write_scenario(out_dir, res, rec)
     s = res["summary"]
     print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['unit']}")
     for t, v in s["figures"].items():
@@ -710,7 +721,7 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
 
 
 def _available() -> list[str]:
-    from dataplane import catalog
+    from dataplane.model import catalog
 
     return catalog.available()
 

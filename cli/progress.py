@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import sys
 
-from dataplane.bench import format_row
+from dataplane.run.bench import format_row
 from dataplane.units import size_text
 
 
 class Reporter:
-    """Callbacks for dataplane.bench.run, for one transport's sizes."""
+    """Callbacks for dataplane.run.bench.run, for one transport's sizes."""
 
     PHASES = {"check": "checking", "warm": "warming up", "time": "timing"}
 

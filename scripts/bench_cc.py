@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from dataplane import bench, lab, labfile
+from dataplane.lab import labs
+from dataplane.model import labfile
+from dataplane.run import bench
 
 WORKLOADS = (("all-to-all", True), ("all-reduce", False))  # (collective, uneven)
 
@@ -59,7 +61,7 @@ def main() -> int:
         ap.error(f"--cc: expected two or more of {', '.join(labfile.CC_NAMES)}, got {args.cc!r}")
     size = bench.parse_size(args.size, "--size")
     out: dict[str, dict[str, list[dict]]] = {}
-    with lab.session(args.lab) as rec:
+    with labs.session(args.lab) as rec:
         for collective, uneven in WORKLOADS:
             name = f"{collective}{' (uneven)' if uneven else ''}"
             runs = out.setdefault(name, {cc: [] for cc in ccs})

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dataplane import bench, catalog, lab
+from dataplane.lab import labs
+from dataplane.model import catalog
+from dataplane.run import bench
 
 
 def main() -> int:
@@ -30,7 +32,7 @@ def main() -> int:
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
     out = {}
-    with lab.session(args.lab) as rec:
+    with labs.session(args.lab) as rec:
         for t in args.transports.split(","):
             spec = bench.Spec(
                 collective="all-reduce", transport=t, sizes=bench.parse_sizes(args.size),

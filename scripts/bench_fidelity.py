@@ -26,8 +26,9 @@ import signal
 import sys
 import time
 
-from dataplane import bench, lab, trials
-from dataplane.job import JobError
+from dataplane.lab import labs
+from dataplane.run import bench, trials
+from dataplane.run.job import JobError
 from dataplane.units import size_text
 
 WORKLOADS = (("all-reduce", False), ("all-to-all", True))
@@ -45,8 +46,8 @@ def _verdict(behind: bool) -> str:
 
 def _from_floor(rec: dict, floor: float) -> None:
     """k back at the floor, governed from there (as a freshly brought-up lab)."""
-    lab.rescale(rec, floor)
-    lab.control(rec["name"], {"op": "scale", "k": "auto"})
+    labs.rescale(rec, floor)
+    labs.control(rec["name"], {"op": "scale", "k": "auto"})
 
 
 def _k(res: dict) -> str:
@@ -79,7 +80,7 @@ def main() -> int:
     out = []
     # killed (timeout, ^C from a parent): unwind, so the session takes its lab down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with lab.session(args.lab) as rec:
+    with labs.session(args.lab) as rec:
         floor = float(rec["time_scale"])
         for collective, uneven in WORKLOADS:
             if collective not in args.collectives.split(","):
@@ -93,7 +94,7 @@ def main() -> int:
                     kg = g["governor"]["k_max"]
                     p = p_s = None
                     if not args.no_pinned:
-                        lab.rescale(rec, 4 * kg)  # pinned
+                        labs.rescale(rec, 4 * kg)  # pinned
                         try:
                             p, p_s = _one(spec, rec, False)
                         finally:

@@ -30,7 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dataplane import bench, lab, labfile
+from dataplane.lab import labs
+from dataplane.model import labfile
+from dataplane.run import bench
 
 
 def _one(rec: dict, transport: str, algo: str, size: int, iters: int) -> dict:
@@ -62,7 +64,7 @@ def tree_vs_flat(args) -> dict:
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         recs = {
             kind: stack.enter_context(
-                lab.session(_clos_file(d, f"inc-{kind}", kind == "tree", args.oversubscription))
+                labs.session(_clos_file(d, f"inc-{kind}", kind == "tree", args.oversubscription))
             )
             for kind in ("tree", "flat")
         }
@@ -104,7 +106,7 @@ def main() -> int:
     if args.roce:
         variants.append(("roce", "ring"))
     out: dict[str, dict[str, list[dict]]] = {}
-    with lab.session(args.lab) as rec:
+    with labs.session(args.lab) as rec:
         for size in bench.parse_sizes(args.sizes):
             runs = out.setdefault(str(size), {f"{t}/{a}": [] for t, a in variants})
             for i in range(args.runs):

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 
-from dataplane import lab, labfile, registry
+from dataplane.lab import labs, registry
+from dataplane.model import labfile
 
 TARGETS_S = {"erack-64x8": (10.0, 5.0), "upn-512": (60.0, None)}
 BASELINE_SLOT = registry.MAX_LABS - 1
@@ -28,7 +29,7 @@ def _sh(cmds: list[list[str]]) -> None:
 
 
 def baseline_up(spec) -> float:
-    plan = lab.make_plan(spec, BASELINE_SLOT)
+    plan = labs.make_plan(spec, BASELINE_SLOT)
     ns = {n: registry.ns_name(spec.name, n) for n in spec.topology.nodes}
     t0 = time.perf_counter()
     for name in ns.values():
@@ -164,7 +165,7 @@ def main() -> int:
     ap.add_argument("--labs", default="erack-64x8,upn-512")
     ap.add_argument("--no-baseline", action="store_true")
     args = ap.parse_args()
-    lab.require_root("scripts/bench_lab.py")
+    labs.require_root("scripts/bench_lab.py")
     rows = []
     for name in args.labs.split(","):
         spec = labfile.load(name)

@@ -21,9 +21,11 @@ import time
 
 import numpy as np
 
-from dataplane import core, cpu, kernel, lab, labfile, stats
-from dataplane.nic import Endpoint
-from dataplane.registry import NETNS_DIR
+from dataplane.lab import core, cpu, kernel, labs
+from dataplane.lab.nic import Endpoint
+from dataplane.lab.registry import NETNS_DIR
+from dataplane.model import labfile
+from dataplane.report import stats
 
 MTU = 4200
 
@@ -44,7 +46,7 @@ def transfer(a: Endpoint, b: Endpoint, size: int, tag: int) -> tuple[float, floa
 def part_a(size: int) -> None:
     spec = labfile.load("erack-8x4")
     spec.name = "bench-nic"
-    rec = lab.up(spec)
+    rec = labs.up(spec)
     try:
         k = rec["time_scale"]
         nominal = 4 * 400e9
@@ -56,7 +58,7 @@ def part_a(size: int) -> None:
             finally:
                 a.close()
                 b.close()
-            st = lab.control("bench-nic", {"op": "stats"})["stats"]
+            st = labs.control("bench-nic", {"op": "stats"})["stats"]
             t = stats.totals(st)
             late_ms = (
                 max(
@@ -74,7 +76,7 @@ def part_a(size: int) -> None:
                 flush=True,
             )
     finally:
-        lab.down("bench-nic")
+        labs.down("bench-nic")
 
 
 def _pair_record() -> dict:
@@ -241,7 +243,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=64)
     args = ap.parse_args()
-    lab.require_root("scripts/bench_nic.py")
+    labs.require_root("scripts/bench_nic.py")
     print(f"CPU time from: {cpu.source()}")
     size = args.size_mib << 20
     part_a(size)

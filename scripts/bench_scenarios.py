@@ -23,7 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane import lab, report, scenario, trials
+from dataplane.lab import labs
+from dataplane.report import reports
+from dataplane.run import scenario, trials
 
 TARGETS = {
     "ecmp-collision": ("job completion time, ethplus faster by", {"tcp": 1.5, "roce": 1.5}),
@@ -45,19 +47,19 @@ def main() -> int:
     for name in names:
         sc = scenario.load(name, short=args.short)
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        with lab.session(sc.lab) as rec:
+        with labs.session(sc.lab) as rec:
             t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
             res = scenario.run(sc, rec, log=log)
             real_s = time.monotonic() - t0
-            report.write_scenario(str(Path(args.out) / name), res, rec)
+            reports.write_scenario(str(Path(args.out) / name), res, rec)
             ks = _k_used(rec, t0, k0)
             pinned = None
             if args.pinned_4x and ks:
-                lab.rescale(rec, 4 * ks[1])
+                labs.rescale(rec, 4 * ks[1])
                 t1 = time.monotonic()
                 pinned = scenario.run(sc, rec, log=log)["summary"]
                 pinned_s = time.monotonic() - t1
-                lab.control(rec["name"], {"op": "scale", "k": "auto"})
+                labs.control(rec["name"], {"op": "scale", "k": "auto"})
         s = res["summary"]
         summary[name] = s
         figs = ", ".join(

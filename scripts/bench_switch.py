@@ -11,7 +11,7 @@ ceiling of that I/O and what the pipeline costs on top.  Frames/s and Gbit/s
 are what B's kernel counted ("into S": what A's sender got into S, so a
 forwarder that drops shows as the limit, a sender that cannot go faster as
 its own); CPU per frame is the whole machine's busy time
-(dataplane.cpu: exact, from the idle states' residency) over frames
+(dataplane.lab.cpu: exact, from the idle states' residency) over frames
 forwarded, so sender and receiver costs, the same in every variant, are
 included.  Then the idle CPU of erack-64x8 (the median of five 2 s windows,
 against the same without the lab), as shipped and with the switches' RX
@@ -34,8 +34,9 @@ import sys
 import threading
 import time
 
-from dataplane import core, cpu, kernel, lab, labfile
-from dataplane.registry import NETNS_DIR
+from dataplane.lab import core, cpu, kernel, labs, registry
+from dataplane.lab.registry import NETNS_DIR
+from dataplane.model import labfile
 
 NS = {x: f"ethp-bsw-{x}" for x in "ASB"}
 MAC = {
@@ -203,13 +204,13 @@ def idle_cpu(seconds: float, windows: int = 5, ring_idle_ms: int | None = None) 
     spec.name = "bench-idle"
     if ring_idle_ms is not None:
         spec.switch["ring_idle_ms"] = ring_idle_ms
-    lab.up(spec)
+    labs.up(spec)
     try:
         time.sleep(2)
-        pid = lab.registry.Journal.load("bench-idle").fabric_pid
+        pid = registry.Journal.load("bench-idle").fabric_pid
         busy, fabric = _busy_median(seconds, windows, pid)
     finally:
-        lab.down("bench-idle")
+        labs.down("bench-idle")
     return {"baseline_cores": base, "with_lab_cores": busy, "fabric_cores": fabric}
 
 
@@ -220,7 +221,7 @@ def ping_rtt(ring_idle_ms: int | None = None, count: int = 100) -> dict:
     spec.name = "bench-ping"
     if ring_idle_ms is not None:
         spec.switch["ring_idle_ms"] = ring_idle_ms
-    rec = lab.up(spec)
+    rec = labs.up(spec)
     try:
         nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
         port = nodes["h7"]["ports"][0]
@@ -234,7 +235,7 @@ def ping_rtt(ring_idle_ms: int | None = None, count: int = 100) -> dict:
         )  # fmt: skip
         avg_ms = float(r.stdout.strip().splitlines()[-1].split("=")[1].split("/")[1])
     finally:
-        lab.down("bench-ping")
+        labs.down("bench-ping")
     return {"avg_ms": avg_ms, "shaped_ms": shaped_ms, "added_ms": avg_ms - shaped_ms}
 
 
@@ -255,7 +256,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 1 or args.seconds <= 0 or (args.ring_idle_ms or 0) < 0:
         ap.error("--runs must be at least 1, --seconds above 0, --ring-idle-ms at least 0")
-    lab.require_root("scripts/bench_switch.py")
+    labs.require_root("scripts/bench_switch.py")
     print(f"CPU time from: {cpu.source()}")
     runs = []
     for i in range(args.runs):

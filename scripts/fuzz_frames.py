@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The protocol-aware fuzzer against a running lab (dataplane/fuzz.py).
+"""The protocol-aware fuzzer against a running lab (dataplane/run/fuzz.py).
 
 Brings up erack-8x4 (or uses --lab, a running lab or a lab file) and, while
 every accelerator but the attacker runs all-reduces over each --transports
@@ -19,7 +19,8 @@ import argparse
 import json
 import sys
 
-from dataplane import fuzz, lab
+from dataplane.lab import labs
+from dataplane.run import fuzz
 
 
 def main() -> int:
@@ -35,7 +36,7 @@ def main() -> int:
     args = ap.parse_args()
     bad = False
     results = {}
-    with lab.session(args.lab) as rec:
+    with labs.session(args.lab) as rec:
         for t in args.transports.split(","):
             out = fuzz.campaign(rec["name"], args.frames, attacker=args.attacker,
                                 target=args.target, transport=t, rate_fps=args.rate,

@@ -65,9 +65,9 @@ def lab_name(request):
     assert not lab_namespaces(name), f"test left namespaces of {name} behind"
 
 
-def fabric_pids(prefix: str, module: str = "dataplane.fabric") -> dict[int, str]:
+def fabric_pids(prefix: str, module: str = "dataplane.lab.fabric") -> dict[int, str]:
     """Fabric (or worker) processes whose lab name starts with prefix: pid -> lab."""
-    lab_arg = 1 if module == "dataplane.fabric" else 2  # after the module's name
+    lab_arg = 1 if module == "dataplane.lab.fabric" else 2  # after the module's name
     out = {}
     for e in os.scandir("/proc"):
         if not e.name.isdigit():
@@ -93,7 +93,7 @@ def nothing_left_behind():
     for ns in left:
         subprocess.run(["ip", "netns", "del", ns], check=False)
     fabrics = fabric_pids(RUN_ID)
-    workers = fabric_pids(RUN_ID, "dataplane.worker")
+    workers = fabric_pids(RUN_ID, "dataplane.run.worker")
     for pid in [*fabrics, *workers]:
         os.kill(pid, 9)
     assert not workers, f"the test run left worker processes behind: {workers}"

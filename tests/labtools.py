@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 from conftest import RUN_ID, ethplus
 
-from dataplane import core, job, kernel, stats
-from dataplane.nic import Endpoint
+from dataplane.lab import core, kernel
+from dataplane.lab.nic import Endpoint
+from dataplane.report import stats
+from dataplane.run import job
 
 MiB = 1 << 20
 

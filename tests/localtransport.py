@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from dataplane.collectives import Comm
-from dataplane.transport import Transport
+from dataplane.run.collectives import Comm
+from dataplane.run.transport import Transport
 
 
 class Hub:

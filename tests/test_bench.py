@@ -15,9 +15,11 @@ import pytest
 from conftest import RUN_ID, ethplus, fabric_pids
 from labtools import module_lab
 
-from dataplane import bench, catalog, governor, registry
-from dataplane.catalog import COLLECTIVES, bus_factor
-from dataplane.job import Job, Plan
+from dataplane.lab import governor, registry
+from dataplane.model import catalog
+from dataplane.model.catalog import COLLECTIVES, bus_factor
+from dataplane.run import bench
+from dataplane.run.job import Job, Plan
 
 pytestmark = pytest.mark.root
 MiB = 1 << 20
@@ -156,13 +158,13 @@ def test_bench_brings_a_lab_file_up_and_down(tmp_path):
 
 
 def _workers(lab: str) -> dict[int, str]:
-    return fabric_pids(lab, "dataplane.worker")
+    return fabric_pids(lab, "dataplane.run.worker")
 
 
 def _node_of(worker_pid: int) -> str:
-    """A worker's node: its argv is ... dataplane.worker SOCK LAB NODE NS."""
+    """A worker's node: its argv is ... dataplane.run.worker SOCK LAB NODE NS."""
     argv = open(f"/proc/{worker_pid}/cmdline").read().split("\0")
-    return argv[argv.index("dataplane.worker") + 3]
+    return argv[argv.index("dataplane.run.worker") + 3]
 
 
 def test_a_killed_worker_fails_the_run_naming_its_rank(erack):

@@ -11,8 +11,8 @@ import pytest
 from conftest import ethplus
 from labtools import Lab, module_lab
 
-from dataplane.clock import Clock
-from dataplane.nic import Endpoint
+from dataplane.lab.clock import Clock
+from dataplane.lab.nic import Endpoint
 
 pytestmark = pytest.mark.root
 

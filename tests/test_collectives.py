@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from dataplane import reference as ref
-from dataplane.catalog import bus_factor, canonical
-from dataplane.transport import TransportError
-from dataplane.workload import Case
+from dataplane.model.catalog import bus_factor, canonical
+from dataplane.run import reference as ref
+from dataplane.run.transport import TransportError
+from dataplane.run.workload import Case
 from tests.localtransport import run_ranks
 
 CASES = [
@@ -119,9 +119,9 @@ def test_check_all_counts_a_corruption_that_the_first_run_check_misses():
 
     from localtransport import Hub, LocalTransport
 
-    from dataplane.collectives import Comm
-    from dataplane.worker import checked_run
-    from dataplane.workload import Case
+    from dataplane.run.collectives import Comm
+    from dataplane.run.worker import checked_run
+    from dataplane.run.workload import Case
 
     world, bad = 4, 2 * 2 * (4 - 1) * 4 + 5  # a send of the third run (ring: 6 per rank)
     hub = Hub(world)

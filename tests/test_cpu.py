@@ -1,4 +1,4 @@
-"""dataplane.cpu on this machine's real CPUs: busy time that a user's
+"""dataplane.lab.cpu on this machine's real CPUs: busy time that a user's
 CPU-per-frame and CPU-per-GB figures are built on."""
 
 import glob
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dataplane import cpu
+from dataplane.lab import cpu
 
 SPIN = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end: pass\n"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from labtools import MiB, capture_cli, incast, module_lab
 
-from dataplane.nic import Endpoint
+from dataplane.lab.nic import Endpoint
 
 pytestmark = pytest.mark.root
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from dataplane.memfabric import FabricSpec, MemFabric
+from dataplane.lab.memfabric import FabricSpec, MemFabric
 
 KiB, MiB = 1024, 1024 * 1024
 TIMEOUT_S = 30

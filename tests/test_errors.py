@@ -14,9 +14,9 @@ from dataplane.errors import EXIT_USAGE, EthplusError, UsageError
 
 
 def _modules():
-    for m in pkgutil.iter_modules(dataplane.__path__):
-        if not m.name.startswith("_"):
-            yield importlib.import_module(f"dataplane.{m.name}")
+    for m in pkgutil.walk_packages(dataplane.__path__, "dataplane."):
+        if not m.name.rsplit(".", 1)[1].startswith("_"):
+            yield importlib.import_module(m.name)
 
 
 def test_every_error_class_has_the_one_base():
@@ -33,8 +33,8 @@ def test_every_error_class_has_the_one_base():
 
 def test_bad_input_exits_with_the_usage_code_and_one_line(tmp_path, capsys):
     from cli.main import main
-    from dataplane.labfile import LabFileError
-    from dataplane.topology import TopologyError
+    from dataplane.model.labfile import LabFileError
+    from dataplane.model.topology import TopologyError
 
     assert issubclass(LabFileError, UsageError) and issubclass(TopologyError, UsageError)
     f = tmp_path / "bad.toml"
@@ -51,7 +51,7 @@ def test_a_bad_time_scale_to_bench_is_refused_before_any_lab_is_built(k, tmp_pat
     from conftest import RUN_ID
 
     from cli.main import main
-    from dataplane import registry
+    from dataplane.lab import registry
 
     name = f"{RUN_ID}-ts"
     src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)

@@ -1,6 +1,6 @@
 """The fidelity verdict on synthetic counter samples (no lab needed)."""
 
-from dataplane import fidelity
+from dataplane.report import fidelity
 
 
 def _sample(t: float, tx_frames: int, late_sum_ns: int, lost_ns: int) -> dict:

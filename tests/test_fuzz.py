@@ -1,4 +1,4 @@
-"""The protocol-aware fuzzer (dataplane/fuzz.py) against a running lab: at
+"""The protocol-aware fuzzer (dataplane/run/fuzz.py) against a running lab: at
 least 200,000 frames, each valid up to one field, from a lab node through
 its switch and straight onto an endpoint's link, while the other
 accelerators run all-reduces (every run checked) over ETH+ and over the
@@ -9,8 +9,9 @@ endpoint's receive balance hold."""
 import pytest
 from labtools import module_lab
 
-from dataplane import core, fuzz, registry
-from dataplane.job import fabric_stats
+from dataplane.lab import core, registry
+from dataplane.run import fuzz
+from dataplane.run.job import fabric_stats
 
 pytestmark = pytest.mark.root
 

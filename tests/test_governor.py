@@ -2,8 +2,7 @@
 raises k, when it lowers it, and when it holds.  (On real labs: test_bench's
 governed tests.)"""
 
-from dataplane import fidelity
-from dataplane.governor import (
+from dataplane.lab.governor import (
     CALM_S,
     FUTILE_RAISES,
     HOLD_S,
@@ -13,6 +12,7 @@ from dataplane.governor import (
     Governor,
     Observation,
 )
+from dataplane.report import fidelity
 
 CALM = Observation()
 MILD = Observation(engine_added_delay_share=fidelity.ADDED_DELAY_MAX * 0.9)

@@ -21,8 +21,8 @@ from labtools import (
     send_paced,
 )
 
-from dataplane import core
-from dataplane.nic import Endpoint
+from dataplane.lab import core
+from dataplane.lab.nic import Endpoint
 
 pytestmark = pytest.mark.root
 

@@ -12,8 +12,11 @@ import pytest
 from conftest import ethplus
 from labtools import Lab, if_stats, module_lab, shipped_lab
 
-from dataplane import bench, core, labfile, registry, routing, stats
-from dataplane.job import Job, JobError, Plan
+from dataplane.lab import core, registry
+from dataplane.model import labfile, routing
+from dataplane.report import stats
+from dataplane.run import bench
+from dataplane.run.job import Job, JobError, Plan
 
 MiB = 1 << 20
 PAYLOAD = 4096  # bytes of one chunk (nic.PAYLOAD_BYTES)
@@ -445,7 +448,8 @@ def test_a_failed_in_network_all_reduce_says_what_its_endpoint_saw():
     """When an aggregator never answers, the error carries the endpoint's
     in-network counters (sent, resent, results, timeouts, refused), the
     first thing to look at; every name it reads is a real counter."""
-    from dataplane import nic, nic_transport
+    from dataplane.lab import nic
+    from dataplane.run.transports import nic as nic_transport
 
     assert set(nic_transport.INC_COUNTERS) <= set(nic.NIC_COUNTERS)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ethplus, fabric_pids, lab_namespaces, netns_names
 
-from dataplane import registry
+from dataplane.lab import registry
 
 pytestmark = pytest.mark.root
 

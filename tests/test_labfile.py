@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import ethplus
 
-from dataplane import labfile
+from dataplane.model import labfile
 
 BAD = sorted((Path(__file__).parent / "labfiles" / "bad").glob("*.toml"))
 

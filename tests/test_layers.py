@@ -1,8 +1,8 @@
-"""The package's layers: no import cycle between its modules (imports
-inside functions count too), and the model (lab files, topology, the
-transport interface, a job's in-network plan, the governor's decisions)
-loads without the compiled C or root; the NIC engine's C files call down
-only."""
+"""The package's layers: its folders are layers that import downwards only
+(base < model < report < lab < run < cli), no import cycle between its
+modules (imports inside functions count too), the model and the reports
+load without the compiled C or root, and only the C objects' wrappers touch
+the raw cffi; the NIC engine's C files call down only."""
 
 from __future__ import annotations
 
@@ -14,25 +14,47 @@ import sys
 
 import pytest
 
-PKG = pathlib.Path(__file__).resolve().parent.parent / "dataplane"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "dataplane"
+# A module's layer is its folder (the package's own modules are the base).
+LAYERS = ("base", "model", "report", "lab", "run", "cli")
+
+
+def _name(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def _sources() -> dict[str, pathlib.Path]:
+    paths = [*PKG.rglob("*.py"), *(ROOT / "cli").glob("*.py")]
+    return {
+        _name(p): p
+        for p in paths
+        if p.name != "__init__.py" and "csrc" not in p.parts and not p.name.startswith("_")
+    }
+
+
+def _imported(path: pathlib.Path) -> set[str]:
+    """The dotted names a module imports (a `from P import m` counts as P.m)."""
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            deps.add(node.module)
+            deps |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names}
+    return deps
 
 
 def _imports() -> dict[str, set[str]]:
-    mods = {p.stem for p in PKG.glob("*.py")}
-    graph = {}
-    for m in mods:
-        deps = set()
-        for node in ast.walk(ast.parse((PKG / f"{m}.py").read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "dataplane":
-                deps |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dataplane."):
-                deps.add(node.module.split(".")[1])
-            elif isinstance(node, ast.Import):
-                deps |= {
-                    a.name.split(".")[1] for a in node.names if a.name.startswith("dataplane.")
-                }
-        graph[m] = deps & mods - {m}
-    return graph
+    mods = _sources()
+    return {m: (_imported(p) & set(mods)) - {m} for m, p in mods.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "cli":
+        return "cli"
+    return parts[1] if len(parts) > 2 else "base"
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -58,6 +80,18 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycle():
     cycle = _cycle(_imports())
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_every_folder_is_a_layer_that_imports_downwards_only():
+    graph = _imports()
+    assert {_layer(m) for m in graph} == set(LAYERS)
+    upward = [
+        f"{m} ({_layer(m)}) imports {d} ({_layer(d)})"
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if LAYERS.index(_layer(d)) > LAYERS.index(_layer(m))
+    ]
+    assert not upward, "\n".join(upward)
 
 
 CSRC = PKG / "csrc"
@@ -100,42 +134,43 @@ def test_the_roce_mode_is_its_ops_not_branches():
         assert not re.findall(r"cfg(?:->|\.)roce\b", text), f.name
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "labfile",
-        "topology",
-        "transport",
-        "inc",
-        "governor",
-        "units",
-        "fabric_client",
-        "scenario_file",
-        "scale",
-    ],
-)
+PURE = sorted(
+    m
+    for m in _sources()
+    if _layer(m) in ("base", "model", "report")
+    or m in ("dataplane.run.transport", "dataplane.run.inc", "dataplane.lab.governor",
+             "dataplane.lab.fabric_client")
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("module", PURE)
 def test_the_model_loads_without_the_compiled_core(module):
     code = (
-        f"import sys, dataplane.{module}\n"
-        "assert 'dataplane._ethp' not in sys.modules, sorted(sys.modules)\n"
+        f"import sys, {module}\nassert 'dataplane._ethp' not in sys.modules, sorted(sys.modules)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 
 
 # The modules that wrap one C object each and take the raw ffi and lib from
 # core (core.py says why); every other module uses core's typed wrappers.
-RAW_C = {"core", "nic", "memfabric", "clock", "capture", "fuzz"}
+OWNER = "dataplane.lab.core"
+RAW_C = {OWNER, "dataplane.lab.nic", "dataplane.lab.memfabric", "dataplane.lab.clock",
+         "dataplane.lab.capture", "dataplane.run.fuzz"}  # fmt: skip
 
 
 def test_only_the_c_objects_wrappers_touch_the_raw_cffi():
-    for path in PKG.glob("*.py"):
+    """The compiled extension is imported by its owner alone, and its raw
+    ffi and lib reach only the wrappers of single C objects."""
+    for m, path in _sources().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module in (
-                "dataplane.core",
-                "dataplane._ethp",
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            names = {a.name for a in node.names}
+            if node.module == "dataplane._ethp" or (
+                node.module == "dataplane" and "_ethp" in names
             ):
-                raw = {a.name for a in node.names} & {"ffi", "lib"}
-                assert not raw or path.stem in RAW_C, (
-                    f"{path.name} imports {raw} from {node.module}"
-                )
+                assert m == OWNER, f"{m} imports the compiled extension"
+            if node.module == OWNER:
+                raw = names & {"ffi", "lib"}
+                assert not raw or m in RAW_C, f"{m} imports {raw} from {OWNER}"

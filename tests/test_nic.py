@@ -12,8 +12,9 @@ import pytest
 from conftest import ethplus
 from labtools import Capture, Lab, ethp_frame, send_paced, shipped_lab
 
-from dataplane import core, stats
-from dataplane.nic import BufferTooSmall, Endpoint, NicError, NoReceive, Unreachable
+from dataplane.lab import core
+from dataplane.lab.nic import BufferTooSmall, Endpoint, NicError, NoReceive, Unreachable
+from dataplane.report import stats
 
 pytestmark = pytest.mark.root
 

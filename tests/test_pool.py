@@ -2,7 +2,7 @@
 
 import pytest
 
-from dataplane.core import Pool, ffi
+from dataplane.lab.core import Pool, ffi
 
 
 def test_get_and_put_in_bursts():
@@ -30,7 +30,7 @@ def test_double_free_and_foreign_packets_refused():
 
 
 def test_buffers_are_cache_line_aligned():
-    from dataplane.core import ffi
+    from dataplane.lab.core import ffi
 
     pool = Pool(16, 1500)
     pkts, got = pool.get(16)

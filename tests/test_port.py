@@ -9,8 +9,8 @@ import time
 import pytest
 from conftest import RUN_ID
 
-from dataplane import core
-from dataplane.core import Addr, Header, Pool, Port, PortConfig, build_frame, parse_frame
+from dataplane.lab import core
+from dataplane.lab.core import Addr, Header, Pool, Port, PortConfig, build_frame, parse_frame
 
 pytestmark = pytest.mark.root
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import RUN_ID
 from labtools import Lab, lab_up_down
 
-from dataplane import stats
-from dataplane.nic import Endpoint
+from dataplane.lab.nic import Endpoint
+from dataplane.report import stats
 
 pytestmark = pytest.mark.root
 

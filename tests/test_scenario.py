@@ -9,7 +9,8 @@ import pytest
 from conftest import ethplus
 from labtools import module_lab
 
-from dataplane import bench, report, scenario
+from dataplane.report import reports
+from dataplane.run import bench, scenario
 
 KiB, MiB = 1024, 1 << 20
 
@@ -223,14 +224,14 @@ def test_the_timeline_of_a_job_that_stalled_before_any_iteration_plots_cleanly(t
     out = tmp_path / "timeline.png"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        report.plot_timeline(result, out, k=6400.0)
+        reports.plot_timeline(result, out, k=6400.0)
     assert out.stat().st_size > 1000
 
 
 def test_scenario_times_are_nominal_and_a_behind_job_is_said():
     """The headline JCT is nominal (us), comparable across time scales; a run
     any of whose jobs fell behind is listed, and the report says so."""
-    from dataplane import scenario as sc_mod
+    from dataplane.run import scenario as sc_mod
 
     sc = sc_mod.load("netns-labs/scenarios/ecmp-collision.toml")
     out = {"transports": {

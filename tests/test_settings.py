@@ -10,8 +10,9 @@ import math
 import pytest
 from conftest import RUN_ID, ethplus
 
-from dataplane import lab, labfile, registry
-from dataplane.nic import RTO_FLOOR_NS, Endpoint
+from dataplane.lab import labs, registry
+from dataplane.lab.nic import RTO_FLOOR_NS, Endpoint
+from dataplane.model import labfile
 
 pytestmark = pytest.mark.root
 
@@ -79,7 +80,7 @@ def test_every_switch_setting_reaches_the_switches_c_struct(settings_lab):
     want = labfile.c_values(SWITCH, rec["switch"], K)
     assert "pfc_watchdog_ns" in want and want["pfc_watchdog_ns"] != rec["switch"]["pfc_watchdog_us"]
     for node in ("plane0", "plane1"):
-        got = lab.control(settings_lab, {"op": "config", "node": node})["config"]
+        got = labs.control(settings_lab, {"op": "config", "node": node})["config"]
         wrong = {c: (got[c], v) for c, v in want.items() if not _same(got[c], v)}
         assert not wrong, f"{node}: C struct field: (in C, declared): {wrong}"
 

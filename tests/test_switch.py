@@ -27,7 +27,9 @@ from labtools import (
     send_paced,
 )
 
-from dataplane import capture, core, routing, stats
+from dataplane.lab import capture, core
+from dataplane.model import routing
+from dataplane.report import stats
 
 pytestmark = pytest.mark.root
 

@@ -4,8 +4,8 @@ import ipaddress
 
 import pytest
 
-from dataplane import labfile, topology
-from dataplane.topology import LinkParams, TopologyError
+from dataplane.model import labfile, topology
+from dataplane.model.topology import LinkParams, TopologyError
 
 LINK = LinkParams(rate_bps=400_000_000_000, delay_ns=500, buffer_bytes=400_000, mtu_bytes=4200)
 

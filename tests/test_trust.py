@@ -13,8 +13,9 @@ import pytest
 from conftest import RUN_ID, ethplus
 from labtools import Capture, Lab
 
-from dataplane import core, stats
-from dataplane.nic import Endpoint
+from dataplane.lab import core
+from dataplane.lab.nic import Endpoint
+from dataplane.report import stats
 
 pytestmark = pytest.mark.root
 
@@ -357,8 +358,9 @@ def test_a_spoofing_node_cannot_redirect_or_starve_another_job_s_all_reduce(erac
     group entry and slot).  Only the control plane's member lists count:
     all three are refused and counted, h3 receives no result, and the job
     is byte-exact."""
-    from dataplane import registry, routing
-    from dataplane.job import Job, Plan
+    from dataplane.lab import registry
+    from dataplane.model import routing
+    from dataplane.run.job import Job, Plan
 
     plan = Plan(lab=erack.name, transport="ethplus", collective="all-reduce", sizes=[4 * MiB],
                 algo="in-network", iters=2, warmup=1, nodes=["h0", "h1", "h2"])  # fmt: skip
@@ -426,8 +428,8 @@ def _tcp_pair(impostor: bool = False):
     """Two TcpTransports on loopback (ranks 0 and 1, 127.0.0.1 and .2); rank
     1 accepts.  With impostor, a socket from 127.0.0.3 claiming to be rank 0
     connects to rank 1 first."""
-    from dataplane.tcp import _HELLO, PORT, TcpTransport
-    from dataplane.transport import Options
+    from dataplane.run.transport import Options
+    from dataplane.run.transports.tcp import _HELLO, PORT, TcpTransport
 
     def port(i: int) -> list:
         return [{"plane": 0, "ip": f"127.0.0.{i + 1}"}]
@@ -465,8 +467,8 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
     allocation."""
     import struct
 
-    from dataplane import tcp
-    from dataplane.transport import TransportError
+    from dataplane.run.transport import TransportError
+    from dataplane.run.transports import tcp
 
     out = _tcp_pair(impostor=True)
     t0, t1 = out["h0"], out["h1"]
@@ -517,7 +519,7 @@ def test_a_pause_frame_cut_short_is_not_read_past_its_end(erack):
 def test_a_run_directory_root_does_not_own_alone_is_refused(tmp_path):
     import os
 
-    from dataplane import registry
+    from dataplane.lab import registry
 
     d = tmp_path / "run"
     (d / "labs").mkdir(parents=True)

@@ -4,8 +4,8 @@ import struct
 
 import pytest
 
-from dataplane import core
-from dataplane.core import Addr, Header, WireError, build_frame, parse_frame
+from dataplane.lab import core
+from dataplane.lab.core import Addr, Header, WireError, build_frame, parse_frame
 
 
 def ref_csum(data: bytes) -> int:

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #endif
 
-/* Bump on any change to a struct or signature below; dataplane/core.py checks it. */
+/* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
 #define ETHP_ABI_VERSION 30
 uint32_t ethp_abi_version(void);
 

@@ -1,0 +1,190 @@
+"""The time-scale governor: a lab whose time scale is "auto" dilates time
+when any part of the emulation falls behind, and contracts it again when all
+have headroom.
+
+Two parts:
+
+- ``Governor`` runs inside the fabric (fabric.py starts it for a governed
+  lab).  Every INTERVAL_S it looks at every part that can fall behind: the
+  switches' pacers (link time lost, delay added), the NIC engines (the link
+  time they lost and the frames their rings dropped, which they add to the
+  fabric clock: clock.py) and the machine's busy share.  When any of them
+  passes half of the threshold that would mark a size `behind`
+  (fidelity.py), it raises k by RAISE (the fabric clock slows: every switch,
+  host shaper and NIC engine follows at once); when every part has had
+  headroom for CALM_S it lowers k by LOWER, never under the floor (the k
+  `lab up` chose).  After a change it holds for HOLD_S, so the effect shows
+  before it judges again.  Every change is recorded, with its reason.
+- the bench side (trials.py) wraps a bench on a governed lab: it runs the
+  largest size once, as a trial, until a trial no longer falls behind (the
+  fabric's governor raising k as it goes), then the bench itself, and
+  records the k range it ran at (per size too: bench rows carry it from the
+  job's samples).
+
+A lab whose time scale is a number, or one pinned with ``ethplus lab scale
+NAME K``, is not governed: its runs are only reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dataplane.report import fidelity
+
+INTERVAL_S = 0.25  # how often it looks
+WINDOW_S = 2.0  # over how long: one late wake-up must not move k
+RAISE = 1.5
+RAISE_SEVERE = 2.0
+LOWER = 0.8
+HOLD_S = WINDOW_S  # after a change, a whole window at the new k before the next
+CALM_S = 10.0
+BAD_MEMORY_S = 60.0  # never lower k to where it fell behind this recently
+FUTILE_RAISES = 3  # this many raises within BAD_MEMORY_S that do not relieve it: it holds
+MAX_FACTOR = 64.0  # never more than this times the floor
+CALM_BUSY_MAX = 0.90  # the machine must be under this busy to lower k
+MAX_TRIALS = 8
+TRIAL_WAIT_S = 2 * WINDOW_S + HOLD_S  # for the governor to move after a trial behind
+# It raises k when a window passes RAISE_AT of a verdict's threshold (the
+# size would be close to `behind`), and counts a window calm under CALM_AT.
+RAISE_AT = 0.8
+CALM_AT = 0.3
+
+
+def governed(rec: dict) -> bool:
+    """Does this lab's time scale follow the governor ("auto")?"""
+    return rec.get("time_scale_setting") == "auto"
+
+
+@dataclasses.dataclass
+class Observation:
+    """One interval of the parts that can fall behind (shares of the interval)."""
+
+    lost_link_share: float = 0.0  # switches: the worst port's lost link time
+    added_delay_share: float = 0.0  # switches: mean frame lateness / base RTT
+    engine_lost_share: float = 0.0  # NIC engines: the worst one's lost link time
+    engine_added_delay_share: float = 0.0  # NIC engines: the worst one's delay / base RTT
+    ring_drops: int = 0  # NIC engines: frames their RX rings dropped
+    waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
+    busy_share: float = 0.0  # the machine
+
+    def behind(self) -> str | None:
+        """Why this window is behind (RAISE_AT of a verdict's threshold), or None.
+        The machine's busy share alone is no reason: a worker's numpy work
+        fills the CPUs without making any part of the fabric late."""
+        if self.lost_link_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
+            return f"a switch port lost {self.lost_link_share:.1%} of its link time"
+        if self.added_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
+            return f"switch delay lines ran {self.added_delay_share:.1%} of a base RTT late"
+        if self.engine_lost_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
+            return f"a NIC engine lost {self.engine_lost_share:.1%} of its link time"
+        if self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
+            share = self.engine_added_delay_share
+            return f"a NIC engine ran late by {share:.1%} of a base RTT on average"
+        if self.ring_drops:
+            return f"NIC engines' rings dropped {self.ring_drops} frames"
+        if self.waited_share > fidelity.WAITED_SHARE_MAX * RAISE_AT:
+            return f"a rank waited for a CPU {self.waited_share:.0%} of the time"
+        return None
+
+    def pressure(self) -> float:
+        """The largest share as a fraction of its verdict's threshold."""
+        return max(
+            self.lost_link_share / fidelity.LOST_SHARE_MAX,
+            self.added_delay_share / fidelity.ADDED_DELAY_MAX,
+            self.engine_lost_share / fidelity.LOST_SHARE_MAX,
+            self.engine_added_delay_share / fidelity.ADDED_DELAY_MAX,
+            self.waited_share / fidelity.WAITED_SHARE_MAX,
+        )
+
+    def severe(self) -> bool:
+        """Past a verdict's threshold itself: k goes up faster (RAISE_SEVERE)."""
+        return (
+            self.lost_link_share > fidelity.LOST_SHARE_MAX
+            or self.added_delay_share > fidelity.ADDED_DELAY_MAX
+            or self.engine_lost_share > fidelity.LOST_SHARE_MAX
+            or self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX
+            or self.waited_share > 2 * fidelity.WAITED_SHARE_MAX
+        )
+
+    def calm(self) -> bool:
+        return (
+            self.lost_link_share < fidelity.LOST_SHARE_MAX * CALM_AT
+            and self.added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
+            and self.engine_lost_share < fidelity.LOST_SHARE_MAX * CALM_AT
+            and self.engine_added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
+            and not self.ring_drops
+            and self.waited_share < fidelity.WAITED_SHARE_MAX * CALM_AT
+            and self.busy_share < CALM_BUSY_MAX
+        )
+
+
+class Governor:
+    """The decisions alone (fabric.py feeds it observations and applies them)."""
+
+    def __init__(self, floor_k: float, k: float | None = None):
+        self.floor_k = float(floor_k)
+        self.k = float(k if k is not None else floor_k)
+        self.held_until = 0.0
+        self.calm_since: float | None = None
+        self.bad_k, self.bad_at = 0.0, -BAD_MEMORY_S  # where it last fell behind
+        self.raises: list[tuple[float, float]] = []  # (when, pressure) of recent raises
+        self.events: list[dict] = []
+
+    def step(self, obs: Observation, now_s: float, nominal_s: float = 0.0) -> float | None:
+        """The new k after this window's observation, or None to keep it."""
+        if now_s < self.held_until:
+            return None  # the window still holds time at the old k
+        why = obs.behind()
+        if not obs.calm() or why:
+            self.calm_since = None
+        elif self.calm_since is None:
+            self.calm_since = now_s
+        if not why:
+            recent_bad = self.bad_k if now_s - self.bad_at < BAD_MEMORY_S else 0.0
+            lower = max(self.floor_k, self.k * LOWER)
+            if (
+                self.calm_since is not None
+                and now_s - self.calm_since >= CALM_S
+                and recent_bad < lower < self.k
+            ):
+                self.calm_since = now_s
+                return self._change(lower, f"every part had headroom for {CALM_S:g} s", now_s,
+                                    nominal_s)  # fmt: skip
+            return None
+        self.bad_k, self.bad_at = max(self.k, self.bad_k), now_s
+        # raises of the last BAD_MEMORY_S (idle time between runs between them)
+        self.raises = [(t, p) for t, p in self.raises if now_s - t < BAD_MEMORY_S]
+        self.raises.append((now_s, obs.pressure()))
+        if len(self.raises) > FUTILE_RAISES and self.raises[-1][1] >= 0.8 * self.raises[0][1]:
+            # FUTILE_RAISES raises in a row did not bring it down: the
+            # lateness is not the emulation's load (the machine's scheduling,
+            # a part k cannot relieve); it holds, and the sizes say behind
+            self._record(self.k, f"{why}; raising k did not help, holding", now_s, nominal_s)
+            self.raises.clear()
+            self.held_until = now_s + CALM_S
+            return None
+        del self.raises[: -(FUTILE_RAISES + 1)]
+        if self.k >= self.floor_k * MAX_FACTOR:
+            return None
+        up = RAISE_SEVERE if obs.severe() else RAISE
+        return self._change(min(self.k * up, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
+
+    def raise_for(self, why: str, now_s: float, nominal_s: float = 0.0) -> float | None:
+        """Raise k now because a run's own verdict says something fell behind
+        (a trial too short for the governor's windows to see it)."""
+        if self.k >= self.floor_k * MAX_FACTOR:
+            return None
+        self.bad_k, self.bad_at = max(self.k, self.bad_k), now_s
+        return self._change(min(self.k * RAISE, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
+
+    def _record(self, new: float, why: str, now_s: float, nominal_s: float) -> None:
+        self.events.append(
+            {"t_real": now_s, "nominal_s": nominal_s, "k_from": self.k, "k_to": new, "why": why}
+        )
+        del self.events[:-200]
+
+    def _change(self, new: float, why: str, now_s: float, nominal_s: float) -> float:
+        self._record(new, why, now_s, nominal_s)
+        self.k = new
+        self.held_until = now_s + HOLD_S
+        return new

@@ -1,0 +1,271 @@
+"""Kernel objects of a lab: namespaces, veth pairs, addresses, routes.
+
+pyroute2 does the netlink work, always through its synchronous API on worker
+threads (its asyncio sockets do not run on uvloop).  Sockets inside a lab
+namespace are opened by the C core, which enters the namespace on the calling
+thread only and comes back, so no process is forked per namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from dataplane.lab import core
+from dataplane.scale import Scale
+
+IFF_UP = 0x1
+MARKER_PREFIX = "ethplus:"  # alias of `lo` in every namespace a lab made
+
+
+def marker(lab: str) -> str:
+    return f"{MARKER_PREFIX}{lab}"
+
+
+@dataclass(frozen=True)
+class VethSpec:
+    """One veth pair, both ends created directly in their namespaces."""
+
+    a_ns: str
+    a_if: str
+    a_mac: str
+    b_ns: str
+    b_if: str
+    b_mac: str
+    mtu_bytes: int
+
+
+@dataclass(frozen=True)
+class HostPortSpec:
+    """Addressing of one accelerator port: /32, permanent gateway, plane route."""
+
+    ifname: str
+    ip: str
+    gateway: str
+    gateway_mac: str
+    subnet: str
+
+
+def ns_ipr(path: str) -> IPRoute:
+    """A pyroute2 IPRoute whose netlink socket lives in the namespace at path."""
+    fd = core.netns_socket(path, socket.AF_NETLINK, socket.SOCK_DGRAM, 0)
+    return IPRoute(fileno=fd)
+
+
+def create_namespaces(paths: Iterable[str], rundir: str) -> None:
+    core.netns_rundir_init(rundir)
+    for p in paths:
+        core.netns_create(p)
+        # Before any interface exists: no IPv6 (no DAD, no router solicitations
+        # adding stray frames to the lab's counters).
+        core.netns_sysctl(p, "net/ipv6/conf/default/disable_ipv6", "1")
+        core.netns_sysctl(p, "net/ipv6/conf/all/disable_ipv6", "1")
+
+
+def create_veths(veths: Iterable[VethSpec]) -> None:
+    """Create veth pairs from the root namespace, each end straight into its own."""
+    fds: dict[str, int] = {}
+    try:
+        with IPRoute() as ipr:
+            for v in veths:
+                for ns in (v.a_ns, v.b_ns):
+                    if ns not in fds:
+                        fds[ns] = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
+                ipr.link(
+                    "add",
+                    ifname=v.a_if,
+                    kind="veth",
+                    net_ns_fd=fds[v.a_ns],
+                    address=v.a_mac,
+                    mtu=v.mtu_bytes,
+                    state="up",  # the peer end comes up in configure_namespace
+                    peer={
+                        "ifname": v.b_if,
+                        "net_ns_fd": fds[v.b_ns],
+                        "address": v.b_mac,
+                        "mtu": v.mtu_bytes,
+                    },
+                )
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def configure_namespace(
+    path: str, lab: str, ifnames: list[str], host_ports: list[HostPortSpec]
+) -> None:
+    """Offloads off and links up on every lab interface; addressing on hosts."""
+    sock = core.netns_socket(path, socket.AF_INET, socket.SOCK_DGRAM, 0)
+    try:
+        for ifname in ifnames:
+            core.if_offloads_off(sock, ifname)
+    finally:
+        os.close(sock)
+    with ns_ipr(path) as ipr:
+        links = {x.get("IFLA_IFNAME"): x for x in ipr.link("dump")}
+        ipr.link("set", index=links["lo"]["index"], state="up", ifalias=marker(lab))
+        index = {}
+        for ifname in ifnames:
+            index[ifname] = links[ifname]["index"]
+            if not links[ifname]["flags"] & IFF_UP:
+                ipr.link("set", index=index[ifname], state="up")
+        for hp in host_ports:
+            i = index[hp.ifname]
+            ipr.addr("add", index=i, address=hp.ip, prefixlen=32)
+            ipr.neigh("add", dst=hp.gateway, lladdr=hp.gateway_mac, ifindex=i, state="permanent")
+            ipr.route("add", dst=hp.subnet, gateway=hp.gateway, oif=i, prefsrc=hp.ip, flags=4)
+
+
+def read_marker(path: str) -> str | None:
+    """The alias on `lo` in a namespace: how clean recognises what it made."""
+    try:
+        with ns_ipr(path) as ipr:
+            links = ipr.link("get", ifname="lo")
+            return links[0].get("IFLA_IFALIAS") if links else None
+    except (OSError, NetlinkError):
+        return None
+
+
+def _ns_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+    except OSError:
+        return None
+
+
+def pids_in(paths: Iterable[str]) -> list[int]:
+    """Processes whose network namespace is one of paths."""
+    wanted = {i for i in (_ns_id(p) for p in paths) if i}
+    if not wanted:
+        return []
+    me = os.getpid()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        if _ns_id(f"/proc/{entry.name}/ns/net") in wanted:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for a parent (init, often) to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_all(pids: list[int], grace_s: float = 1.0) -> None:
+    """TERM, a grace period, then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if sig == signal.SIGKILL or not alive:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            alive = [p for p in alive if _alive(p)]
+            if not alive:
+                return
+            time.sleep(0.02)
+        pids = alive
+
+
+def delete_namespaces(paths: Iterable[str]) -> int:
+    """Kill what runs inside, then unmount; the kernel frees the veths.
+
+    Returns how many namespaces existed."""
+    present = [p for p in paths if os.path.exists(p)]
+    kill_all(pids_in(present))
+    for p in present:
+        core.netns_delete(p)
+    return len(present)
+
+
+# tbf's rate field is 32-bit bytes/s in pyroute2 (no TCA_TBF_RATE64): above
+# this a veth is the bottleneck anyway, and the uplink is left unshaped.
+TBF_MAX_RATE_BPS = 32_000_000_000
+
+
+def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
+    """Shape an accelerator's uplink to the link's real rate with tc tbf.
+
+    The bucket holds two full frames: enough for tbf to reach the rate,
+    too little to let a host burst far beyond it."""
+    with ns_ipr(path) as ipr:
+        index = ipr.link_lookup(ifname=ifname)[0]
+        if rate_bps > TBF_MAX_RATE_BPS:
+            with contextlib.suppress(NetlinkError):
+                ipr.tc("del", index=index)
+            return
+        burst = 2 * (mtu_bytes + 14)
+        ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, latency="100ms")
+
+
+# Linux's TCP timers against the lab's clock.  A route can set one of them:
+# the minimum retransmit timeout (RTAX_RTO_MIN, in ms, honoured only when
+# locked).  The others are fixed in the kernel, in real time, and so do not
+# dilate with k (listed in every fidelity report: fidelity.TCP_UNSCALED).
+RTAX_RTO_MIN = 13
+TCP_RTO_MAX_MS = 120_000  # the kernel caps every RTO here
+
+
+def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
+    """The real rto_min a route gets for a nominal one at time scale k."""
+    return max(1, min(TCP_RTO_MAX_MS, round(Scale(k).real_ns(rto_min_us * 1000) / 1e6)))
+
+
+def tcp_timers(rec: dict, k: float) -> None:
+    """Set every accelerator's routes' rto_min to the lab's nominal
+    [tcp] rto_min_us at k: the connections pick it up at their next route
+    lookup (a replaced route invalidates the cached one)."""
+    from dataplane.model.topology import gateway_ip, plane_subnet
+
+    rto_ms = tcp_rto_min_ms(rec.get("tcp", {}).get("rto_min_us", 200_000.0), k)
+    metrics = {"RTAX_LOCK": 1 << RTAX_RTO_MIN, "RTAX_RTO_MIN": rto_ms}
+    for node in rec["topology"]["nodes"]:
+        if node["role"] != "host":
+            continue
+        with ns_ipr(rec["namespaces"][node["name"]]) as ipr:
+            for p in node["ports"]:
+                index = ipr.link_lookup(ifname=p["ifname"])[0]
+                ipr.route(
+                    "replace", dst=plane_subnet(p["plane"]), gateway=gateway_ip(p["plane"]),
+                    oif=index, prefsrc=p["ip"], flags=4, metrics=metrics,
+                )  # fmt: skip
+
+
+def tcp_timer_notes(rec: dict) -> list[str]:
+    """What a report says of kernel TCP's timers at the lab's k now."""
+    nominal_us = rec.get("tcp", {}).get("rto_min_us", 200_000.0)
+    k = rec.get("time_scale")
+    if k is None:
+        now = ""
+    else:
+        real_ms = tcp_rto_min_ms(nominal_us, float(k))
+        capped = " (the kernel's cap: less than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
+        now = f", {real_ms} ms real at k={float(k):g}{capped}"
+    return [
+        f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal{now},"
+        " set on every host route",
+        "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
+        " (1 s), the delayed-ACK timer (40 ms at least), the tail-loss probe (10 ms at least),"
+        " the 120 s RTO cap, keepalive and TIME-WAIT; its RTT-driven timers follow the scaled"
+        " RTT by themselves; a change of k reaches a connection at its next route lookup",
+    ]

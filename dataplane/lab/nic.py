@@ -1,0 +1,371 @@
+"""The ETH+ software NIC, from Python: one Endpoint per accelerator node.
+
+Thin over the C engine (dataplane/csrc/nic.c): the engine's thread does all
+packet work; Python posts buffers (zero copy, through the buffer protocol)
+and waits for completions with the GIL released.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+
+from dataplane.errors import EthplusError
+from dataplane.lab import clock, registry
+from dataplane.lab.core import ffi, lib
+from dataplane.model.labfile import CC_NAMES, NIC_ROCE_FIELDS, c_values
+from dataplane.scale import Scale
+
+NIC_COUNTERS: tuple[str, ...] = tuple(
+    ffi.string(lib.ethp_nic_counter_name(i)).decode() for i in range(lib.ethp_nic_counter_count())
+)
+PAYLOAD_BYTES = 4096  # PROTOCOLS.md: 4096 B of payload per packet (RoCE convention)
+EVS = 256  # entropy values per peer (UEC)
+# The ETH+ transport's congestion control, by the names lab files and the
+# command line use.
+CC_ALGOS = dict(
+    zip(CC_NAMES, (lib.ETHP_CCA_NSCC, lib.ETHP_CCA_HPCC, lib.ETHP_CCA_RCCC), strict=True)
+)
+UNSCALED_RTT_NS = 2_000_000
+# No retransmit timeout under this (real): the unscaled part of a real RTT
+# (ring retire timers, scheduling) is a few ms on this machine.
+RTO_FLOOR_NS = 20_000_000
+
+
+# Where each frame an endpoint takes (rx_frames) ends: exactly one of these.
+RX_FATES = (
+    "rx_malformed", "rx_spoofed", "rx_stale_epoch", "rx_data_pkts", "rx_dup_pkts",
+    "rx_unexpected_pkts", "rx_trimmed_pkts", "rx_oos_drops", "rx_beyond_window", "rx_acks",
+    "rx_nacks", "rx_rnrs", "rx_cnps", "rx_hellos", "inc_rx_results", "inc_dup_results",
+)  # fmt: skip
+
+
+def conservation(counters: dict[str, int]) -> dict[str, int]:
+    """An endpoint's receive side balances: every frame it took ended in one
+    fate (RX_FATES).  The difference must be zero."""
+    fates = sum(counters.get(k, 0) for k in RX_FATES)
+    taken = counters.get("rx_frames", 0)
+    return {"rx_frames": taken, "fates": fates, "difference": taken - fates}
+
+
+class NicError(EthplusError, RuntimeError):
+    """A transfer failed: the peer was unreachable, or a buffer was too small."""
+
+
+class Unreachable(NicError):
+    pass
+
+
+class BufferTooSmall(NicError):
+    pass
+
+
+class NoReceive(NicError):
+    """The peer never posted a receive for the tag (a tag mismatch, or a peer
+    that stopped posting)."""
+
+
+_ERRORS = {
+    lib.ETHP_NIC_ERR_TOO_SMALL: (BufferTooSmall, "message longer than the posted buffer"),
+    lib.ETHP_NIC_ERR_UNREACHABLE: (Unreachable, "peer unreachable after the retry budget"),
+    lib.ETHP_NIC_ERR_NO_SUCH: (NicError, "no such handle or peer"),
+    lib.ETHP_NIC_ERR_NO_GROUP: (NicError, "no aggregation group (in-network all-reduce)"),
+    lib.ETHP_NIC_ERR_NO_RECEIVE: (
+        NoReceive,
+        "the peer posted no receive for this tag within the retry budget (tag mismatch?)",
+    ),
+}
+
+
+# In-network all-reduce: element types (their code, their bytes) and
+# operators the switches reduce.
+INC_DTYPES = {"float32": (lib.ETHP_AGG_F32, 4), "int32": (lib.ETHP_AGG_I32, 4),
+              "float16": (lib.ETHP_AGG_F16, 2), "bfloat16": (lib.ETHP_AGG_BF16, 2)}  # fmt: skip
+INC_OPS = {"sum": lib.ETHP_AGG_SUM, "max": lib.ETHP_AGG_MAX, "min": lib.ETHP_AGG_MIN}
+INC_WINDOW_BDPS = 4  # chunks in flight per aggregator: this many BDPs of one plane
+INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
+
+
+@dataclass(frozen=True)
+class IncGroup:
+    """This endpoint's part in a job's in-network all-reduce."""
+
+    # per stream: (group id, the aggregator it sends to, the plane it goes by,
+    # the members there, this endpoint's index there); chunk c -> stream c mod n
+    streams: tuple[tuple[int, int, int, int, int], ...]
+    slots: int  # the switches' inc_slots
+    share: int = 1  # streams of the job that meet at its busiest aggregator
+
+
+def _mac(text: str) -> bytes:
+    return bytes.fromhex(text.replace(":", ""))
+
+
+def _ip(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
+
+
+def engine_cfg(
+    rank: int, planes: int, rate_real: int, base_rtt_real: int, k: float, *, cc: str,
+    adaptive: bool, seed: int, max_retries: int, drop_psn: int | None, compact: bool,
+    ring_idle_ms: int, rto_floor_ns: int = RTO_FLOOR_NS, unscaled_rtt_ns: int = UNSCALED_RTT_NS,
+):  # fmt: skip
+    """The engine's settings (real times and rates, at time scale k), and the
+    bandwidth-delay product of all its planes."""
+    if cc not in CC_ALGOS:
+        raise NicError(f"unknown congestion control {cc!r} (expected {', '.join(CC_ALGOS)})")
+    bdp = planes * rate_real * base_rtt_real // 8 // 1_000_000_000
+    cfg = ffi.new("struct ethp_nic_cfg *")
+    cfg.ep = rank
+    cfg.compact = compact
+    cfg.payload_bytes = PAYLOAD_BYTES
+    cfg.n_evs = EVS
+    cfg.adaptive = adaptive
+    cfg.max_retries = max_retries
+    cfg.rate_bps = rate_real
+    cfg.base_rtt_ns = base_rtt_real
+    # 4 base RTTs, but never under the floor (RTO_FLOOR_NS in a lab: the
+    # unscaled part of a real RTT there is a few ms on this machine).
+    cfg.rto_ns = max(4 * base_rtt_real, rto_floor_ns)
+    cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
+    cfg.cc = CC_ALGOS[cc]
+    cfg.seed = seed
+    cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
+    cfg.ring_idle_ms = ring_idle_ms
+    cfg.time_scale = k
+    cfg.unscaled_rtt_ns = unscaled_rtt_ns
+    cfg.rto_floor_ns = rto_floor_ns
+    return cfg, bdp
+
+
+def roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn, spray) -> None:
+    """The RoCE mode's settings: the lab file's [nic] (nominal) into the
+    engine's struct, real at time scale k (labfile.NIC_ROCE_FIELDS says
+    where each goes and how); then what the command line or the engine's
+    bounds override."""
+    cfg.roce = 1
+    for name, v in c_values(NIC_ROCE_FIELDS, nic, k).items():
+        setattr(cfg, name, v)
+    cfg.qps = qps or cfg.qps or planes
+    if not 1 <= cfg.qps <= 16:
+        raise NicError(f"qps must be between 1 and 16, not {cfg.qps}")
+    cfg.roce_spray = bool(spray)
+    if dcqcn is not None:
+        cfg.dcqcn = bool(dcqcn)
+    cfg.rto_ns = max(cfg.rto_ns, cfg.rto_floor_ns)
+    cfg.dcqcn_min_rate_bps = min(rate_real, cfg.dcqcn_min_rate_bps)
+
+
+class Endpoint:
+    """The NIC of one accelerator (rank) of a running lab, on all its planes."""
+
+    def __init__(
+        self,
+        lab: str,
+        node: str,
+        *,
+        adaptive: bool = False,
+        seed: int = 1,
+        max_retries: int = 12,
+        rec: dict | None = None,
+        roce: bool = False,
+        qps: int | None = None,
+        dcqcn: bool | None = None,
+        roce_spray: bool = False,
+        drop_psn: int | None = None,
+        inc: IncGroup | None = None,
+        cc: str | None = None,
+    ):
+        """roce=True runs the emulated RoCEv2 mode: go-back-N, one path per
+        queue pair (qps, default one per plane), DCQCN (dcqcn, default the lab
+        file's [nic] dcqcn); roce_spray sprays every packet (to show why RoCE
+        does not).  drop_psn drops the first transmission of that PSN once
+        (fault injection for tests).  inc joins an aggregation group, for
+        all_reduce().  cc: the ETH+ congestion control, a CC_ALGOS name
+        (default the lab file's [nic] cc); roce mode always runs DCQCN."""
+        rec = rec or registry.load_lab(lab)
+        if rec is None:
+            raise NicError(f"no lab named {lab!r}")
+        nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
+        if node not in nodes or nodes[node]["role"] != "host":
+            raise NicError(f"lab {lab!r} has no accelerator {node!r}")
+        me = nodes[node]
+        self.rank = me["index"]
+        hosts = sorted((n for n in nodes.values() if n["role"] == "host"), key=lambda n: n["index"])
+        self.world = len(hosts)
+        # the lab's fabric clock, when its fabric runs: its k is the current
+        # one (the record's may be older), and the engine follows its changes
+        self._clock = clock.Clock.open(lab)
+        k = self._clock.k if self._clock is not None else float(rec["time_scale"])
+        ports = sorted(me["ports"], key=lambda p: p["plane"])
+        link = {lk["name"]: lk for lk in rec["topology"]["links"]}[ports[0]["link"]]
+        rate_real = Scale(k).real_bps(link["params"]["rate_bps"])
+        # The real base RTT is the scaled nominal one plus what the emulator
+        # adds unscaled: up to 1 ms per TPACKET_V3 ring a packet or its ack
+        # waits in (switch and NIC, each way), about 2 ms in all here.  (While
+        # traffic is light the ports take frames one by one and add far less;
+        # sizing the window for the busy case costs a light flow nothing.)
+        base_rtt_real = Scale(k).real_ns(rec["topology"]["base_rtt_ns"]) + UNSCALED_RTT_NS
+        cc = cc or rec["nic"].get("cc", "nscc")
+        cfg, bdp = engine_cfg(
+            self.rank, len(ports), rate_real, base_rtt_real, k, cc=cc, adaptive=adaptive,
+            seed=seed, max_retries=max_retries, drop_psn=drop_psn,
+            compact=rec["nic"]["encapsulation"] == "compact",
+            ring_idle_ms=rec["nic"].get("ring_idle_ms", 100),
+        )  # fmt: skip
+        if roce:
+            roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
+        err = ffi.new("int *")
+        ns = rec["namespaces"][node]
+        nic = lib.ethp_nic_new(cfg, ns.encode(), max(h["index"] for h in hosts) + 1, err)
+        if nic == ffi.NULL:
+            raise OSError(-err[0], f"cannot start the NIC of {node}")
+        self._adopt(nic)
+        for p in ports:
+            sw = nodes[p["peer"]]
+            gw = next(q for q in sw["ports"] if q["link"] == p["link"])
+            rc = lib.ethp_nic_add_port(
+                self._nic, p["ifname"].encode(), _mac(p["mac"]), _mac(gw["mac"]), _ip(p["ip"])
+            )
+            if rc < 0:
+                raise OSError(-rc, f"cannot add port {p['ifname']}")
+        for h in hosts:
+            if h["index"] == self.rank:
+                continue
+            ips = [_ip(q["ip"]) for q in sorted(h["ports"], key=lambda q: q["plane"])]
+            rc = lib.ethp_nic_add_peer(self._nic, h["index"], ffi.new("uint32_t[]", ips), len(ips))
+            if rc < 0:
+                raise OSError(-rc, f"cannot add peer {h['name']}")
+        if inc is not None:
+            self._inc_setup(inc, ports, rate_real, base_rtt_real, link["params"]["buffer_bytes"])
+        if self._clock is not None and lib.ethp_nic_set_clock(self._nic, self._clock.ptr) < 0:
+            raise NicError(f"cannot follow the clock of lab {lab!r}")
+        self._start(cfg, bdp, cc, len(ports))
+        if inc is not None:
+            self.config.update(inc_groups=[x[0] for x in inc.streams],
+                               inc_aggregators=sorted({x[1] for x in inc.streams}),
+                               inc_window=self.inc_window)  # fmt: skip
+
+    def _adopt(self, nic) -> None:
+        self._nic = ffi.gc(nic, lib.ethp_nic_free)
+        self.inc_window = 0
+        self._keep: dict[int, object] = {}  # buffers must outlive their transfers
+
+    def _start(self, cfg, bdp: int, cc: str, planes: int) -> None:
+        rc = lib.ethp_nic_start(self._nic)
+        if rc < 0:
+            raise OSError(-rc, "cannot start the NIC thread")
+        roce = bool(cfg.roce)
+        self.config = {
+            "rate_bps": cfg.rate_bps,
+            "base_rtt_ns": cfg.base_rtt_ns,
+            "rto_ns": cfg.rto_ns,
+            "bdp_bytes": bdp,
+            "max_cwnd_bytes": cfg.max_cwnd_bytes,
+            "planes": planes,
+            "mode": "roce" if roce else "ethplus",
+            "cc": "dcqcn" if roce else cc,
+            "epoch": lib.ethp_nic_epoch(self._nic),
+        }
+        if roce:
+            self.config.update(qps=cfg.qps, dcqcn=bool(cfg.dcqcn), spray=bool(cfg.roce_spray))
+
+    def _inc_setup(
+        self, inc: IncGroup, ports: list, rate_real: int, base_rtt_real: int, buffer_bytes: int
+    ) -> None:
+        planes = [p["plane"] for p in ports]
+        aggs = ffi.new("struct ethp_nic_agg[]", len(inc.streams))
+        for a, (group, agg_id, plane, members, index) in zip(aggs, inc.streams, strict=True):
+            a.group, a.id, a.plane = group, agg_id, planes.index(plane)
+            a.members, a.index = members, index
+        bdp_chunks = rate_real * base_rtt_real // 8 // 1_000_000_000 // PAYLOAD_BYTES
+        window = min(INC_MAX_WINDOW, max(INC_MIN_WINDOW, INC_WINDOW_BDPS * bdp_chunks))
+        # A straggler's chunk holds a window of results back, then lets them
+        # go at once: they must fit the aggregator's port buffer towards us.
+        window = min(window, int(0.9 * buffer_bytes) // (PAYLOAD_BYTES + 100))
+        # Every group of a switch shares its slots: one job may take half,
+        # over all its streams that meet there (a tree's inner node has all).
+        window = max(1, min(window, inc.slots // (2 * inc.share)))
+        rc = lib.ethp_nic_inc_setup(self._nic, aggs, len(inc.streams), window)
+        if rc < 0:
+            raise NicError(f"cannot join in-network all-reduce streams {inc.streams} (error {rc})")
+        self.inc_window = window
+
+    def all_reduce(self, buf, dtype: str, op: str) -> int:
+        """Post an in-network all-reduce of buf (in place); wait() on the handle."""
+        c = ffi.from_buffer(buf, require_writable=True)
+        code, item = INC_DTYPES[dtype]
+        h = lib.ethp_nic_post_allreduce(self._nic, c, len(c) // item, code, INC_OPS[op])
+        return self._posted(h, c)
+
+    def close(self) -> None:
+        if self._nic is not None:
+            ffi.release(self._nic)
+            self._nic = None
+            self._keep.clear()
+        if self._clock is not None:  # after the engine that reads it
+            self._clock.close()
+            self._clock = None
+
+    @property
+    def time_scale(self) -> float:
+        """The k the engine runs at now (the clock's, once it has seen it)."""
+        return lib.ethp_nic_time_scale(self._nic)
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def post_send(self, peer: int, tag: int, buf) -> int:
+        c = ffi.from_buffer(buf)
+        h = lib.ethp_nic_post_send(self._nic, peer, tag, c, len(c))
+        return self._posted(h, c)
+
+    def post_recv(self, peer: int, tag: int, buf) -> int:
+        c = ffi.from_buffer(buf, require_writable=True)
+        h = lib.ethp_nic_post_recv(self._nic, peer, tag, c, len(c))
+        return self._posted(h, c)
+
+    def _posted(self, h: int, c) -> int:
+        if h < 0:
+            cls, msg = _ERRORS.get(h, (NicError, f"error {h}"))
+            raise cls(msg)
+        self._keep[h] = c
+        return h
+
+    def test(self, handle: int) -> bool:
+        return self.wait(handle, timeout_s=0) is not None
+
+    def wait(self, handle: int, timeout_s: float | None = None) -> int | None:
+        """Wait for a transfer; returns its byte count, or None on timeout."""
+        ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        nbytes = ffi.new("uint64_t *")
+        st = lib.ethp_nic_wait(self._nic, handle, ms, nbytes)
+        if st == lib.ETHP_NIC_PENDING:
+            return None
+        self._keep.pop(handle, None)
+        if st != lib.ETHP_NIC_OK:
+            cls, msg = _ERRORS.get(st, (NicError, f"error {st}"))
+            raise cls(msg)
+        return nbytes[0]
+
+    def c_config(self) -> dict:
+        """The engine's settings as its C struct holds them (real units, at
+        the k it was made at)."""
+        c = ffi.new("struct ethp_nic_cfg *")
+        lib.ethp_nic_config(self._nic, c)
+        return {name: getattr(c, name) for name, _ in ffi.typeof(c[0]).fields}
+
+    def counters(self, peer: int | None = None) -> dict[str, int]:
+        out = ffi.new("uint64_t[]", len(NIC_COUNTERS))
+        lib.ethp_nic_counters(self._nic, -1 if peer is None else peer, out)
+        return dict(zip(NIC_COUNTERS, out, strict=True))
+
+    def set_plane(self, plane: int, up: bool) -> None:
+        lib.ethp_nic_set_plane(self._nic, plane, 1 if up else 0)
+
+    def __repr__(self) -> str:
+        return f"Endpoint(rank={self.rank}, world={self.world}, {json.dumps(self.config)})"

@@ -1,0 +1,340 @@
+"""Did the emulation keep up?  Measured from the fabric's counters, sampled
+while a job ran (dataplane/run/job.py), never assumed.
+
+Per row (one size), over that row's window, a row is marked as fallen behind
+when the switches could not give the links their configured rate (a pacer
+woke so late that it lost more than LOST_SHARE_MAX of a link's time beyond
+what its bounded catch-up recovers), when frames left their delay lines so
+late that the emulated path delay grew by more than ADDED_DELAY_MAX of the
+lab's base RTT, or when a NIC engine ran so late that its ports lost more
+than LOST_SHARE_MAX of the window beyond the catch-up, or its RX ring
+overflowed (the endpoints fell behind: links go under-used with no switch
+late, which the pacers alone cannot see), or when a rank's threads waited
+for a CPU for more than WAITED_SHARE_MAX of the window.  Per run: configured
+against achieved rate of the busiest links, pacer lateness, each NIC
+engine's lateness, CPU used by the fabric and the workers and how busy the
+whole machine was, drops by switch and reason, the time scale, and
+what is not time-scaled.
+"""
+
+from __future__ import annotations
+
+from dataplane.report import stats
+from dataplane.scale import Scale
+from dataplane.units import rate_text
+
+LOST_SHARE_MAX = 0.05  # a link lost more than 5% of its time: the rate was not honoured
+ADDED_DELAY_MAX = 0.10  # mean lateness above 10% of the base RTT: the delay was not honoured
+BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
+# (a NIC engine that runs behind its schedule delays its packets and acks as
+# a late delay line does: judged as ADDED_DELAY_MAX of the real base RTT,
+# from its share of time behind and how late it ran, engine_added_delay)
+# a rank's dataplane threads (its NIC engine's; a kernel TCP rank's, all of
+# them: cpu.waited_s) were ready to run but not scheduled for more than this
+# share of the window: the machine, not the fabric, set the pace (measured:
+# kernel TCP's 16 MiB all-reduce on erack-8x4 waited 0.87 of the window at
+# k=6400, 151 GB/s, and 0.19 at k=25600, 183)
+WAITED_SHARE_MAX = 0.25
+_TX_BYTES, _Q_BYTES, _LATE_FRAMES, _LATE_SUM_NS, _TX_FRAMES, _LOST_NS = range(6)
+
+
+def _around(samples: list[dict], t0: float, t1: float) -> tuple[dict, dict] | None:
+    """The last sample at or before t0 and the first at or after t1 (or the
+    nearest ones there are)."""
+    if len(samples) < 2:
+        return None
+    before = [s for s in samples if s["t"] <= t0] or samples[:1]
+    after = [s for s in samples if s["t"] >= t1] or samples[-1:]
+    a, b = before[-1], after[0]
+    return (a, b) if b["t"] > a["t"] else None
+
+
+def _delta(a: dict, b: dict, field: int) -> int:
+    return sum(b["ports"][p][field] - a["ports"][p][field] for p in b["ports"] if p in a["ports"])
+
+
+def window(samples: list[dict], t0: float, t1: float, base_rtt_real_ns: float) -> dict | None:
+    """Pacing fidelity over [t0, t1], or None without samples around it."""
+    ab = _around(samples, t0, t1)
+    if ab is None:
+        return None
+    a, b = ab
+    span_ns = (b["t"] - a["t"]) * 1e9
+    tx = _delta(a, b, _TX_FRAMES)
+    lost = max(
+        (b["ports"][p][_LOST_NS] - a["ports"][p][_LOST_NS] for p in b["ports"] if p in a["ports"]),
+        default=0,
+    )
+    added = _delta(a, b, _LATE_SUM_NS) / tx if tx else 0.0
+    out = {
+        "late_share": _delta(a, b, _LATE_FRAMES) / tx if tx else 0.0,
+        "lost_link_share": lost / span_ns,
+        "added_delay_share": added / base_rtt_real_ns,
+    }
+    out["fell_behind"] = (
+        out["lost_link_share"] > LOST_SHARE_MAX or out["added_delay_share"] > ADDED_DELAY_MAX
+    )
+    return out
+
+
+def engine_added_delay(behind_share: float, late_sum_ns: float, late_wakeups: float) -> float:
+    """The delay an engine running behind adds to a packet, on average (real
+    ns): it is behind behind_share of the time, by half its mean lateness."""
+    if not late_wakeups:
+        return 0.0
+    return behind_share * late_sum_ns / late_wakeups / 2
+
+
+def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
+    """The endpoints over a row's timed window: did any fall behind?  A NIC
+    engine that ran later than its pacers' catch-up allows lost link time
+    (LOST_SHARE_MAX of the window, as a switch port), one that ran behind its
+    schedule delayed its packets and acks (by more than ADDED_DELAY_MAX of the
+    real base RTT on average, as a late delay line; engine_added_delay), one
+    whose RX ring overflowed lost frames a NIC would not have; a rank whose
+    threads waited for a CPU for WAITED_SHARE_MAX of it was paced by the
+    machine (kernel TCP's ranks too).  None without the ranks' figures."""
+    engines = row.get("engines") or []
+    if not engines:
+        return None
+    span_ns = max((row["t1"] - row["t0"]) * 1e9, 1.0)
+    worst = max(engines, key=lambda e: e.get("eng_lost_ns", 0))
+    behind = max(engines, key=lambda e: e.get("eng_late_sum_ns", 0))
+    added = max(
+        engine_added_delay(
+            e.get("eng_late_sum_ns", 0) / span_ns, e.get("eng_late_sum_ns", 0),
+            e.get("eng_late_wakeups", 0),
+        )
+        for e in engines
+    )  # fmt: skip
+    waited = max(engines, key=lambda e: e.get("waited_s", 0.0))
+    out = {
+        "late_wakeups": sum(e.get("eng_late_wakeups", 0) for e in engines),
+        "late_sum_ns": sum(e.get("eng_late_sum_ns", 0) for e in engines),
+        "behind_share_max": behind.get("eng_late_sum_ns", 0) / span_ns,
+        "added_delay_share": added / base_rtt_real_ns,
+        "lost_share_max": worst.get("eng_lost_ns", 0) / span_ns,
+        "lost_share_rank": worst["rank"],
+        "waited_share_max": waited.get("waited_s", 0.0) * 1e9 / span_ns,
+        "rx_ring_drops": sum(e.get("rx_ring_drops", 0) for e in engines),
+    }
+    out["fell_behind"] = (
+        out["lost_share_max"] > LOST_SHARE_MAX
+        or out["added_delay_share"] > ADDED_DELAY_MAX
+        or out["waited_share_max"] > WAITED_SHARE_MAX
+        or out["rx_ring_drops"] > 0
+    )
+    return out
+
+
+def k_range(samples: list[dict], t0: float, t1: float) -> list[float] | None:
+    """The lowest and highest time scale the fabric ran at over [t0, t1]
+    (the governor may move it), from the samples in it and the one before."""
+    before = [s["k"] for s in samples if s["t"] <= t0 and "k" in s][-1:]
+    ks = before + [s["k"] for s in samples if t0 < s["t"] <= t1 and "k" in s]
+    return [min(ks), max(ks)] if ks else None
+
+
+def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
+    """Add the window's fidelity (and fell_behind) to a job's row: the
+    switches' pacing and the NIC engines (every part must have kept up),
+    and the range of k it ran at."""
+    row["k_range"] = k_range(samples, row["t0"], row["t1"])
+    k = row["k_range"][0] if row["k_range"] else float(rec["time_scale"])
+    base_rtt_real_ns = Scale(k).real_ns(rec["topology"]["base_rtt_ns"])
+    w = window(samples, row["t0"], row["t1"], base_rtt_real_ns)
+    e = engines_window(row, base_rtt_real_ns)
+    row["pacing"] = w
+    row["endpoints"] = e
+    row["fell_behind"] = bool(w and w["fell_behind"]) or bool(e and e["fell_behind"])
+
+
+def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
+    """Configured against achieved real rate of the busiest switch egress
+    ports: the peak over any sampling interval, and the mean while busy."""
+    k = float(rec["time_scale"])
+    configured = {}
+    for n in rec["topology"]["nodes"]:
+        if n["role"] != "switch":
+            continue
+        for p in n["ports"]:
+            lk = next(x for x in rec["topology"]["links"] if x["name"] == p["link"])
+            configured[f"{n['name']}:{p['peer']}"] = (lk["params"]["rate_bps"], lk["name"])
+    samples = result["samples"]
+    out = []
+    for port, (nominal_bps, link) in configured.items():
+        rates = []
+        for a, b in zip(samples, samples[1:], strict=False):
+            if port in a["ports"] and port in b["ports"]:
+                dt = b["t"] - a["t"]
+                rates.append((b["ports"][port][_TX_BYTES] - a["ports"][port][_TX_BYTES]) * 8 / dt)
+        if not rates:
+            continue
+        real_bps = Scale(k).real_bps(nominal_bps)
+        busy = [r for r in rates if r > 0.5 * real_bps]
+        out.append({
+            "port": port, "link": link, "configured_nominal_bps": nominal_bps,
+            "configured_real_bps": real_bps, "peak_real_bps": max(rates),
+            "busy_mean_real_bps": sum(busy) / len(busy) if busy else 0.0,
+            "peak_share": max(rates) / real_bps,
+        })  # fmt: skip
+    out.sort(key=lambda x: x["peak_real_bps"], reverse=True)
+    return out[:top]
+
+
+def engines(result: dict) -> list[dict]:
+    """Each rank's NIC engine over the whole run: how late it ran, the link
+    time its ports lost beyond the pacers' catch-up, its RX ring's drops
+    (none for kernel TCP)."""
+    out = []
+    for r in result["ranks"]:
+        c = r.get("counters", {})
+        if "eng_late_wakeups" not in c:
+            continue
+        out.append({
+            "rank": r["rank"], "node": r["node"], "late_wakeups": c["eng_late_wakeups"],
+            "late_sum_ns": c["eng_late_sum_ns"], "late_max_ns": c["eng_late_max_ns"],
+            "lost_ns": c["eng_lost_ns"], "rx_ring_drops": c.get("rx_ring_drops", 0),
+        })  # fmt: skip
+    return out
+
+
+# What a switch did to frames besides forwarding them, reported with its drops.
+EVENTS = ("ecn_marked", "trimmed", "pause_tx", "llr_replays", "agg_consumed", "agg_replies")
+
+
+def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
+    """Frames each switch dropped during the run, by reason, and what else it
+    did to them (EVENTS: marks, trims, pauses, replays, aggregation), nonzero
+    only."""
+    out: dict[str, dict[str, int]] = {}
+    for sw, s1 in after["switches"].items():
+        s0 = before["switches"].get(sw)
+        if s0 is None:
+            continue
+        reasons: dict[str, int] = {}
+        for k in stats.LOST_BEFORE_READ:
+            reasons[k] = s1["ring"].get(k, 0) - s0["ring"].get(k, 0)
+        for ifname, c1 in s1["ports"].items():
+            c0 = s0["ports"][ifname]
+            for k in (*stats.DROP_REASONS, *EVENTS):
+                reasons[k] = reasons.get(k, 0) + c1.get(k, 0) - c0.get(k, 0)
+        nonzero = {k: v for k, v in reasons.items() if v}
+        if nonzero:
+            out[sw] = nonzero
+    return out
+
+
+def report(result: dict, rec: dict) -> dict:
+    """The fidelity report of one job."""
+    before, after = result["fabric_before"], result["fabric_after"]
+    wall = max(result["wall_s"], 1e-9)
+    t0 = stats.totals(before)
+    t1 = stats.totals(after)
+    late = t1.get("late_frames", 0) - t0.get("late_frames", 0)
+    tx = t1.get("tx_frames", 0) - t0.get("tx_frames", 0)
+    late_max = max(
+        (c["late_max_ns"] for s in after["switches"].values() for c in s["ports"].values()),
+        default=0,
+    )
+    worker_cpu = sum(r.get("cpu_s", 0.0) for r in result["ranks"])
+    transport = result["ranks"][0].get("transport", {}) if result["ranks"] else {}
+    fell = [r["size"] for r in result["rows"] if r.get("fell_behind")]
+    busy = result["machine_busy_frac"]
+    k = float(rec["time_scale"])
+    return {
+        "time_scale": k,
+        "links": link_rates(result, rec),
+        "pacer": {
+            "late_frames": late,
+            "tx_frames": tx,
+            "late_share": late / tx if tx else 0.0,
+            "late_mean_ns": (t1.get("late_sum_ns", 0) - t0.get("late_sum_ns", 0)) / late
+            if late
+            else 0,
+            "lost_link_ns": t1.get("lost_link_ns", 0) - t0.get("lost_link_ns", 0),
+            "late_max_ns_since_lab_up": late_max,
+        },
+        "cpu": {
+            "fabric_cores": (after["cpu_s"] - before["cpu_s"]) / wall,
+            "workers_cores": worker_cpu / wall,
+            "machine_busy_share": busy,
+            "saturated": busy > BUSY_MAX,
+        },
+        "drops": drops(before, after),
+        "engines": engines(result),
+        # packets resent: messages' and in-network all-reduce chunks'
+        "nic_retransmissions": sum(
+            r.get("counters", {}).get(k, 0)
+            for r in result["ranks"]
+            for k in ("retx_pkts", "inc_retx_pkts")
+        ),
+        "fell_behind_sizes": fell,
+        # the k each size's timed runs ran at (a governed lab's may move)
+        "k_per_size": [[r["size"], r.get("k_range")] for r in result["rows"]],
+        "clean": not fell and busy <= BUSY_MAX,
+        "not_time_scaled": [
+            *transport.get("notes", []),
+            "up to about 2 ms of real time per round trip (RX ring block timers while traffic"
+            " runs, scheduling) is not scaled: up to"
+            f" {Scale(k).nominal_ns(2e6):.0f} ns nominal at k={k:g}",
+            "CPU time of reductions and copies in the workers (numpy) is real time",
+        ],
+    }
+
+
+def render(f: dict) -> str:
+    """A few lines for a terminal."""
+    lines = [f"fidelity (time scale k={f['time_scale']:g} at the start; real rate = nominal / k):"]
+    for ln in f["links"]:
+        lines.append(
+            f"  link {ln['port']}: configured"
+            f" {rate_text(ln['configured_real_bps'], 'Mbit/s', '.1f')} real"
+            f" ({rate_text(ln['configured_nominal_bps'], 'Gbit/s', 'g')} nominal), peak"
+            f" achieved {rate_text(ln['peak_real_bps'], 'Mbit/s', '.1f')} ({ln['peak_share']:.0%})"
+        )
+    ks = [(size, kr) for size, kr in f.get("k_per_size", []) if kr]
+    if any(kr != [f["time_scale"]] * 2 for _, kr in ks):
+        lines.append(
+            "  time scale per size: "
+            + ", ".join(
+                f"{size} B k={kr[0]:g}" + (f"-{kr[1]:g}" if kr[1] != kr[0] else "")
+                for size, kr in ks
+            )
+        )
+    p, c = f["pacer"], f["cpu"]
+    lines.append(
+        f"  pacer: {p['late_frames']} of {p['tx_frames']} frames >100 us late"
+        f" ({p['late_share']:.2%}), mean lateness {p['late_mean_ns'] / 1e3:.0f} us;"
+        f" link time lost beyond catch-up {p['lost_link_ns'] / 1e6:.1f} ms"
+    )
+    lines.append(
+        f"  cpu: fabric {c['fabric_cores']:.2f} cores, workers {c['workers_cores']:.2f} cores,"
+        f" machine {c['machine_busy_share']:.0%} busy{' (SATURATED)' if c['saturated'] else ''}"
+    )
+    engs = f.get("engines") or []
+    if engs:
+        worst = max(engs, key=lambda e: e["late_max_ns"])
+        lost = [e for e in engs if e["lost_ns"] or e["rx_ring_drops"]]
+        lines.append(
+            f"  endpoints: {len(engs)} NIC engines; worst lateness {worst['late_max_ns'] / 1e6:.1f}"
+            f" ms ({worst['node']}); {sum(e['late_wakeups'] for e in engs)} late passes;"
+            f" {len(lost)} lost link time beyond catch-up or RX frames"
+        )
+        for e in lost[:8]:
+            lines.append(
+                f"    {e['node']}: link time lost {e['lost_ns'] / 1e6:.1f} ms,"
+                f" RX ring drops {e['rx_ring_drops']}, late passes {e['late_wakeups']}"
+            )
+    if f["drops"]:
+        for sw, d in f["drops"].items():
+            lines.append(f"  {sw}: " + " ".join(f"{k}={v}" for k, v in d.items()))
+    else:
+        lines.append("  switches: no drops, marks, trims or pauses")
+    if f["fell_behind_sizes"]:
+        lines.append(
+            f"  FELL BEHIND at sizes {f['fell_behind_sizes']} (a switch's pacer or a NIC engine"
+            " could not keep up: 'behind' in the table)"
+        )
+    lines.append("  not time-scaled: " + "; ".join(f["not_time_scaled"]))
+    return "\n".join(lines)

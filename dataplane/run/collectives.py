@@ -1,0 +1,292 @@
+"""Collective algorithms on numpy buffers, over any transport.
+
+Every algorithm posts all its receives before it sends anything (so no data
+ever waits for a receive: the ETH+ NIC would answer receiver-not-ready), and
+pipelines large chunks in slices: a slice is reduced and forwarded as soon as
+it arrives, while the rest of its chunk is still on the wire, as NCCL's ring
+does.  Chunks of a buffer that does not divide by the world size differ by
+one element (reference.bounds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dataplane.model.catalog import ALGORITHMS
+from dataplane.run.reference import bounds, reduce_into
+from dataplane.run.transport import Transport
+
+SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
+MAX_SLICES = 16
+CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
+RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
+_TAG_BITS = 12  # tags per collective call: 4096
+_ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
+
+
+class Comm:
+    """The ranks of one job, joined by a transport."""
+
+    def __init__(self, transport: Transport, dtype: str = "float32"):
+        self.t = transport
+        self.rank, self.world = transport.rank, transport.world
+        self.dtype = dtype
+        self._seq = 0
+
+    # -- helpers
+    def _tags(self, needed: int):
+        if needed > 1 << _TAG_BITS:
+            raise ValueError(f"a collective needing {needed} messages per peer is too large")
+        base = (self._seq & 0xFFFFF) << _TAG_BITS
+        self._seq += 1
+        return lambda i: base | i
+
+    def _slices(self, nbytes: int, unit: int = SLICE_BYTES, most: int = MAX_SLICES) -> int:
+        return max(1, min(most, nbytes // unit))
+
+    def _ring(self, steps: int, slices: int, send_of, recv_of, arrived=None) -> None:
+        """A pipelined ring: at step t send send_of(t) right, receive recv_of(t)
+        from the left.  Slice j of step t+1's send leaves once slice j of step
+        t's receive is in and arrived(t, lo, hi) has run on it, so send_of(t+1)
+        may be (or be computed from) recv_of(t)."""
+        n, r, t = self.world, self.rank, self.t
+        left, right = (r - 1) % n, (r + 1) % n
+        tag = self._tags(steps * slices + 1)
+
+        def cut(a):
+            b = bounds(len(a), slices)
+            return [(b[j], b[j + 1]) for j in range(slices)]
+
+        recvs = []
+        for s in range(steps):
+            dst = recv_of(s)
+            recvs.append(
+                [
+                    t.irecv(left, tag(s * slices + j), dst[lo:hi])
+                    for j, (lo, hi) in enumerate(cut(dst))
+                ]
+            )
+        # Rendezvous, as all_to_all's: a big first chunk leaves once the
+        # right neighbour says its receives are posted.  A rank still busy
+        # with the last collective would otherwise turn the data away (RNR),
+        # and RoCE's go-back-N resends all that was in flight behind it: how
+        # often depends on the workers' real CPU time, so on k.  Both ends
+        # judge by the same chunk (what r sends at step 0, r+1 receives).
+        ready = self._ready_from(right, tag(steps * slices), send_of(0).nbytes)
+        told = self._tell_ready(left, tag(steps * slices), recv_of(0).nbytes)
+        sends = []
+
+        def send(s: int, j: int) -> None:
+            src = send_of(s)
+            lo, hi = cut(src)[j]
+            sends.append(t.isend(right, tag(s * slices + j), src[lo:hi]))
+
+        if ready is not None:
+            t.wait(ready)
+        for j in range(slices):
+            send(0, j)
+        for s in range(steps):
+            dst = recv_of(s)
+            for j, (lo, hi) in enumerate(cut(dst)):
+                t.wait(recvs[s][j])
+                if arrived:
+                    arrived(s, lo, hi)
+                if s + 1 < steps:
+                    send(s + 1, j)
+        t.waitall(sends + ([told] if told is not None else []))
+
+    def _ready_from(self, peer: int, tag: int, nbytes: int):
+        """The receive of peer's 'my receives are posted' (None: not needed
+        for a message of nbytes)."""
+        if nbytes < RENDEZVOUS_BYTES:
+            return None
+        return self.t.irecv(peer, tag, np.zeros(1, np.uint8))
+
+    def _tell_ready(self, peer: int, tag: int, nbytes: int):
+        """Tell peer, which sends us nbytes, that our receives are posted."""
+        if nbytes < RENDEZVOUS_BYTES:
+            return None
+        return self.t.isend(peer, tag, _ONE)
+
+    # -- collectives
+    def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
+        """In place: every rank ends with the reduction of every rank's buf."""
+        if self.world == 1 or buf.size == 0:
+            return
+        if algo == "ring":
+            self._ring_all_reduce(buf, op)
+        elif algo == "halving-doubling":
+            self._hd_all_reduce(buf, op)
+        elif algo == "in-network":
+            self.t.all_reduce_in_network(buf, op, self.dtype)
+        else:
+            raise ValueError(
+                f"unknown all-reduce algorithm {algo!r} ({', '.join(ALGORITHMS['all-reduce'])})"
+            )
+
+    def _ring_all_reduce(self, buf: np.ndarray, op: str) -> None:
+        n, r = self.world, self.rank
+        b = bounds(buf.size, n)
+
+        def chunk(c: int) -> np.ndarray:
+            return buf[b[c] : b[c + 1]]
+
+        # Steps 0..n-2 reduce-scatter, n-1..2n-3 all-gather; at step s a rank
+        # sends chunk r-s and receives chunk r-s-1 (mod n).
+        staging = [np.empty_like(chunk((r - s - 1) % n)) for s in range(n - 1)]
+
+        def recv_of(s: int) -> np.ndarray:
+            return staging[s] if s < n - 1 else chunk((r - s - 1) % n)
+
+        def arrived(s: int, lo: int, hi: int) -> None:
+            if s < n - 1:
+                reduce_into(chunk((r - s - 1) % n)[lo:hi], staging[s][lo:hi], op, self.dtype)
+
+        slices = self._slices(buf.nbytes // n)
+        self._ring(2 * (n - 1), slices, lambda s: chunk((r - s) % n), recv_of, arrived)
+
+    def _hd_all_reduce(self, buf: np.ndarray, op: str) -> None:
+        """Recursive halving (reduce-scatter) then doubling (all-gather), as
+        Rabenseifner; ranks beyond the largest power of two p first fold their
+        data into a partner below p and get the result back at the end."""
+        n, r, t = self.world, self.rank, self.t
+        p = 1 << (n.bit_length() - 1)
+        levels = p.bit_length() - 1
+        tag = self._tags(2 * levels + 2)
+        if r >= p:
+            t.wait(t.isend(r - p, tag(0), buf))
+            t.wait(t.irecv(r - p, tag(2 * levels + 1), buf))
+            return
+        b = bounds(buf.size, p)
+        # Plan the halving: at level i the partner is r ^ d; keep one half.
+        plan = []
+        lo, hi = 0, p
+        d = p // 2
+        while d:
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if r & d == 0 else ((mid, hi), (lo, mid))
+            plan.append((r ^ d, keep, give))
+            lo, hi = keep
+            d //= 2
+
+        def region(span: tuple[int, int]) -> np.ndarray:
+            return buf[b[span[0]] : b[span[1]]]
+
+        extra = r + p if r + p < n else None
+        pre = np.empty_like(buf) if extra is not None else None
+        h_pre = t.irecv(extra, tag(0), pre) if extra is not None else None
+        staging = [np.empty_like(region(keep)) for _, keep, _ in plan]
+        h_rs = [t.irecv(peer, tag(1 + i), staging[i]) for i, (peer, _, _) in enumerate(plan)]
+        h_ag = [
+            t.irecv(peer, tag(1 + levels + i), region(give))
+            for i, (peer, _, give) in enumerate(plan)
+        ]
+        if extra is not None:
+            t.wait(h_pre)
+            reduce_into(buf, pre, op, self.dtype)
+        sends = []
+        for i, (peer, keep, give) in enumerate(plan):
+            sends.append(t.isend(peer, tag(1 + i), region(give)))
+            t.wait(h_rs[i])
+            reduce_into(region(keep), staging[i], op, self.dtype)
+        for i in reversed(range(levels)):
+            peer, keep, _ = plan[i]
+            sends.append(t.isend(peer, tag(1 + levels + i), region(keep)))
+            t.wait(h_ag[i])
+        if extra is not None:
+            sends.append(t.isend(extra, tag(2 * levels + 1), buf))
+        t.waitall(sends)
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
+        """Rank r gets chunk r (reference.bounds) of the reduction of every send."""
+        n, r = self.world, self.rank
+        b = bounds(send.size, n)
+        if recv.size != b[r + 1] - b[r]:
+            raise ValueError(f"reduce-scatter: rank {r} needs a {b[r + 1] - b[r]}-element output")
+        recv[:] = send[b[r] : b[r + 1]]
+        if n == 1 or send.size == 0:
+            return
+
+        def chunk(c: int) -> np.ndarray:
+            return send[b[c] : b[c + 1]]
+
+        # At step s a rank sends the partial sum of chunk r-s-1 and receives
+        # chunk r-s-2; the last receive is its own chunk.
+        partial = [np.empty_like(chunk((r - s - 2) % n)) for s in range(n - 2)] + [recv]
+
+        def send_of(s: int) -> np.ndarray:
+            return chunk((r - 1) % n) if s == 0 else partial[s - 1]
+
+        def arrived(s: int, lo: int, hi: int) -> None:
+            reduce_into(partial[s][lo:hi], chunk((r - s - 2) % n)[lo:hi], op, self.dtype)
+
+        self._ring(n - 1, self._slices(send.nbytes // n), send_of, lambda s: partial[s], arrived)
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """recv is every rank's send, concatenated in rank order (chunks of
+        reference.bounds(recv.size, world))."""
+        n, r = self.world, self.rank
+        b = bounds(recv.size, n)
+        if send.size != b[r + 1] - b[r]:
+            raise ValueError(f"all-gather: rank {r} must contribute {b[r + 1] - b[r]} elements")
+        recv[b[r] : b[r + 1]] = send
+        if n == 1 or recv.size == 0:
+            return
+
+        def chunk(c: int) -> np.ndarray:
+            return recv[b[c] : b[c + 1]]
+
+        self._ring(
+            n - 1,
+            self._slices(recv.nbytes // n),
+            lambda s: chunk((r - s) % n),
+            lambda s: chunk((r - s - 1) % n),
+        )
+
+    def all_to_all(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
+        """Rank r sends send_counts[d] elements to each rank d (in order, from
+        send) and receives recv_counts[s] from each rank s (in order, into recv)."""
+        n, r, t = self.world, self.rank, self.t
+        sd = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
+        rd = np.concatenate([[0], np.cumsum(recv_counts)]).astype(int)
+        tag = self._tags(2)
+        recvs = [t.irecv(s, tag(0), recv[rd[s] : rd[s + 1]]) for s in range(n) if s != r]
+        # Staggered order (r+1, r+2, ...): every receiver starts with a different sender.
+        order = [(r + i) % n for i in range(1, n)]
+        # Rendezvous for big messages: a rank tells each rank that will send
+        # it RENDEZVOUS_BYTES or more that its receives are posted, and sends
+        # such a message only once told so (a rank still busy with the last
+        # collective would turn the data away).  Both ends judge a pair by the
+        # same count, so they agree on it.
+        item = send.itemsize
+        ready = {d: self._ready_from(d, tag(1), item * int(send_counts[d])) for d in order}
+        acks = [self._tell_ready(s, tag(1), item * int(recv_counts[s])) for s in order]
+        acks = [a for a in acks if a is not None]
+        sends = []
+        for d in order:
+            if ready[d] is not None:
+                t.wait(ready[d])
+            sends.append(t.isend(d, tag(0), send[sd[d] : sd[d + 1]]))
+        recv[rd[r] : rd[r + 1]] = send[sd[r] : sd[r + 1]]
+        t.waitall(recvs)
+        t.waitall(sends)
+        t.waitall(acks)
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+        """Root's buf to every rank, down a pipelined chain root, root+1, ..."""
+        n, r, t = self.world, self.rank, self.t
+        if n == 1 or buf.size == 0:
+            return
+        slices = self._slices(buf.nbytes, CHAIN_SLICE_BYTES, 1 << _TAG_BITS)
+        b = bounds(buf.size, slices)
+        tag = self._tags(slices)
+        pos = (r - root) % n
+        prev, nxt = (r - 1) % n, (r + 1) % n
+        recvs = [t.irecv(prev, tag(j), buf[b[j] : b[j + 1]]) for j in range(slices)] if pos else []
+        sends = []
+        for j in range(slices):
+            if pos:
+                t.wait(recvs[j])
+            if pos < n - 1:
+                sends.append(t.isend(nxt, tag(j), buf[b[j] : b[j + 1]]))
+        t.waitall(sends)

@@ -1,0 +1,407 @@
+"""A job: one worker process per accelerator of a running lab, run to the end.
+
+The control side of a collective run.  It listens on a Unix socket in the
+lab's directory, starts ``python -m dataplane.run.worker`` for every accelerator
+(each joins its own namespace), hands each its plan, runs the barriers,
+gathers one result per size from every rank, and samples the fabric's
+counters while the ranks run (for the plots and the fidelity report).
+
+Supervision: a worker that exits early, reports an error or closes its socket
+fails the job at once with its rank, node and error; the others get SIGTERM,
+then SIGKILL after a grace period.  Workers die with the job (PDEATHSIG), so
+nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import uvloop
+
+from dataplane.errors import EthplusError
+from dataplane.lab import cpu, fabric_client, registry
+from dataplane.lab.labs import python_module
+from dataplane.run import inc, transport
+
+GRACE_S = 2.0
+SAMPLE_S = 0.2
+_serial = 0  # jobs started by this process: each gets its own socket
+# uvloop refuses two loops (concurrent jobs, one per thread) spawning at once
+_spawn_lock = threading.Lock()
+
+
+class JobError(EthplusError, RuntimeError):
+    """The job failed: a rank died or reported an error, or the job stalled."""
+
+
+@dataclass
+class Workload:
+    """What a job measures: one collective over a range of sizes, and how."""
+
+    collective: str
+    transport: str
+    sizes: list[int]
+    dtype: str = "float32"
+    op: str = "sum"
+    algo: str = "ring"
+    iters: int = 5
+    warmup: int = 2
+    root: int = 0
+    uneven: bool = False
+    tcp_streams: int | None = None
+    qps: int | None = None
+    adaptive: bool = False
+    cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
+    check: bool = True  # check the first run of each size against numpy
+    check_all: bool = False  # check every run, warm-up and timed (--check all)
+    seed: int = 1
+
+
+@dataclass(kw_only=True)
+class Plan(Workload):
+    """What every rank of a job is told: the workload, the lab, and where
+    the job runs."""
+
+    lab: str
+    nodes: list[str] | None = None  # a job on these accelerators only, in rank order
+    members: list[int] | None = None  # their lab ranks (filled in by Job)
+    sample: bool = True  # sample the fabric's counters (one job of several is enough)
+    inc: dict | None = None  # algo in-network: the job's aggregation plan (filled in by Job)
+    stall_s: float = 300.0  # no message from any rank for this long fails the job
+
+
+@dataclass
+class Rank:
+    rank: int
+    node: str
+    proc: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    log: str = ""
+    ready: dict = field(default_factory=dict)
+    done: dict | None = None
+    error: str | None = None
+
+
+def fabric_stats(lab: str) -> dict:
+    """The fabric's counters now (raises OSError or ValueError if it is gone)."""
+    resp = fabric_client.request(lab, {"op": "stats"})
+    if not resp.get("ok"):
+        raise ValueError(resp.get("error", "stats failed"))
+    return resp["stats"]
+
+
+def _fabric_inc(lab: str, req: dict) -> None:
+    """Join or leave in-network aggregation trees in the lab's switches."""
+    try:
+        resp = fabric_client.request(lab, {"op": "inc", **req})
+    except (OSError, ValueError) as e:
+        raise JobError(f"cannot set up in-network aggregation: {e}") from e
+    if not resp.get("ok"):
+        raise JobError(f"cannot set up in-network aggregation: {resp.get('error')}")
+
+
+def _compact(st: dict) -> dict:
+    """What the plots and the fidelity report need from one stats snapshot."""
+    ports = {}
+    for sw, s in st["switches"].items():
+        for c in s["ports"].values():
+            ports[f"{sw}:{c['peer']}"] = [
+                c["tx_bytes"],
+                c["q_bytes"],
+                c["late_frames"],
+                c["late_sum_ns"],
+                c["tx_frames"],
+                c["lost_link_ns"],
+            ]
+    return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports}
+
+
+class Job:
+    def __init__(
+        self,
+        plan: Plan,
+        rec: dict,
+        on_result: Callable[[dict], None] | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ):
+        """on_result(row) runs as each size completes on every rank;
+        on_progress(barrier) as every rank passes a barrier (check-I, warm-I,
+        time-I for size I, close)."""
+        self.plan, self.rec = plan, rec
+        self.on_result = on_result or (lambda row: None)
+        self.on_progress = on_progress or (lambda name: None)
+        hosts = sorted(
+            (n for n in rec["topology"]["nodes"] if n["role"] == "host"), key=lambda n: n["index"]
+        )
+        if plan.nodes is not None:
+            by_name = {h["name"]: h for h in hosts}
+            missing = [x for x in plan.nodes if x not in by_name]
+            if missing or len(set(plan.nodes)) != len(plan.nodes) or len(plan.nodes) < 2:
+                raise JobError(f"a job needs two or more distinct accelerators, not {plan.nodes}")
+            hosts = [by_name[x] for x in plan.nodes]
+            plan.members = [h["index"] for h in hosts]
+        self.trees: list[list] = []
+        if plan.algo == "in-network":
+            why = inc.inc_problem(rec)
+            if why:
+                raise JobError(f"--algo in-network: {why}")
+            try:
+                st = fabric_stats(plan.lab)
+            except (OSError, ValueError) as e:
+                raise JobError(f"--algo in-network: no answer from the fabric: {e}") from None
+            down = {name for name, sw in st["switches"].items() if not sw["up"]}
+            # the group is unique per job: switches key their slots on it
+            try:
+                plan.inc = inc.inc_plan(rec, plan.members, secrets.randbits(32), down)
+            except transport.TransportError as e:
+                raise JobError(f"--algo in-network: {e}") from None
+            self.trees = inc.inc_trees(plan.inc)
+        # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
+        self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
+        self.world = len(self.ranks)
+        jobdir = registry.lab_dir(plan.lab) / "job"
+        jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(jobdir, 0o700)  # its socket takes orders from workers: root's alone
+        global _serial
+        _serial += 1
+        self.sock_path = str(jobdir / f"job-{os.getpid()}-{_serial}.sock")
+        for r in self.ranks:
+            r.log = str(jobdir / f"{r.node}.log")
+        self.results: list[list[dict | None]] = [[None] * self.world for _ in plan.sizes]
+        self.rows: list[dict] = []
+        self.samples: list[dict] = []
+        self.barriers: dict[str, set[int]] = {}
+        self.failed: asyncio.Future | None = None
+        self.handlers: set[asyncio.Task] = set()
+        self.last_msg = time.monotonic()
+
+    # -- the run
+    def run(self) -> dict:
+        return uvloop.run(self._main())
+
+    async def _main(self) -> dict:
+        loop = asyncio.get_running_loop()
+        self.failed = loop.create_future()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.sock_path)
+        server = await asyncio.start_unix_server(self._serve, self.sock_path, limit=1 << 24)
+        os.chmod(self.sock_path, 0o600)
+        t_start = time.monotonic()
+        busy0 = cpu.machine_s()
+        before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+        tasks: list[asyncio.Task] = []
+        trees = self.trees
+        try:
+            if self.plan.inc:
+                join = {"register": self.plan.inc["register"], "join": trees}
+                await loop.run_in_executor(None, _fabric_inc, self.plan.lab, join)
+            for r in self.ranks:
+                await self._spawn(r)
+                tasks.append(asyncio.create_task(self._watch(r)))
+            if self.plan.sample:
+                tasks.append(asyncio.create_task(self._sample()))
+            tasks.append(asyncio.create_task(self._stall_guard()))
+            await self.failed
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_all()
+            server.close()
+            for r in self.ranks:
+                if r.writer is not None:
+                    r.writer.close()
+            _, pending = (
+                await asyncio.wait(self.handlers, timeout=GRACE_S) if self.handlers else ((), ())
+            )
+            for h in pending:
+                h.cancel()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.sock_path)
+            if self.plan.inc:
+                leave = {
+                    "leave": [t[:2] for t in trees],
+                    "unregister": [r[:2] for r in self.plan.inc["register"]],
+                }
+                with contextlib.suppress(JobError):
+                    await loop.run_in_executor(None, _fabric_inc, self.plan.lab, leave)
+        after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+        busy1 = cpu.machine_s()
+        return {
+            "plan": asdict(self.plan),
+            "world": self.world,
+            "rows": self.rows,
+            "ranks": [
+                {"rank": r.rank, "node": r.node, "transport": r.ready, **(r.done or {})}
+                for r in self.ranks
+            ],
+            "samples": self.samples,
+            "fabric_before": before,
+            "fabric_after": after,
+            "wall_s": time.monotonic() - t_start,
+            "machine_busy_frac": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9),
+        }
+
+    async def _spawn(self, r: Rank) -> None:
+        ns = self.rec["namespaces"][r.node]
+        with open(r.log, "wb") as log, _spawn_lock:
+            r.proc = await asyncio.create_subprocess_exec(
+                *python_module("dataplane.run.worker", self.sock_path, self.plan.lab, r.node, ns),
+                cwd="/",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+
+    def _fail(self, msg: str) -> None:
+        if not self.failed.done():
+            self.failed.set_exception(JobError(msg))
+
+    def _finish_if_done(self) -> None:
+        if all(r.done is not None for r in self.ranks) and not self.failed.done():
+            self.failed.set_result(None)
+
+    def _log_tail(self, r: Rank, lines: int = 3) -> str:
+        try:
+            with open(r.log, errors="replace") as f:
+                tail = [ln.rstrip() for ln in f.readlines() if ln.strip()][-lines:]
+        except OSError:
+            return ""
+        return " | ".join(tail)
+
+    async def _watch(self, r: Rank) -> None:
+        rc = await r.proc.wait()
+        await asyncio.sleep(0.05)  # let its last message arrive first
+        if r.done is None:
+            why = r.error or self._log_tail(r) or "no message"
+            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+            self._fail(f"rank {r.rank} ({r.node}) {how}: {why}")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.handlers.add(asyncio.current_task())
+        # A handler's task belongs to the server: it must end by itself, not by
+        # a cancellation (which asyncio would log as an error).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._converse(reader, writer)
+        writer.close()
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        r: Rank | None = None
+        try:
+            hello = json.loads(await reader.readline())
+            r = next(x for x in self.ranks if x.node == hello["hello"])
+            r.writer = writer
+            writer.write(json.dumps({"plan": asdict(self.plan)}).encode() + b"\n")
+            await writer.drain()
+            while line := await reader.readline():
+                self.last_msg = time.monotonic()
+                self._on_message(r, json.loads(line))
+        except (ConnectionError, ValueError, StopIteration) as e:
+            if r is None:
+                self._fail(f"a worker spoke out of turn: {e}")
+        if r is not None and r.done is None:
+            # The process watcher names the exit status; give it a moment.
+            await asyncio.sleep(1.0)
+            self._fail(
+                f"rank {r.rank} ({r.node}) closed its channel: {r.error or 'no error given'}"
+            )
+
+    def _on_message(self, r: Rank, msg: dict) -> None:
+        if "barrier" in msg:
+            name = msg["barrier"]
+            arrived = self.barriers.setdefault(name, set())
+            arrived.add(r.rank)
+            if len(arrived) == self.world:
+                del self.barriers[name]
+                go = json.dumps({"go": name}).encode() + b"\n"
+                for x in self.ranks:
+                    x.writer.write(go)
+                self.on_progress(name)
+        elif "ready" in msg:
+            r.ready = msg["ready"]
+        elif "result" in msg:
+            res = msg["result"]
+            slot = self.results[res["index"]]
+            slot[r.rank] = res
+            if all(x is not None for x in slot):
+                row = self._row(slot)
+                self.rows.append(row)
+                self.on_result(row)
+        elif "done" in msg:
+            r.done = msg["done"]
+            self._finish_if_done()
+        elif "error" in msg:
+            r.error = msg["error"]
+            self._fail(f"rank {r.rank} ({r.node}) failed: {r.error}")
+
+    def _row(self, per_rank: list[dict]) -> dict:
+        """One size, every rank: the slowest rank's time per iteration."""
+        iters = self.plan.iters
+        return {
+            "size": per_rank[0]["size"],
+            "count": per_rank[0]["count"],
+            # the runs alone (--check all puts a check and a barrier between runs)
+            "time_real_s": max(x.get("run_s", x["t1"] - x["t0"]) for x in per_rank) / iters,
+            # the same on the lab's fabric clock: right even when k moved
+            "time_nominal_s": max(x.get("run_ns", x["n1"] - x["n0"]) for x in per_rank) / iters,
+            "wrong": sum(x["wrong"] for x in per_rank),
+            "t0": min(x["t0"] for x in per_rank),
+            "t1": max(x["t1"] for x in per_rank),
+            "n0": min(x["n0"] for x in per_rank),
+            "n1": max(x["n1"] for x in per_rank),
+            # when each timed iteration had ended on every rank
+            "ends": [max(e) for e in zip(*(x["ends"] for x in per_rank), strict=True)],
+            "nends": [max(e) for e in zip(*(x["nends"] for x in per_rank), strict=True)],
+            # each rank's NIC engine over its timed window (none for kernel TCP)
+            "engines": [
+                {"rank": r, **x["engine"]} for r, x in enumerate(per_rank) if x.get("engine")
+            ],
+        }
+
+    async def _sample(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                st = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+            except (OSError, ValueError) as e:
+                self._fail(f"the fabric of lab {self.plan.lab!r} stopped answering: {e}")
+                return
+            except Exception as e:  # noqa: BLE001 - a bug here must not pass silently
+                self._fail(f"sampling the fabric failed: {type(e).__name__}: {e}")
+                return
+            s = _compact(st)
+            s["workers_cpu_s"] = sum(cpu.process_s(r.proc.pid) for r in self.ranks if r.proc)
+            self.samples.append(s)
+            await asyncio.sleep(SAMPLE_S)
+
+    async def _stall_guard(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            quiet = time.monotonic() - self.last_msg
+            if quiet > self.plan.stall_s:
+                waiting = {n: sorted(set(range(self.world)) - a) for n, a in self.barriers.items()}
+                self._fail(
+                    f"no rank reported for {quiet:.0f} s (stalled); missing at barriers: {waiting}"
+                )
+
+    async def _stop_all(self) -> None:
+        live = [r.proc for r in self.ranks if r.proc and r.proc.returncode is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), GRACE_S)
+        except TimeoutError:
+            for p in live:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+            await asyncio.gather(*(p.wait() for p in live))

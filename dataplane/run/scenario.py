@@ -1,0 +1,391 @@
+"""Scenarios: a lab, concurrent jobs, a timed fault schedule, a seed, the
+transports to compare, and what the report should say.  `ethplus scenario
+list` and `ethplus scenario run NAME|FILE [--short] [--out DIR]`.
+
+A scenario file (TOML, in netns-labs/scenarios/):
+
+    [scenario]
+    description = "one line"
+    explain = "the report's paragraph: what this scenario shows"
+    lab = "clos-16"                      # a lab file or netns-labs/ name
+    seed = 7                             # data, uneven sizes, fault jitter
+    transports = ["ethplus", "roce", "tcp"]  # also "ethplus/hpcc": a congestion control
+    adaptive = false                     # ethplus: adaptive spraying
+    cc = "hpcc"                          # ethplus: congestion control (default: the lab's)
+    alone = false                        # also run each job alone (slowdowns)
+    metric = "jct"                       # jct | slowdown | busbw | phases
+
+    [[job]]                              # one or more, on disjoint accelerators
+    name = "allreduce"
+    collective = "all-reduce"
+    nodes = ["h0", "h1"]                 # default: every accelerator
+    sizes = ["16M"]
+    iters = 10
+    warmup = 1                           # also algo, dtype, op, root, uneven
+
+    [[fault]]                            # at_s: seconds (real) after the jobs'
+    at_s = 5.0                           # timed phase starts
+    node = "plane2"                      # a switch; or link = "h0-plane1"
+    set = "down"                         # up, down, loss P, corrupt P, rate R, delay D, jitter J,
+                                         # llr on|off
+    jitter_s = 0.0                       # a seeded offset in [0, jitter_s)
+
+    [short]                              # the CI form: overrides
+    sizes = ["1M"]
+    iters = 3
+    time_scale = 0.3                     # fault times are multiplied by this
+
+Every run is reproducible from the seed: the same data, the same uneven
+sizes, the same fault times (to the scheduler's precision, recorded).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from dataplane.lab import faults, governor
+from dataplane.model.catalog import bus_factor
+from dataplane.model.labfile import LabFileError
+from dataplane.model.scenario_file import (  # noqa: F401 - scenario.load and the rest, as callers use them
+    METRIC_UNITS,
+    METRICS,
+    SCENARIO_DIR,
+    Fault,
+    JobSpec,
+    Scenario,
+    listing,
+    load,
+    resolve,
+    run_names,
+    split_run,
+    valid_run_name,
+)
+from dataplane.run import bench
+from dataplane.run.job import JobError
+from dataplane.scale import Scale
+
+
+def _check_against_lab(sc: Scenario, rec: dict) -> None:
+    hosts = {n["name"] for n in rec["topology"]["nodes"] if n["role"] == "host"}
+    switches = {n["name"] for n in rec["topology"]["nodes"] if n["role"] == "switch"}
+    links = {lk["name"] for lk in rec["topology"]["links"]}
+    for j in sc.jobs:
+        bad = [n for n in j.nodes or [] if n not in hosts]
+        if bad:
+            raise LabFileError(
+                sc.path, f"job.{j.name}.nodes", f"accelerators of lab {rec['name']}", bad
+            )
+    for f in sc.faults:
+        if f.name not in (links if f.target == "link" else switches):
+            raise LabFileError(
+                sc.path, f"fault.{f.target}", f"a {f.target} of lab {rec['name']}", f.name
+            )
+
+
+# ---------------------------------------------------------------- running
+
+
+def _spec(sc: Scenario, j: JobSpec, run_name: str, check_all: bool = False) -> bench.Spec:
+    """check_all: verify every iteration (a fault phase: corruption while
+    faults hit must not pass unseen)."""
+    transport_name, cc = split_run(run_name)
+    return bench.Spec(
+        collective=j.collective,
+        transport=transport_name,
+        sizes=j.sizes,
+        dtype=j.dtype,
+        op=j.op,
+        algo=j.algo,
+        iters=j.iters,
+        warmup=j.warmup,
+        root=j.root,
+        uneven=j.uneven,
+        adaptive=sc.adaptive,
+        cc=cc or (sc.cc if transport_name == "ethplus" else None),
+        seed=sc.seed,
+        check_all=check_all,
+    ).validate()
+
+
+def _run_jobs(
+    sc: Scenario, rec: dict, transport_name: str, jobs: list[JobSpec], with_faults: bool, log
+) -> dict:
+    """The jobs at once, the fault schedule beside them; results by job."""
+    started = threading.Event()
+    t0 = [0.0]
+
+    def progress(name: str) -> None:
+        if name == "time-0" and not started.is_set():
+            t0[0] = time.monotonic()
+            started.set()
+
+    runs = [
+        bench.Run(
+            _spec(sc, j, transport_name, check_all=with_faults and bool(sc.faults)),
+            rec,
+            nodes=j.nodes,
+            on_progress=progress,
+            sample=(i == 0),
+        )
+        for i, j in enumerate(jobs)
+    ]
+    out: dict = {"jobs": {}, "errors": {}, "faults": []}
+
+    def one(j: JobSpec, r: bench.Run) -> None:
+        try:
+            out["jobs"][j.name] = r.execute()
+        except JobError as exc:
+            out["errors"][j.name] = str(exc)
+            started.set()
+
+    threads = [threading.Thread(target=one, args=(j, r)) for j, r in zip(jobs, runs, strict=True)]
+    for t in threads:
+        t.start()
+    touched: tuple[set[str], set[str]] = (set(), set())
+    try:
+        if with_faults and sc.faults:
+            started.wait()
+            for f in sc.faults:
+                while time.monotonic() < t0[0] + f.at_s and any(t.is_alive() for t in threads):
+                    time.sleep(min(0.01, max(0.0, t0[0] + f.at_s - time.monotonic())))
+                if not any(t.is_alive() for t in threads):
+                    break
+                if f.target == "link":
+                    faults.set_link(rec["name"], f.name, f.change)
+                    touched[0].add(f.name)
+                else:
+                    faults.set_node(rec["name"], f.name, f.words[0] == "up")
+                    touched[1].add(f.name)
+                at = time.monotonic() - t0[0]
+                out["faults"].append(
+                    {
+                        "planned_s": f.at_s,
+                        "at_s": at,
+                        "target": f.target,
+                        "name": f.name,
+                        "set": " ".join(f.words),
+                    }
+                )
+                log(f"# t={at:6.2f} s  {f.target} {f.name} {' '.join(f.words)}")
+        for t in threads:
+            t.join()
+    finally:
+        faults.restore(rec, *touched)
+    out["t0"] = t0[0]
+    return out
+
+
+def _iterations(result: dict, t0: float) -> list[dict]:
+    """Every timed iteration of a job: start, end (real s after t0) and busbw
+    (nominal: from the fabric clock's times of the same iteration)."""
+    out = []
+    world, coll = result["world"], result["collective"]
+    scale = Scale.of(result["lab"])
+    for rr in result.get("real_rows", []):
+        start = rr["t0"]
+        nstart = rr.get("n0")
+        for i, end in enumerate(rr["ends"]):
+            dt = rr["nends"][i] - nstart if "nends" in rr else scale.nominal_s(end - start)
+            bw = rr["size"] / dt / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
+            out.append(
+                {"size": rr["size"], "start_s": start - t0, "end_s": end - t0, "busbw_GBps": bw}
+            )
+            start = end
+            nstart = rr["nends"][i] if "nends" in rr else None
+    return out
+
+
+def _jct_s(result: dict) -> float:
+    """Real seconds the job's timed runs took."""
+    rows = result.get("real_rows", [])
+    return sum(r["t1"] - r["t0"] for r in rows)
+
+
+def _jct_nominal_s(result: dict) -> float:
+    """Nominal seconds the same runs took, on the fabric clock."""
+    rows = result.get("real_rows", [])
+    scale = Scale.of(result["lab"])
+    return sum(r["n1"] - r["n0"] if "n1" in r else scale.nominal_s(r["t1"] - r["t0"]) for r in rows)
+
+
+def _phases(iters: list[dict], applied: list[dict]) -> list[dict]:
+    """Mean busbw of the iterations that overlap each span between faults (an
+    iteration stalled across a whole span counts, at its low busbw)."""
+    edges = [0.0] + [f["at_s"] for f in applied] + [float("inf")]
+    names = ["before any fault"] + [f"after {f['name']} {f['set']}" for f in applied]
+    out = []
+    for (a, b), name in zip(zip(edges, edges[1:], strict=False), names, strict=False):
+        over = [x for x in iters if x["start_s"] < b and x["end_s"] > a]
+        mean = sum(x["busbw_GBps"] for x in over) / len(over) if over else 0.0
+        longest = max((x["end_s"] - x["start_s"] for x in over), default=0.0)
+        out.append({"phase": name, "iterations": len(over), "busbw_GBps": mean,
+                    "longest_iteration_s": longest})  # fmt: skip
+    return out
+
+
+SCENARIO_TRIALS = 3  # a trial is the whole scenario, without its faults
+
+
+def _trials(sc: Scenario, rec: dict, tname: str, log) -> list[dict]:
+    """On a governed lab, the scenario's jobs (without faults, not counted)
+    until no part fell behind, as bench's trials: k is where the run needs
+    it before the run that counts (the governor alone only follows a run,
+    and kernel TCP follows a change of k late: ecmp-collision's tcp JCT was
+    1.34x its pinned one without trials)."""
+    from dataplane.run import trials  # brings up labs: a scenario file is read without it
+
+    state = trials.fabric_governor(rec) if governor.governed(rec) else None
+    if state is None or not state["on"]:
+        return []
+
+    def attempt() -> dict:
+        res = _run_jobs(sc, rec, tname, sc.jobs, False, log)
+        rows = [x for r in res["jobs"].values() for x in r["rows"]]
+        ks = [x["k_range"] for x in rows if x.get("k_range")]
+        return {
+            "fell_behind": any(x.get("fell_behind") for x in rows),
+            "k_range": [min(k[0] for k in ks), max(k[1] for k in ks)] if ks else None,
+        }
+
+    log(f"# {sc.name}: {tname}, trials")
+    return trials.trial_runs(rec, attempt, lambda _t: f"a trial of {sc.name}", log,
+                               SCENARIO_TRIALS)  # fmt: skip
+
+
+def run(sc: Scenario, rec: dict, log=print) -> dict:
+    """Run the scenario over each of its transports on a running lab."""
+    _check_against_lab(sc, rec)
+    out: dict = {
+        "scenario": sc.name,
+        "description": sc.description,
+        "explain": sc.explain,
+        "seed": sc.seed,
+        "short": sc.short,
+        "metric": sc.metric,
+        "planned_faults": [vars(f) for f in sc.faults],
+        "transports": {},
+    }
+    for tname in sc.transports:
+        label = bench.transport_label(*split_run(tname))
+        log(f"# {sc.name}: {label}")
+        trials = _trials(sc, rec, tname, log)
+        res = _run_jobs(sc, rec, tname, sc.jobs, True, log)
+        alone = {}
+        if sc.alone:
+            for j in sc.jobs:
+                log(f"# {sc.name}: {tname}, job {j.name} alone")
+                a = _run_jobs(sc, rec, tname, [j], False, log)
+                if j.name in a["jobs"]:
+                    alone[j.name] = _jct_nominal_s(a["jobs"][j.name])
+        per_job = {}
+        for j in sc.jobs:
+            r = res["jobs"].get(j.name)
+            if r is None:
+                per_job[j.name] = {"status": "failed", "error": res["errors"].get(j.name, "?")}
+                continue
+            iters = _iterations(r, res["t0"])
+            jct = _jct_s(r)
+            before = [
+                x["end_s"] - x["start_s"]
+                for x in iters
+                if not res["faults"] or x["end_s"] <= res["faults"][0]["at_s"]
+            ]
+            longest = max((x["end_s"] - x["start_s"] for x in iters), default=0.0)
+            typical = sorted(before)[len(before) // 2] if before else 0.0
+            per_job[j.name] = {
+                "status": "ok" if not any(x["wrong"] for x in r["rows"]) else "wrong",
+                # some part of the emulation fell behind in a size of this job
+                "fell_behind": any(x.get("fell_behind") for x in r["rows"]),
+                "collective": j.collective,
+                "nodes": j.nodes,
+                "jct_real_s": jct,
+                "jct_nominal_us": _jct_nominal_s(r) * 1e6,
+                "wrong": sum(x["wrong"] for x in r["rows"]),
+                "busbw_GBps": r["rows"][-1]["busbw_GBps"],
+                "iterations": iters,
+                "phases": _phases(iters, res["faults"]),
+                "slowdown_vs_alone": (
+                    _jct_nominal_s(r) / alone[j.name] if alone.get(j.name) else None
+                ),
+                # an iteration that took over three typical ones (before any
+                # fault): the transport stalled for about the difference
+                "typical_iteration_s": typical,
+                "longest_iteration_s": longest,
+                "stalled_s": longest - typical if typical and longest > 3 * typical else 0.0,
+            }
+        sampled = res["jobs"].get(sc.jobs[0].name)
+        out["transports"][tname] = {
+            "label": label,
+            "jobs": per_job,
+            "faults_applied": res["faults"],
+            "results": res["jobs"],
+            "fidelity": sampled["fidelity"] if sampled else None,
+            "stalled": sorted(res["errors"]),
+            "trials": trials,
+        }
+    out["summary"] = summary(sc, out)
+    return out
+
+
+def summary(sc: Scenario, out: dict) -> dict:
+    """The scenario's headline figure per transport, and ethplus's ratio to each."""
+    fig: dict[str, float | None] = {}
+    for t, r in out["transports"].items():
+        jobs = [j for j in r["jobs"].values() if j["status"] != "failed"]
+        if len(jobs) != len(r["jobs"]):
+            fig[t] = None
+        elif sc.metric == "jct":  # nominal: comparable across time scales and machines
+            fig[t] = max(j["jct_nominal_us"] for j in jobs)
+        elif sc.metric == "busbw":
+            fig[t] = min(j["busbw_GBps"] for j in jobs)
+        elif sc.metric == "slowdown":
+            fig[t] = (
+                max((j["slowdown_vs_alone"] or 0.0) for j in jobs)
+                if sc.alone
+                else _fault_slowdown(jobs[0])
+            )
+        else:  # phases: the last phase's busbw against the first's
+            ph = jobs[0]["phases"]
+            fig[t] = (
+                ph[-1]["busbw_GBps"] / ph[0]["busbw_GBps"]
+                if len(ph) > 1 and ph[0]["busbw_GBps"]
+                else None
+            )
+    lower_better = sc.metric in ("jct", "slowdown")
+    ratios = {}
+    ref = reference_run(list(fig))
+    e = fig.get(ref) if ref else None
+    for t, v in fig.items():
+        if t != ref and e and v:
+            ratios[t] = (v / e) if lower_better else (e / v)
+    behind = sorted(
+        t
+        for t, r in out["transports"].items()
+        if any(j.get("fell_behind") for j in r["jobs"].values())
+    )
+    return {
+        "metric": sc.metric,
+        "unit": METRIC_UNITS[sc.metric],
+        "fell_behind": behind,  # runs where some part of the emulation fell behind
+        "lower_is_better": lower_better,
+        "figures": fig,
+        "reference": ref,
+        "ethplus_advantage": ratios,  # the reference run's, over each other run
+    }
+
+
+def reference_run(names: list[str]) -> str | None:
+    """The run the others are measured against: plain ethplus if it ran,
+    else the first ethplus run listed (ethplus/hpcc against ethplus/nscc)."""
+    if "ethplus" in names:
+        return "ethplus"
+    return next((t for t in names if split_run(t)[0] == "ethplus"), None)
+
+
+def _fault_slowdown(job: dict) -> float | None:
+    """Busbw before the first fault over busbw while it lasted (its phase)."""
+    ph = job["phases"]
+    if len(ph) < 2 or not ph[1]["busbw_GBps"]:
+        return None
+    return ph[0]["busbw_GBps"] / ph[1]["busbw_GBps"]

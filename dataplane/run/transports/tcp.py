@@ -1,0 +1,417 @@
+"""The stock kernel TCP transport: the baseline, through the same switches.
+
+Each pair of ranks holds ``streams`` TCP connections, stream s on plane
+s mod planes (bound to that plane's address, so the kernel routes it out of
+that port and the switches hash it onto one path).  A message is striped over
+the streams as NCCL's socket transport stripes it: contiguous chunks of at
+least ``MIN_CHUNK_BYTES``, each behind a small header (tag, message length,
+offset, chunk length), so chunks may arrive in any order across streams.
+
+One progress engine per rank: non-blocking sockets under one epoll selector,
+driven by ``wait`` (as an MPI progress engine is).  Data for a receive not yet
+posted is held aside and copied in when it is.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import os
+import selectors
+import socket
+import struct
+
+from dataplane.lab import kernel
+from dataplane.run.transport import Options, Transport, TransportError
+
+PORT = 4796
+MIN_CHUNK_BYTES = 64 * 1024  # NCCL socket transport's minimum chunk per stream
+_HDR = struct.Struct("<IQQQ")  # tag, message bytes, chunk offset, chunk bytes
+_HELLO = struct.Struct("<II")  # rank, stream
+_READ_BUDGET_BYTES = 8 << 20  # per connection per pass, so no stream starves the rest
+# Chunks held for receives not yet posted, all peers together: a peer that
+# announces more is refused (an error naming it), never a huge allocation.
+EARLY_MAX_BYTES = 2 << 30
+
+
+class _Msg:
+    """A posted send or receive: the handle collectives wait on."""
+
+    __slots__ = ("peer", "tag", "view", "total", "done_bytes", "pending", "error")
+
+    def __init__(self, peer: int, tag: int, view: memoryview | None):
+        self.peer, self.tag, self.view = peer, tag, view
+        self.total = -1  # receives learn it from the first chunk header
+        self.done_bytes = 0
+        self.pending = 0  # chunks of a send not yet handed to the kernel
+        self.error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.total >= 0 and self.done_bytes == self.total
+
+
+class _Early:
+    """Complete chunks of a message that arrived before its receive was posted."""
+
+    __slots__ = ("total", "chunks", "msg")
+
+    def __init__(self, total: int):
+        self.total = total
+        self.chunks: list[tuple[int, bytearray]] = []
+        self.msg: _Msg | None = None  # the receive that adopted it, once posted
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "stream", "sendq", "hdr", "hdr_got", "body", "body_got",
+                 "sink", "off", "writing")  # fmt: skip
+
+    def __init__(self, sock: socket.socket, peer: int, stream: int):
+        self.sock, self.peer, self.stream = sock, peer, stream
+        self.sendq: collections.deque = collections.deque()  # [views, msg]
+        self.hdr = bytearray(_HDR.size)
+        self.hdr_got = 0
+        self.body: memoryview | None = None
+        self.body_got = 0
+        self.sink: _Msg | _Early | None = None
+        self.off = 0
+        self.writing = False
+
+
+def _sysctl(key: str) -> str:
+    try:
+        with open(f"/proc/sys/net/ipv4/{key}") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, lab: str, node: str, rec: dict, opts: Options, barrier=None):
+        nodes = {n["name"]: n for n in rec["topology"]["nodes"]}
+        hosts = sorted((n for n in nodes.values() if n["role"] == "host"), key=lambda n: n["index"])
+        me = nodes[node]
+        self.rank, self.world = me["index"], len(hosts)
+        ips = {
+            h["index"]: [p["ip"] for p in sorted(h["ports"], key=lambda p: p["plane"])]
+            for h in hosts
+        }
+        planes = len(ips[self.rank])
+        self._ips, self._planes = ips, planes
+        self.streams = opts.tcp_streams or planes
+        if self.streams < 1:
+            raise TransportError("--tcp-streams must be at least 1")
+        self.notes = (
+            f"{self.streams} TCP connection(s) per pair of ranks, a message striped over them",
+            *kernel.tcp_timer_notes(rec),
+            f"congestion control {_sysctl('tcp_congestion_control')}, tcp_ecn={_sysctl('tcp_ecn')}",
+        )
+        self._sel = selectors.DefaultSelector()
+        members = set(opts.members) if opts.members is not None else set(ips)
+        self._conns: dict[int, list[_Conn]] = {
+            p: [] for p in ips if p != self.rank and p in members
+        }
+        self._posted: dict[tuple[int, int], _Msg] = {}
+        self._early: dict[tuple[int, int], _Early] = {}
+        self._rr: dict[int, int] = dict.fromkeys(self._conns, 0)
+        self._bytes = {
+            "tx_bytes": 0,
+            "rx_bytes": 0,
+            "early_bytes": 0,
+            "msgs_sent": 0,
+            "msgs_received": 0,
+            "refused_conns": 0,
+        }
+        self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
+        listeners = []
+        try:
+            for ip in ips[self.rank]:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((ip, PORT))
+                s.listen(1024)
+                listeners.append(s)
+            if barrier:
+                barrier("tcp-listen")
+            for peer in (p for p in sorted(self._conns) if p > self.rank):
+                for st in range(self.streams):
+                    plane = st % planes
+                    s = socket.create_connection(
+                        (ips[peer][plane], PORT),
+                        timeout=30,
+                        source_address=(ips[self.rank][plane], 0),
+                    )
+                    s.sendall(_HELLO.pack(self.rank, st))
+                    self._add(s, peer, st)
+            self._accept(listeners, sum(p < self.rank for p in self._conns) * self.streams)
+        except OSError as e:
+            self.close()
+            raise TransportError(f"rank {self.rank}: cannot connect the TCP streams: {e}") from e
+        finally:
+            for s in listeners:
+                s.close()
+        for conns in self._conns.values():
+            conns.sort(key=lambda c: c.stream)
+
+    def _accept(self, listeners: list[socket.socket], expected: int) -> None:
+        sel = selectors.DefaultSelector()
+        for s in listeners:
+            sel.register(s, selectors.EVENT_READ)
+        got = 0
+        while got < expected:
+            events = sel.select(timeout=30)
+            if not events:
+                raise OSError(errno.ETIMEDOUT, f"only {got} of {expected} peers connected")
+            for key, _ in events:
+                s, addr = key.fileobj.accept()
+                s.settimeout(5)
+                buf = b""
+                with contextlib.suppress(OSError):
+                    while len(buf) < _HELLO.size:
+                        part = s.recv(_HELLO.size - len(buf))
+                        if not part:
+                            break
+                        buf += part
+                peer, st = _HELLO.unpack(buf) if len(buf) == _HELLO.size else (-1, -1)
+                if not self._expected(peer, st, addr[0]):
+                    s.close()  # not a peer that should connect here: refused, counted
+                    self._bytes["refused_conns"] += 1
+                    continue
+                self._add(s, peer, st)
+                got += 1
+        sel.close()
+
+    def _expected(self, peer: int, stream: int, src_ip: str) -> bool:
+        """Is this hello one the job expects: a peer ranked below us (it
+        connects, we accept), a stream it has not opened yet, and from that
+        peer's address on the stream's plane?"""
+        return (
+            peer in self._conns
+            and peer < self.rank
+            and 0 <= stream < self.streams
+            and all(c.stream != stream for c in self._conns[peer])
+            and src_ip == self._ips[peer][stream % self._planes]
+        )
+
+    def _add(self, s: socket.socket, peer: int, stream: int) -> None:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        c = _Conn(s, peer, stream)
+        self._conns[peer].append(c)
+        self._sel.register(s, selectors.EVENT_READ, c)
+
+    # -- posting
+    def _isend(self, peer: int, tag: int, view: memoryview) -> object:
+        conns = self._conns[peer]
+        n = len(view)
+        nch = max(1, min(len(conns), n // MIN_CHUNK_BYTES))
+        m = _Msg(peer, tag, view)
+        m.total = n
+        m.pending = nch
+        first = self._rr[peer]
+        self._rr[peer] = (first + nch) % len(conns)
+        for i in range(nch):
+            lo, hi = n * i // nch, n * (i + 1) // nch
+            c = conns[(first + i) % len(conns)]
+            c.sendq.append([[memoryview(_HDR.pack(tag, n, lo, hi - lo)), view[lo:hi]], m])
+            self._write(c)
+        return m
+
+    def _irecv(self, peer: int, tag: int, view: memoryview) -> object:
+        key = (peer, tag)
+        if key in self._posted:
+            raise TransportError(
+                f"rank {self.rank}: a receive for tag {tag} from rank {peer} is already posted"
+            )
+        m = _Msg(peer, tag, view)
+        early = self._early.pop(key, None)
+        if early is not None:
+            m.total = self._check_fits(m, early.total)
+            self._early_bytes -= sum(len(d) for _, d in early.chunks)
+            for off, data in early.chunks:
+                view[off : off + len(data)] = data
+                m.done_bytes += len(data)
+            early.msg = m  # a chunk still being read lands through it
+        if not m.done:
+            self._posted[key] = m
+        else:
+            self._bytes["msgs_received"] += 1
+        return m
+
+    def _check_fits(self, m: _Msg, total: int) -> int:
+        if total > len(m.view):
+            raise TransportError(
+                f"rank {self.rank}: a {total}-byte message from rank {m.peer} (tag {m.tag}) "
+                f"does not fit the {len(m.view)}-byte buffer posted for it"
+            )
+        return total
+
+    def _wait(self, handle: object) -> None:
+        m: _Msg = handle  # type: ignore[assignment]
+        while not (m.done and m.pending == 0):
+            if m.error:
+                raise TransportError(m.error)
+            self._progress(1.0)
+
+    # -- progress
+    def _progress(self, timeout_s: float) -> None:
+        for key, ev in self._sel.select(timeout_s):
+            c: _Conn = key.data
+            if ev & selectors.EVENT_WRITE:
+                self._write(c)
+            if ev & selectors.EVENT_READ:
+                self._read(c)
+
+    def _write(self, c: _Conn) -> None:
+        while c.sendq:
+            entry = c.sendq[0]
+            views, m = entry
+            try:
+                n = c.sock.sendmsg(views)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                self._lost(c, e)
+                return
+            self._bytes["tx_bytes"] += n
+            while n:
+                head = views[0]
+                if n >= len(head):
+                    n -= len(head)
+                    views.pop(0)
+                else:
+                    views[0] = head[n:]
+                    n = 0
+            if not views:
+                c.sendq.popleft()
+                m.pending -= 1
+                if m.pending == 0:
+                    self._bytes["msgs_sent"] += 1
+                    m.done_bytes = m.total
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.sendq else 0)
+        if bool(c.sendq) != c.writing:
+            c.writing = bool(c.sendq)
+            self._sel.modify(c.sock, want, c)
+
+    def _read(self, c: _Conn) -> None:
+        budget = _READ_BUDGET_BYTES
+        while budget > 0:
+            try:
+                if c.body is None:
+                    n = c.sock.recv_into(memoryview(c.hdr)[c.hdr_got :])
+                else:
+                    n = c.sock.recv_into(c.body[c.body_got :])
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._lost(c, e)
+                return
+            if n == 0:
+                self._closed(c)
+                return
+            budget -= n
+            if c.body is None:
+                c.hdr_got += n
+                if c.hdr_got == _HDR.size:
+                    self._header(c)
+            else:
+                c.body_got += n
+                self._bytes["rx_bytes"] += n
+                if c.body_got == len(c.body):
+                    self._chunk_done(c)
+
+    def _bad_chunk(self, c: _Conn, what: str) -> TransportError:
+        return TransportError(
+            f"rank {self.rank}: rank {c.peer} sent a bad chunk on TCP stream {c.stream}: {what}"
+        )
+
+    def _header(self, c: _Conn) -> None:
+        """A chunk header: bounded by the message it belongs to (the same
+        length in every chunk, the chunk inside it) and by the buffer posted
+        for it, before a byte of the body is read."""
+        tag, total, off, clen = _HDR.unpack(c.hdr)
+        c.hdr_got = 0
+        key = (c.peer, tag)
+        m = self._posted.get(key)
+        c.off = off
+        if off + clen > total:
+            raise self._bad_chunk(c, f"bytes {off}..{off + clen} of a {total}-byte message")
+        if m is not None:
+            if m.total < 0:
+                try:
+                    m.total = self._check_fits(m, total)
+                except TransportError as e:
+                    m.error = str(e)
+                    raise
+            elif total != m.total:
+                raise self._bad_chunk(c, f"tag {tag} was {m.total} bytes long, now {total}")
+            c.sink, c.body = m, m.view[off : off + clen]
+        else:
+            early = self._early.get(key)
+            if early is None:
+                early = self._early[key] = _Early(total)
+            elif total != early.total:
+                raise self._bad_chunk(c, f"tag {tag} was {early.total} bytes long, now {total}")
+            if self._early_bytes + clen > EARLY_MAX_BYTES:
+                raise self._bad_chunk(
+                    c, f"{clen} more bytes before a receive was posted (at most {EARLY_MAX_BYTES})"
+                )
+            self._early_bytes += clen
+            self._bytes["early_bytes"] += clen
+            c.sink, c.body = early, memoryview(bytearray(clen))
+        c.body_got = 0
+        if clen == 0:
+            self._chunk_done(c)
+
+    def _chunk_done(self, c: _Conn) -> None:
+        sink, n = c.sink, len(c.body)
+        if isinstance(sink, _Early):
+            if sink.msg is None:
+                sink.chunks.append((c.off, c.body.obj))  # complete chunks only
+                c.body, c.sink = None, None
+                return
+            m = sink.msg  # adopted while this chunk was in flight: copy it in
+            m.view[c.off : c.off + n] = c.body
+            self._early_bytes -= n
+        else:
+            m = sink
+        c.body, c.sink = None, None
+        m.done_bytes += n
+        if m.done:
+            self._posted.pop((m.peer, m.tag), None)
+            self._bytes["msgs_received"] += 1
+
+    def _closed(self, c: _Conn) -> None:
+        """The peer closed this stream: fine between messages, if nothing
+        more is expected from it; lost otherwise."""
+        self._sel.unregister(c.sock)
+        c.writing = False
+        if c.body is not None or c.hdr_got or c.sendq or any(p == c.peer for p, _ in self._posted):
+            self._lost(c, None)
+
+    def _lost(self, c: _Conn, err: OSError | None) -> None:
+        why = f": {err.strerror}" if err else ""
+        raise TransportError(
+            f"rank {self.rank}: TCP connection {c.stream} to rank {c.peer} lost{why}"
+            f" (did rank {c.peer} die?)"
+        )
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._bytes)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "streams": self.streams, "pid": os.getpid()}
+
+    def close(self) -> None:
+        for conns in self._conns.values():
+            for c in conns:
+                try:
+                    self._sel.unregister(c.sock)
+                except (KeyError, ValueError):
+                    pass
+                c.sock.close()
+            conns.clear()
+        self._sel.close()

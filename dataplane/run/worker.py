@@ -1,0 +1,205 @@
+"""One rank of a job: a process inside its accelerator's namespace.
+
+Started by dataplane/run/job.py as ``python -m dataplane.run.worker SOCKET LAB NODE NS``.
+It joins the namespace first (before any thread exists), arranges to die with
+its parent, says hello on the job's Unix socket, gets the plan, and for each
+size: fills its buffers, runs the collective once and checks it against the
+numpy reference, warms up, then times ``iters`` back-to-back runs between two
+barriers.  It reports one line of JSON per size, then its counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from dataplane.lab import clock, core, cpu, registry
+from dataplane.model.catalog import available
+from dataplane.run import reference
+from dataplane.run.collectives import Comm
+from dataplane.run.transport import Group, Options, Transport, TransportError
+from dataplane.run.workload import Case
+from dataplane.scale import Scale
+
+PR_SET_PDEATHSIG = 1
+
+
+class Link:
+    """The worker's line-of-JSON channel to the job."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.rf = self.sock.makefile("rb")
+
+    def send(self, **msg) -> None:
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+
+    def recv(self) -> dict:
+        line = self.rf.readline()
+        if not line:
+            raise SystemExit("the job went away")
+        return json.loads(line)
+
+    def barrier(self, name: str) -> None:
+        self.send(barrier=name)
+        msg = self.recv()
+        if msg.get("go") != name:
+            raise SystemExit(f"expected go {name!r}, got {msg}")
+
+
+def open_transport(
+    name: str, lab: str, node: str, rec: dict, opts: Options, barrier=None
+) -> Transport:
+    """The transport of one rank.  barrier(name) returns once every rank has
+    called it: transports that must listen before their peers connect use it."""
+    if name in ("ethplus", "roce"):
+        from dataplane.run.transports.nic import NicTransport
+
+        t: Transport = NicTransport(name, lab, node, rec, opts)
+    elif name == "tcp":
+        from dataplane.run.transports.tcp import TcpTransport
+
+        t = TcpTransport(lab, node, rec, opts, barrier)
+    else:
+        raise TransportError(
+            f"unknown transport {name!r} (expected one of {', '.join(available())})"
+        )
+    return Group(t, opts.members) if opts.members is not None else t
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# The NIC engine's own fidelity counters, taken over each timed window.
+ENGINE_KEYS = ("eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops")
+
+
+class Timer:
+    """Real and nominal seconds: nominal from the lab's fabric clock (so a
+    change of k in the middle of a run is accounted for exactly), or real / k
+    when the lab has no clock."""
+
+    def __init__(self, lab: str | None, k: float):
+        self.clock = clock.Clock.open(lab) if lab else None
+        self.scale = Scale(k)
+
+    def now(self) -> tuple[float, float]:
+        t = time.monotonic()
+        return t, self.clock.nominal_s() if self.clock is not None else self.scale.nominal_s(t)
+
+
+def checked_run(
+    link: Link, case: Case, barrier: str, timer: Timer | None = None
+) -> tuple[int, float, float]:
+    """--check all: fresh inputs, then every rank ready (a peer writes into
+    this rank's buffers as soon as it runs), one run, timed, then its check.
+    Returns (elements wrong, real and nominal seconds the run took; without
+    a timer, nominal = real)."""
+    timer = timer or Timer(None, 1.0)
+    case.fill()
+    link.barrier(barrier)
+    t, n = timer.now()
+    case.run()
+    t1, n1 = timer.now()
+    return case.wrong(), t1 - t, n1 - n
+
+
+def run(link: Link, plan: dict, node: str) -> None:
+    rec = registry.load_lab(plan["lab"])
+    if rec is None:
+        raise SystemExit(f"lab {plan['lab']!r} is gone")
+    opts = Options(
+        tcp_streams=plan.get("tcp_streams"),
+        adaptive=plan.get("adaptive", False),
+        roce_qps=plan.get("qps"),
+        members=plan.get("members"),
+        inc=plan.get("inc"),
+        cc=plan.get("cc"),
+    )
+    t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
+    comm = Comm(t, plan["dtype"])
+    link.send(ready=t.describe())
+    item = reference.itemsize(plan["dtype"])
+    timer = Timer(plan["lab"], float(rec["time_scale"]))
+    np.seterr(all="ignore")  # timed runs reduce already-reduced data: overflow is fine
+    try:
+        for i, size in enumerate(plan["sizes"]):
+            case = Case(
+                comm, plan["collective"], size // item, dtype=plan["dtype"], op=plan["op"],
+                algo=plan["algo"], root=plan["root"], uneven=plan["uneven"], seed=plan["seed"],
+            )  # fmt: skip
+            every = plan.get("check_all", False)
+            case.fill()
+            link.barrier(f"check-{i}")
+            case.run()
+            wrong = case.wrong() if plan["check"] or every else 0
+            link.barrier(f"warm-{i}")
+            for k in range(max(0, plan["warmup"] - 1)):
+                if every:
+                    wrong += checked_run(link, case, f"warm-{i}-{k}", timer)[0]
+                else:
+                    case.run()
+            link.barrier(f"time-{i}")
+            c0, waited0 = t.counters(), cpu.process_waited_s(os.getpid())
+            t0, n0 = timer.now()
+            ends, nends, run_s, run_ns = [], [], 0.0, 0.0
+            for k in range(plan["iters"]):
+                if every:
+                    w, dt, dn = checked_run(link, case, f"time-{i}-{k}", timer)
+                    wrong, run_s, run_ns = wrong + w, run_s + dt, run_ns + dn
+                else:
+                    case.run()
+                end, nend = timer.now()
+                ends.append(end)
+                nends.append(nend)
+            t1, n1 = ends[-1], nends[-1]
+            c1 = t.counters()
+            engine = {k: c1[k] - c0.get(k, 0) for k in ENGINE_KEYS if k in c1}
+            engine["waited_s"] = cpu.process_waited_s(os.getpid()) - waited0
+            timing = {"t0": t0, "t1": t1, "ends": ends, "n0": n0, "n1": n1, "nends": nends,
+                      **({"run_s": run_s, "run_ns": run_ns} if every else {})}  # fmt: skip
+            link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
+                              **timing, "engine": engine, "cpu_s": _cpu_s()})  # fmt: skip
+            del case
+        # Nobody closes before everyone is through: a closing rank would leave
+        # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.
+        link.barrier("close")
+        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s()})
+    finally:
+        t.close()
+
+
+def main(argv: list[str]) -> int:
+    path, lab, node, ns = argv
+    core.netns_join(ns)  # while single-threaded: setns applies to the calling thread
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        return 1  # the job died before the line above
+    link = Link(path)
+    link.send(hello=node, pid=os.getpid())
+    plan = link.recv()["plan"]
+    try:
+        run(link, plan, node)
+    except (TransportError, OSError, ValueError) as e:
+        link.send(error=str(e))
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug: report it whole, to the job
+        link.send(error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
