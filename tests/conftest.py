@@ -84,6 +84,27 @@ def fabric_pids(prefix: str, module: str = "dataplane.lab.fabric") -> dict[int, 
     return out
 
 
+# Session-wide labs for the modules that only send traffic over a shipped lab
+# and judge it by counter deltas (receiver credits, HPCC, the fuzzer): none
+# of their tests changes a link, a switch or k.  A module that does builds
+# its own (labtools.module_lab).  Removed at the session's end whatever
+# happens, before the check below.
+
+
+@pytest.fixture(scope="session")
+def traffic_erack():
+    from labtools import running_lab
+
+    yield from running_lab("tr", "erack-8x4")
+
+
+@pytest.fixture(scope="session")
+def traffic_clos():
+    from labtools import running_lab
+
+    yield from running_lab("tr", "clos-16")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_behind():
     yield

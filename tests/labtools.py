@@ -238,6 +238,18 @@ def module_lab(tag: str, file: str, *, name_only: bool = False):
     return fixture
 
 
+def shared_lab(fixture_name: str, *, name_only: bool = False):
+    """A module's name for one of conftest's session-wide labs (assign it to
+    the fixture's name), as a Lab or its name (name_only)."""
+
+    @pytest.fixture(scope="module")
+    def fixture(request):
+        lab = request.getfixturevalue(fixture_name)
+        return lab.name if name_only else lab
+
+    return fixture
+
+
 def ethp_frames(frames: list[bytes]) -> list[core.Parsed]:
     """The ETH+ frames among frames (captured, say), parsed; the rest left out."""
     out = []

@@ -6,14 +6,14 @@ and queues, with every byte checked."""
 
 import numpy as np
 import pytest
-from labtools import MiB, capture_cli, incast, module_lab
+from labtools import MiB, capture_cli, incast, shared_lab
 
 from dataplane.lab.nic import Endpoint
 
 pytestmark = pytest.mark.root
 
 
-erack = module_lab("credits", "erack-8x4")
+erack = shared_lab("traffic_erack")
 
 
 def test_receiver_credits_keep_a_four_to_one_incast_from_trimming(erack, record_property):

@@ -7,7 +7,7 @@ ends somewhere counted: the switches' conservation check and every
 endpoint's receive balance hold."""
 
 import pytest
-from labtools import module_lab
+from labtools import shared_lab
 
 from dataplane.lab import core, registry
 from dataplane.run import fuzz
@@ -16,7 +16,7 @@ from dataplane.run.job import fabric_stats
 pytestmark = pytest.mark.root
 
 
-erack = module_lab("fz", "erack-8x4", name_only=True)
+erack = shared_lab("traffic_erack", name_only=True)
 
 
 def test_fuzzer_covers_every_opcode_form_and_field():

@@ -17,8 +17,8 @@ from labtools import (
     ethp_frames,
     if_stats,
     incast,
-    module_lab,
     send_paced,
+    shared_lab,
 )
 
 from dataplane.lab import core
@@ -30,10 +30,10 @@ MiB = 1 << 20
 INT = core.FLAGS["int"]
 
 
-erack = module_lab("hpcc", "erack-8x4")
+erack = shared_lab("traffic_erack")
 
 
-clos = module_lab("hpcc", "clos-16")
+clos = shared_lab("traffic_clos")
 
 
 def _switch_ids(lab: Lab) -> dict[int, str]:

@@ -1,11 +1,15 @@
 """Every setting a lab file declares goes where its declaration says, on a
 real lab: file -> lab.json -> the C structs the switches and the NIC
 engines run with (converted to real units at the lab's k exactly as
-declared) -> `lab show --settings`, unchanged.  Each declared key is set
-to a value other than its default, so a setting dropped or defaulted on
-the way shows."""
+declared), in this process and in a job's workers (their results record
+it) -> `lab show --settings`, unchanged; kernel TCP's timers reach every
+namespace's routes.  Each declared key is set to a value other than its
+default, so a setting dropped or defaulted on the way shows."""
 
+import json
 import math
+import re
+import subprocess
 
 import pytest
 from conftest import RUN_ID, ethplus
@@ -47,7 +51,8 @@ def _toml(v) -> str:
 SWITCH = labfile.switch_fields("erack")
 DECLARED = {
     "switch": {k: _other(k, f) for k, f in SWITCH.items() if f.c is not None},
-    "nic": {k: _other(k, f) for k, f in labfile.NIC_ROCE_FIELDS.items()},
+    "nic": {k: _other(k, f) for k, f in labfile.NIC_FIELDS.items()},
+    "tcp": {k: _other(k, f) for k, f in labfile.schema("erack")["tcp"].items()},
 }
 
 
@@ -85,18 +90,64 @@ def test_every_switch_setting_reaches_the_switches_c_struct(settings_lab):
         assert not wrong, f"{node}: C struct field: (in C, declared): {wrong}"
 
 
-def test_every_roce_setting_reaches_the_engines_c_struct(settings_lab):
+def _want_nic(rec: dict, roce: bool, rate_bps: int) -> dict:
+    """The engine's C struct fields the lab's [nic] declares, at K, with the
+    engine's own bounds on top."""
+    want = labfile.c_values(labfile.NIC_ETHP_FIELDS, rec["nic"], K)
+    if roce:
+        want.update(labfile.c_values(labfile.NIC_ROCE_FIELDS, rec["nic"], K))
+        want["rto_ns"] = max(want["rto_ns"], RTO_FLOOR_NS)
+        want["dcqcn_min_rate_bps"] = min(rate_bps, want["dcqcn_min_rate_bps"])
+    return want
+
+
+def _wrong(got: dict, want: dict) -> dict:
+    return {c: (got[c], v) for c, v in want.items() if not _same(got[c], v)}
+
+
+@pytest.mark.parametrize("roce", [False, True], ids=["ethplus", "roce"])
+def test_every_nic_setting_reaches_the_engines_c_struct(settings_lab, roce):
     rec = registry.load_lab(settings_lab)
     assert {k: rec["nic"][k] for k in DECLARED["nic"]} == DECLARED["nic"]  # lab.json
-    want = labfile.c_values(labfile.NIC_ROCE_FIELDS, rec["nic"], K)
-    with Endpoint(settings_lab, "h0", roce=True) as ep:
+    with Endpoint(settings_lab, "h0", roce=roce) as ep:
         got = ep.c_config()
-        # the engine's bounds, on top of the declared conversion
-        want["rto_ns"] = max(want["rto_ns"], RTO_FLOOR_NS)
-        want["dcqcn_min_rate_bps"] = min(got["rate_bps"], want["dcqcn_min_rate_bps"])
-        wrong = {c: (got[c], v) for c, v in want.items() if not _same(got[c], v)}
+        wrong = _wrong(got, _want_nic(rec, roce, got["rate_bps"]))
         assert not wrong, f"C struct field: (in C, declared): {wrong}"
-        assert ep.config["qps"] == DECLARED["nic"]["roce_qps"]
+        assert ep.config["cc"] == ("dcqcn" if roce else DECLARED["nic"]["cc"])
+        if roce:
+            assert ep.config["qps"] == DECLARED["nic"]["roce_qps"]
+
+
+@pytest.mark.parametrize("transport", ["ethplus", "roce"])
+def test_a_jobs_workers_run_with_every_nic_setting(settings_lab, transport, tmp_path):
+    """The settings reach the engines of a job's worker processes (in their
+    namespaces), and the result records them."""
+    out = tmp_path / "r.json"
+    ethplus("bench", "all-reduce", "--lab", settings_lab, "--transport", transport,
+            "--sizes", "64K", "--iters", "1", "--warmup", "0", "--json", str(out),
+            check=True)  # fmt: skip
+    got = json.loads(out.read_text())["transport_config"]["c_config"]
+    rec = registry.load_lab(settings_lab)
+    wrong = _wrong(got, _want_nic(rec, transport == "roce", got["rate_bps"]))
+    assert not wrong, f"a worker's C struct field: (in C, declared): {wrong}"
+
+
+def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
+    """[tcp] rto_min_us x k on every route of every accelerator's namespace."""
+    rec = registry.load_lab(settings_lab)
+    want_ms = min(round(DECLARED["tcp"]["rto_min_us"] * K / 1000), 120_000)
+    hosts = [n for n in rec["topology"]["nodes"] if n["role"] == "host"]
+    for node in hosts:
+        ns = rec["namespaces"][node["name"]]
+        out = subprocess.run(["ip", "-n", ns, "route", "show"], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        via = [line for line in out.splitlines() if " via " in line]  # one per plane
+        assert len(via) == len(node["ports"]), (node["name"], out)
+        for line in via:
+            m = re.search(r"rto_min (?:lock )?(\d+)(ms|s)\b", line)
+            assert m, (node["name"], line)
+            got_ms = int(m.group(1)) * (1000 if m.group(2) == "s" else 1)
+            assert got_ms == want_ms, (node["name"], line, want_ms)
 
 
 def test_lab_show_settings_lists_every_declared_key_with_its_value(settings_lab):

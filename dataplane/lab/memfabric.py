@@ -74,10 +74,11 @@ class MemFabric:
         spec = self.spec
         # the fabric's RTT: both ways' delay and a full frame's time on each
         base_rtt_ns = 2 * spec.delay_ns + 2 * (4200 * 8 * 1_000_000_000 // spec.rate_bps)
+        nic = {"cc": cc, "encapsulation": "compact" if compact else "udp", "ring_idle_ms": 0}
         cfg, bdp = engine_cfg(
-            rank, spec.planes, spec.rate_bps, base_rtt_ns, 1.0, cc=cc, adaptive=adaptive,
-            seed=seed + rank, max_retries=max_retries, drop_psn=drop_psn, compact=compact,
-            ring_idle_ms=0, rto_floor_ns=rto_floor_ns, unscaled_rtt_ns=0,
+            rank, spec.planes, spec.rate_bps, base_rtt_ns, 1.0, nic, adaptive=adaptive,
+            seed=seed + rank, max_retries=max_retries, drop_psn=drop_psn,
+            rto_floor_ns=rto_floor_ns, unscaled_rtt_ns=0,
         )  # fmt: skip
         if roce:
             roce_cfg(cfg, {}, 1.0, spec.planes, spec.rate_bps, qps, dcqcn, False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dataplane.errors import EthplusError
 from dataplane.lab import clock, registry
 from dataplane.lab.core import ffi, lib
-from dataplane.model.labfile import CC_NAMES, NIC_ROCE_FIELDS, c_values
+from dataplane.model.labfile import CC_NAMES, NIC_ETHP_FIELDS, NIC_ROCE_FIELDS, c_values
 from dataplane.scale import Scale
 
 NIC_COUNTERS: tuple[str, ...] = tuple(
@@ -27,6 +27,9 @@ EVS = 256  # entropy values per peer (UEC)
 CC_ALGOS = dict(
     zip(CC_NAMES, (lib.ETHP_CCA_NSCC, lib.ETHP_CCA_HPCC, lib.ETHP_CCA_RCCC), strict=True)
 )
+# labfile's [nic] cc declaration fills the C enum by CC_NAMES' order
+if list(CC_ALGOS.values()) != list(range(len(CC_NAMES))):
+    raise ImportError(f"the C core's congestion-control enum is not in CC_NAMES' order: {CC_ALGOS}")
 UNSCALED_RTT_NS = 2_000_000
 # No retransmit timeout under this (real): the unscaled part of a real RTT
 # (ring retire timers, scheduling) is a few ms on this machine.
@@ -107,18 +110,22 @@ def _ip(text: str) -> int:
 
 
 def engine_cfg(
-    rank: int, planes: int, rate_real: int, base_rtt_real: int, k: float, *, cc: str,
-    adaptive: bool, seed: int, max_retries: int, drop_psn: int | None, compact: bool,
-    ring_idle_ms: int, rto_floor_ns: int = RTO_FLOOR_NS, unscaled_rtt_ns: int = UNSCALED_RTT_NS,
+    rank: int, planes: int, rate_real: int, base_rtt_real: int, k: float, nic: dict, *,
+    adaptive: bool, seed: int, max_retries: int, drop_psn: int | None,
+    rto_floor_ns: int = RTO_FLOOR_NS, unscaled_rtt_ns: int = UNSCALED_RTT_NS,
 ):  # fmt: skip
-    """The engine's settings (real times and rates, at time scale k), and the
+    """The engine's settings (real times and rates, at time scale k): the
+    lab file's [nic] ETH+ keys as declared (labfile.NIC_ETHP_FIELDS; a
+    missing one takes its default), then what the fabric gives; and the
     bandwidth-delay product of all its planes."""
+    cc = nic.get("cc", NIC_ETHP_FIELDS["cc"].default)
     if cc not in CC_ALGOS:
         raise NicError(f"unknown congestion control {cc!r} (expected {', '.join(CC_ALGOS)})")
     bdp = planes * rate_real * base_rtt_real // 8 // 1_000_000_000
     cfg = ffi.new("struct ethp_nic_cfg *")
+    for name, v in c_values(NIC_ETHP_FIELDS, nic, k).items():
+        setattr(cfg, name, v)
     cfg.ep = rank
-    cfg.compact = compact
     cfg.payload_bytes = PAYLOAD_BYTES
     cfg.n_evs = EVS
     cfg.adaptive = adaptive
@@ -129,10 +136,8 @@ def engine_cfg(
     # unscaled part of a real RTT there is a few ms on this machine).
     cfg.rto_ns = max(4 * base_rtt_real, rto_floor_ns)
     cfg.max_cwnd_bytes = max(3 * bdp // 2, 8 * PAYLOAD_BYTES)
-    cfg.cc = CC_ALGOS[cc]
     cfg.seed = seed
     cfg.drop_psn_plus1 = 0 if drop_psn is None else drop_psn + 1
-    cfg.ring_idle_ms = ring_idle_ms
     cfg.time_scale = k
     cfg.unscaled_rtt_ns = unscaled_rtt_ns
     cfg.rto_floor_ns = rto_floor_ns
@@ -207,13 +212,12 @@ class Endpoint:
         # traffic is light the ports take frames one by one and add far less;
         # sizing the window for the busy case costs a light flow nothing.)
         base_rtt_real = Scale(k).real_ns(rec["topology"]["base_rtt_ns"]) + UNSCALED_RTT_NS
-        cc = cc or rec["nic"].get("cc", "nscc")
+        nic_settings = {**rec["nic"], **({"cc": cc} if cc else {})}
         cfg, bdp = engine_cfg(
-            self.rank, len(ports), rate_real, base_rtt_real, k, cc=cc, adaptive=adaptive,
+            self.rank, len(ports), rate_real, base_rtt_real, k, nic_settings, adaptive=adaptive,
             seed=seed, max_retries=max_retries, drop_psn=drop_psn,
-            compact=rec["nic"]["encapsulation"] == "compact",
-            ring_idle_ms=rec["nic"].get("ring_idle_ms", 100),
         )  # fmt: skip
+        cc = CC_NAMES[cfg.cc]
         if roce:
             roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
         err = ffi.new("int *")

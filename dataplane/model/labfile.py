@@ -328,24 +328,26 @@ NIC_ROCE_FIELDS = {
     ),
 }
 
-_NIC_SCHEMA = {
+# The ETH+ transport's settings, each into struct ethp_nic_cfg (nic.engine_cfg;
+# cc as the C enum, whose order is CC_NAMES': nic.py checks it).
+NIC_ETHP_FIELDS = {
     "encapsulation": one_of(
         ("udp", "compact"), "udp", "ETH+ over IPv4/UDP, or the compact EtherType form"
-    ),
+    ).into("compact", lambda v, _k: int(v == "compact")),
     "cc": one_of(
         CC_NAMES,
         "nscc",
         "ETH+ congestion control: NSCC-like (ECN and delay), HPCC-like (INT from each switch)"
         " or RCCC-like (receiver credits capping the NSCC-like window)",
-    ),
+    ).into("cc", lambda v, _k: CC_NAMES.index(v)),
     "ring_idle_ms": nonneg_int(
         100,
         "a NIC receives frame by frame while idle and through an RX ring while busy;"
         " the ring is taken down after this long without a frame, or of a trickle"
         " (0: it stays up)",
-    ),
-    **NIC_ROCE_FIELDS,
+    ).into(),
 }
+NIC_FIELDS = {**NIC_ETHP_FIELDS, **NIC_ROCE_FIELDS}
 
 
 # Kernel TCP's timers that a route can set, nominal (defaults: Linux's own);
@@ -373,7 +375,7 @@ def schema(family: str) -> dict[str, dict[str, Field]]:
         "topology": _topology_schema(family),
         "link": _link_schema(400, d["delay_ns"], 4 * bdp),
         "switch": switch_fields(family),
-        "nic": _NIC_SCHEMA,
+        "nic": NIC_FIELDS,
         "tcp": _TCP_SCHEMA,
     }
     if family in ("clos", "hpn"):

@@ -91,7 +91,10 @@ class NicTransport(Transport):
         return self.ep.counters()
 
     def describe(self) -> dict:
-        return {**super().describe(), **self.ep.config}
+        """What this rank's engine runs with: its summary, and its C struct
+        as the engine holds it (real units: c_config), so that a result
+        records the settings it was measured with."""
+        return {**super().describe(), **self.ep.config, "c_config": self.ep.c_config()}
 
     def close(self) -> None:
         self.ep.close()
