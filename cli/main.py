@@ -433,6 +433,7 @@ def _bench_spec(args, transport: str, cc: str | None = None):
         qps=args.qps,
         adaptive=args.adaptive,
         cc=cc,
+        ranks_per_host=args.ranks_per_host,
         check=not args.no_check and args.check != "none",
         check_all=args.check == "all" and not args.no_check,
         seed=args.seed,
@@ -695,6 +696,13 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--adaptive", action="store_true", help="ethplus: adaptive spraying")
     p.add_argument(
+        "--ranks-per-host",
+        type=int,
+        metavar="N",
+        help="ranks per worker process, each in a thread of its own (default: one process per"
+        " rank up to 8 ranks, else as many processes as CPUs)",
+    )
+    p.add_argument(
         "--cc",
         metavar="NAME",
         help="ethplus: congestion control, nscc (ECN and delay), hpcc (INT from each switch)"
@@ -871,6 +879,7 @@ def build_parser() -> argparse.ArgumentParser:
         qps=None,
         adaptive=False,
         cc=None,
+        ranks_per_host=None,
         no_check=False,
         no_govern=False,
         check="first",

@@ -443,3 +443,41 @@ def test_a_cpu_hog_mid_run_makes_the_governor_raise_k(governed_lab, tmp_path):
     ]
     assert raised, res["governor"]["events"]
     assert all(_consistent(r) for r in res["rows"]), res["rows"]
+
+
+@pytest.mark.parametrize("transport", ["ethplus", "roce", "tcp"])
+def test_ranks_share_processes_and_stay_byte_exact(erack, transport, tmp_path):
+    """--ranks-per-host 3: eight ranks in three processes (3, 3, 2), a thread
+    each in its own namespace; every collective byte exact."""
+    js = tmp_path / "r.json"
+    r = ethplus("bench", "all-reduce", "--lab", erack, "--transport", transport,
+                "--sizes", "256K:1M", "--factor", "4", "--iters", "2", "--warmup", "1",
+                "--ranks-per-host", "3", "--check", "all", "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "8 ranks in 3 processes" in r.stdout
+    res = json.loads(js.read_text())
+    assert [h["ranks"] for h in res["hosts"]] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert len({h["pid"] for h in res["hosts"]}) == 3
+    assert [row["wrong"] for row in res["rows"]] == [0, 0]
+
+
+def test_a_killed_rank_host_fails_the_run_naming_its_ranks(erack):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
+         "--iters", "20", "--no-check", "--ranks-per-host", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_workers(erack)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # mid-collective
+        victim = next(pid for pid in _workers(erack) if _node_of(pid) == "h4")
+        os.kill(victim, signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert "ranks 4-7 (h4..h7)" in last and "signal 9" in last, err
+    assert not _workers(erack), "workers outlived the job"

@@ -71,9 +71,10 @@ def test_short_bursts_are_counted_as_the_process_itself_counts_them(machine_s):
 
 def test_a_ranks_cpu_wait_is_its_dataplane_threads_thread_by_thread():
     """A NIC rank's wait is its engine thread's (the rest is the application);
-    a rank without one (kernel TCP) counts every thread; a thread that appears
-    or goes between two readings adds nothing (an engine closing at a job's
-    end once showed as a rank waiting 196% of the time)."""
+    a rank without one (kernel TCP: a thread each) its thread's; a process
+    of many ranks (a rank host) the worst rank's, not their sum; a thread
+    that appears or goes between two readings adds nothing (an engine
+    closing at a job's end once showed as a rank waiting 196% of the time)."""
     app, eng = (1, 2)
     a = {app: ("python", 5_000), eng: (cpu.NIC_THREAD, 10_000)}
     b = {app: ("python", 9_000_000), eng: (cpu.NIC_THREAD, 30_000)}
@@ -82,7 +83,10 @@ def test_a_ranks_cpu_wait_is_its_dataplane_threads_thread_by_thread():
         {app: ("python", 5_000), 3: ("python", 0)},
         {app: ("python", 45_000), 3: ("python", 7)},
     )
-    assert cpu.waited_s(tcp_a, tcp_b) == pytest.approx(40_007 / 1e9)
+    assert cpu.waited_s(tcp_a, tcp_b) == pytest.approx(40_000 / 1e9)
+    host_a = {**a, 4: (cpu.NIC_THREAD, 0)}
+    host_b = {**b, 4: (cpu.NIC_THREAD, 15_000)}  # a second rank's engine, waited less
+    assert cpu.waited_s(host_a, host_b) == pytest.approx(20_000 / 1e9)
     closed = {app: ("python", 9_000_000)}  # the engine exited: the app's wait is not counted
     assert cpu.waited_s(b, closed) == 0.0
     started = {app: ("python", 10**9), eng: (cpu.NIC_THREAD, 10**9)}

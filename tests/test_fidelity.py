@@ -1,5 +1,7 @@
 """The fidelity verdict on synthetic counter samples (no lab needed)."""
 
+import pytest
+
 from dataplane.report import fidelity
 
 
@@ -59,3 +61,16 @@ def test_an_endpoint_that_fell_behind_marks_the_row():
     tcp = {"t0": 0.0, "t1": 1.0}  # no figures from the ranks: no endpoint verdict
     fidelity.mark_row(tcp, [], rec)
     assert tcp["endpoints"] is None and tcp["fell_behind"] is False
+
+
+def test_a_rank_hosts_cpu_counts_once_however_many_ranks_it_ran():
+    """Every rank of a rank host reports the process's CPU so far: counted
+    once per process (its latest report), and a rank alone in its process
+    as itself."""
+    ranks = [
+        {"pid": 10, "cpu_s": 4.0},
+        {"pid": 10, "cpu_s": 4.5},
+        {"pid": 11, "cpu_s": 3.0},
+        {"cpu_s": 1.0},  # an older worker's report, without its pid
+    ]
+    assert fidelity.workers_cpu_s(ranks) == pytest.approx(8.5)

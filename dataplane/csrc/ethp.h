@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 30
+#define ETHP_ABI_VERSION 31
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -801,6 +801,9 @@ int ethp_netns_sysctl(const char *path, const char *key, const char *value);
  * private mount namespace whose /sys shows that network namespace (as
  * `ip netns exec` does).  For a process about to exec.  0 or negative errno. */
 int ethp_netns_join(const char *path);
+/* Move the calling thread alone into the network namespace at path (sockets
+ * it opens from then on are there); for a thread of a many-threaded process. */
+int ethp_netns_enter(const char *path);
 /* Switch off TSO, GSO, GRO, scatter-gather and checksum offloads of ifname,
  * through sock (a socket in the interface's namespace).  0 or negative errno. */
 int ethp_if_offloads_off(int sock, const char *ifname);

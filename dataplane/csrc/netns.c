@@ -223,6 +223,16 @@ int ethp_netns_sysctl(const char *path, const char *key, const char *value)
     return rc;
 }
 
+int ethp_netns_enter(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    int rc = setns(fd, CLONE_NEWNET) < 0 ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
 int ethp_netns_join(const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 30
+ABI_VERSION = 31
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -409,6 +409,12 @@ def netns_sysctl(path: str, key: str, value: str) -> None:
 def netns_join(path: str) -> None:
     """Move this (single-threaded, about to exec) process into a namespace."""
     _check(lib.ethp_netns_join(path.encode()), f"cannot enter {path}")
+
+
+def netns_enter_thread(path: str) -> None:
+    """Move the calling thread alone into the network namespace at path:
+    the sockets it opens from then on are there."""
+    _check(lib.ethp_netns_enter(path.encode()), f"cannot enter {path}")
 
 
 # ---------------------------------------------------------------- switch

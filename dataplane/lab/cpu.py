@@ -139,19 +139,24 @@ def threads_waited(pid: int) -> dict[int, tuple[str, int]]:
 
 
 def waited_s(a: dict[int, tuple[str, int]], b: dict[int, tuple[str, int]]) -> float:
-    """Seconds a process's dataplane threads waited for a CPU between two
-    threads_waited readings.  A rank with a NIC engine: the engine's thread
-    (its other threads run the application: posting, reducing, checking,
-    which is real time as the reductions are, and 64 ranks on two cores
-    wait for a CPU there at any k); a kernel TCP rank: all its threads,
-    which move its data.  Thread by thread, so that an engine starting or
-    stopping between the readings adds nothing."""
+    """Seconds the worst of a process's dataplane threads waited for a CPU
+    between two threads_waited readings.  With NIC engines: the worst
+    engine's thread (a rank's other threads run the application: posting,
+    reducing, checking, which is real time as the reductions are, and 64
+    ranks on two cores wait for a CPU there at any k); with kernel TCP: the
+    worst thread, each of which moves one rank's data.  The worst, not the
+    sum: a rank host's threads are many ranks, and the verdict is on the
+    worst rank.  Thread by thread, so that an engine starting or stopping
+    between the readings adds nothing."""
     nic = any(name == NIC_THREAD for name, _ in (*a.values(), *b.values()))
     return (
-        sum(
-            ns - a[tid][1]
-            for tid, (name, ns) in b.items()
-            if tid in a and (not nic or name == NIC_THREAD)
+        max(
+            (
+                ns - a[tid][1]
+                for tid, (name, ns) in b.items()
+                if tid in a and (not nic or name == NIC_THREAD)
+            ),
+            default=0,
         )
         / 1e9
     )

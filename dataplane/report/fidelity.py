@@ -225,6 +225,16 @@ def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
     return out
 
 
+def workers_cpu_s(ranks: list[dict]) -> float:
+    """CPU seconds of a job's worker processes: each process once, however
+    many of the ranks it ran (a rank host's ranks all report its total)."""
+    per_pid: dict = {}
+    for i, r in enumerate(ranks):
+        pid = r.get("pid", f"rank {i}")
+        per_pid[pid] = max(per_pid.get(pid, 0.0), r.get("cpu_s", 0.0))
+    return sum(per_pid.values())
+
+
 def report(result: dict, rec: dict) -> dict:
     """The fidelity report of one job."""
     before, after = result["fabric_before"], result["fabric_after"]
@@ -237,7 +247,7 @@ def report(result: dict, rec: dict) -> dict:
         (c["late_max_ns"] for s in after["switches"].values() for c in s["ports"].values()),
         default=0,
     )
-    worker_cpu = sum(r.get("cpu_s", 0.0) for r in result["ranks"])
+    worker_cpu = workers_cpu_s(result["ranks"])
     transport = result["ranks"][0].get("transport", {}) if result["ranks"] else {}
     fell = [r["size"] for r in result["rows"] if r.get("fell_behind")]
     busy = result["machine_busy_frac"]

@@ -84,6 +84,8 @@ class Spec(Workload):
             raise BenchError(
                 f"--op: unknown operator {self.op!r} (expected one of {', '.join(reference.OPS)})"
             )
+        if self.ranks_per_host is not None and self.ranks_per_host < 1:
+            raise BenchError(f"--ranks-per-host: expected 1 or more, not {self.ranks_per_host}")
         algos = ALGORITHMS.get(self.collective, ("ring",))
         if self.algo not in algos:
             raise BenchError(
@@ -177,8 +179,9 @@ def header(meta: dict, governed: bool = False) -> str:
     return "\n".join(
         [
             f"# ethplus bench {meta['collective']} over {meta['transport']}"
-            f" ({meta['transport_label']}) on lab {meta['lab']['name']}: {meta['world']} ranks,"
-            f" time scale {meta['lab']['time_scale']:g}"
+            f" ({meta['transport_label']}) on lab {meta['lab']['name']}: {meta['world']} ranks"
+            + (f" in {meta['processes']} processes," if "processes" in meta else ",")
+            + f" time scale {meta['lab']['time_scale']:g}"
             + (
                 " (governed: from this k up; the k used follows the rows)"
                 if meta["lab"].get("governed")
@@ -268,6 +271,7 @@ class Run:
         self.meta = meta(spec, rec, nodes)
         plan = Plan(lab=rec["name"], nodes=nodes, sample=sample, **dataclasses.asdict(spec))
         self.job = Job(plan, rec, on_result=self._row_done, on_progress=on_progress)
+        self.meta["processes"] = len(self.job.hosts)  # the ranks' worker processes
 
     def _nominal(self, row: dict) -> dict:
         return nominal_row(row, self.spec, self.meta["world"], self.meta["lab"]["time_scale"])
@@ -291,6 +295,7 @@ class Run:
             "fidelity": fidelity.report(res, self.rec),
             "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
             "nic_counters": _sum_counters(res["ranks"]),
+            "hosts": res["hosts"],
             "wall_s": res["wall_s"],
             "series": series(res, self.rec),
             "real_rows": [

@@ -64,6 +64,9 @@ class Workload:
     check: bool = True  # check the first run of each size against numpy
     check_all: bool = False  # check every run, warm-up and timed (--check all)
     seed: int = 1
+    # ranks per worker process (a rank host); None: one process per rank up
+    # to ONE_PER_RANK_MAX ranks, else as many processes as CPUs
+    ranks_per_host: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -83,12 +86,42 @@ class Plan(Workload):
 class Rank:
     rank: int
     node: str
-    proc: asyncio.subprocess.Process | None = None
     writer: asyncio.StreamWriter | None = None
-    log: str = ""
     ready: dict = field(default_factory=dict)
     done: dict | None = None
     error: str | None = None
+
+
+@dataclass
+class Host:
+    """A worker process and the ranks it runs (a thread each when several)."""
+
+    ranks: list[Rank]
+    log: str = ""
+    proc: asyncio.subprocess.Process | None = None
+
+    def names(self) -> str:
+        """'rank 3 (h3)', or 'ranks 0-7 (h0..h7)' for a host of several."""
+        a, b = self.ranks[0], self.ranks[-1]
+        if a is b:
+            return f"rank {a.rank} ({a.node})"
+        return f"ranks {a.rank}-{b.rank} ({a.node}..{b.node})"
+
+
+# Up to this many ranks a job runs one process per rank (measured better
+# there: scripts/bench_scale.py); beyond, ranks share CPU-count processes.
+ONE_PER_RANK_MAX = 8
+
+
+def ranks_per_host(world: int, wanted: int | None) -> int:
+    """How many ranks each worker process runs."""
+    if wanted is not None:
+        if wanted < 1:
+            raise JobError(f"ranks per host must be 1 or more, not {wanted}")
+        return min(wanted, world)
+    if world <= ONE_PER_RANK_MAX:
+        return 1
+    return -(-world // (os.cpu_count() or 1))
 
 
 def fabric_stats(lab: str) -> dict:
@@ -168,14 +201,16 @@ class Job:
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
+        per = ranks_per_host(self.world, plan.ranks_per_host)
+        self.hosts = [Host(self.ranks[i : i + per]) for i in range(0, self.world, per)]
         jobdir = registry.lab_dir(plan.lab) / "job"
         jobdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(jobdir, 0o700)  # its socket takes orders from workers: root's alone
         global _serial
         _serial += 1
         self.sock_path = str(jobdir / f"job-{os.getpid()}-{_serial}.sock")
-        for r in self.ranks:
-            r.log = str(jobdir / f"{r.node}.log")
+        for h in self.hosts:
+            h.log = str(jobdir / f"{h.ranks[0].node}.log")
         self.results: list[list[dict | None]] = [[None] * self.world for _ in plan.sizes]
         self.rows: list[dict] = []
         self.samples: list[dict] = []
@@ -204,9 +239,9 @@ class Job:
             if self.plan.inc:
                 join = {"register": self.plan.inc["register"], "join": trees}
                 await loop.run_in_executor(None, _fabric_inc, self.plan.lab, join)
-            for r in self.ranks:
-                await self._spawn(r)
-                tasks.append(asyncio.create_task(self._watch(r)))
+            for h in self.hosts:
+                await self._spawn(h)
+                tasks.append(asyncio.create_task(self._watch(h)))
             if self.plan.sample:
                 tasks.append(asyncio.create_task(self._sample()))
             tasks.append(asyncio.create_task(self._stall_guard()))
@@ -244,6 +279,10 @@ class Job:
                 {"rank": r.rank, "node": r.node, "transport": r.ready, **(r.done or {})}
                 for r in self.ranks
             ],
+            "hosts": [
+                {"pid": h.proc.pid if h.proc else None, "ranks": [r.rank for r in h.ranks]}
+                for h in self.hosts
+            ],
             "samples": self.samples,
             "fabric_before": before,
             "fabric_after": after,
@@ -251,11 +290,11 @@ class Job:
             "machine_busy_frac": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9),
         }
 
-    async def _spawn(self, r: Rank) -> None:
-        ns = self.rec["namespaces"][r.node]
-        with open(r.log, "wb") as log, _spawn_lock:
-            r.proc = await asyncio.create_subprocess_exec(
-                *python_module("dataplane.run.worker", self.sock_path, self.plan.lab, r.node, ns),
+    async def _spawn(self, h: Host) -> None:
+        pairs = [x for r in h.ranks for x in (r.node, self.rec["namespaces"][r.node])]
+        with open(h.log, "wb") as log, _spawn_lock:
+            h.proc = await asyncio.create_subprocess_exec(
+                *python_module("dataplane.run.worker", self.sock_path, self.plan.lab, *pairs),
                 cwd="/",
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
@@ -270,21 +309,21 @@ class Job:
         if all(r.done is not None for r in self.ranks) and not self.failed.done():
             self.failed.set_result(None)
 
-    def _log_tail(self, r: Rank, lines: int = 3) -> str:
+    def _log_tail(self, h: Host, lines: int = 3) -> str:
         try:
-            with open(r.log, errors="replace") as f:
+            with open(h.log, errors="replace") as f:
                 tail = [ln.rstrip() for ln in f.readlines() if ln.strip()][-lines:]
         except OSError:
             return ""
         return " | ".join(tail)
 
-    async def _watch(self, r: Rank) -> None:
-        rc = await r.proc.wait()
+    async def _watch(self, h: Host) -> None:
+        rc = await h.proc.wait()
         await asyncio.sleep(0.05)  # let its last message arrive first
-        if r.done is None:
-            why = r.error or self._log_tail(r) or "no message"
+        if any(r.done is None for r in h.ranks):
+            why = next((r.error for r in h.ranks if r.error), None) or self._log_tail(h)
             how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
-            self._fail(f"rank {r.rank} ({r.node}) {how}: {why}")
+            self._fail(f"{h.names()} {how}: {why or 'no message'}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.handlers.add(asyncio.current_task())
@@ -379,7 +418,7 @@ class Job:
                 self._fail(f"sampling the fabric failed: {type(e).__name__}: {e}")
                 return
             s = _compact(st)
-            s["workers_cpu_s"] = sum(cpu.process_s(r.proc.pid) for r in self.ranks if r.proc)
+            s["workers_cpu_s"] = sum(cpu.process_s(h.proc.pid) for h in self.hosts if h.proc)
             self.samples.append(s)
             await asyncio.sleep(SAMPLE_S)
 
@@ -394,7 +433,7 @@ class Job:
                 )
 
     async def _stop_all(self) -> None:
-        live = [r.proc for r in self.ranks if r.proc and r.proc.returncode is None]
+        live = [h.proc for h in self.hosts if h.proc and h.proc.returncode is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)

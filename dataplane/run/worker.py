@@ -1,8 +1,12 @@
-"""One rank of a job: a process inside its accelerator's namespace.
+"""The ranks of a job: a process (a rank host) running one rank, or several
+in threads of their own, each inside its accelerator's namespace.
 
-Started by dataplane/run/job.py as ``python -m dataplane.run.worker SOCKET LAB NODE NS``.
-It joins the namespace first (before any thread exists), arranges to die with
-its parent, says hello on the job's Unix socket, gets the plan, and for each
+Started by dataplane/run/job.py as ``python -m dataplane.run.worker SOCKET
+LAB NODE NS [NODE NS ...]``.  The process joins the first rank's namespace
+(before any thread exists: the fabric finds it there), arranges to die with
+its parent, and runs each rank: a rank of many moves its own thread into its
+namespace (its kernel sockets open there; its NIC engine opens its own).
+Each rank says hello on the job's Unix socket, gets the plan, and for each
 size: fills its buffers, runs the collective once and checks it against the
 numpy reference, warms up, then times ``iters`` back-to-back runs between two
 barriers.  It reports one line of JSON per size, then its counters.
@@ -17,6 +21,7 @@ import resource
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
@@ -171,22 +176,20 @@ def run(link: Link, plan: dict, node: str) -> None:
             timing = {"t0": t0, "t1": t1, "ends": ends, "n0": n0, "n1": n1, "nends": nends,
                       **({"run_s": run_s, "run_ns": run_ns} if every else {})}  # fmt: skip
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
-                              **timing, "engine": engine, "cpu_s": _cpu_s()})  # fmt: skip
+                              **timing, "engine": engine, "cpu_s": _cpu_s(),
+                              "pid": os.getpid()})  # fmt: skip
             del case
         # Nobody closes before everyone is through: a closing rank would leave
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.
         link.barrier("close")
-        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s()})
+        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s(), "pid": os.getpid()})
     finally:
         t.close()
 
 
-def main(argv: list[str]) -> int:
-    path, lab, node, ns = argv
-    core.netns_join(ns)  # while single-threaded: setns applies to the calling thread
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        return 1  # the job died before the line above
+def serve_rank(path: str, node: str) -> int:
+    """One rank, start to end, on the job's socket at path: 0, or 1 after
+    telling the job why not."""
     link = Link(path)
     link.send(hello=node, pid=os.getpid())
     plan = link.recv()["plan"]
@@ -199,6 +202,42 @@ def main(argv: list[str]) -> int:
         link.send(error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
         return 1
     return 0
+
+
+def _hosted(path: str, node: str, ns: str, codes: dict[str, int]) -> None:
+    """A thread's rank in a rank host: in its own namespace first."""
+    codes[node] = 1
+    try:
+        core.netns_enter_thread(ns)
+        codes[node] = serve_rank(path, node)
+    except SystemExit as e:  # the job went away
+        print(f"{node}: {e}", file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - into the log, for the job to quote
+        traceback.print_exc()
+
+
+def main(argv: list[str]) -> int:
+    path, lab, *pairs = argv
+    if not pairs or len(pairs) % 2:
+        print("usage: worker SOCKET LAB NODE NS [NODE NS ...]", file=sys.stderr)
+        return 2
+    ranks = list(zip(pairs[0::2], pairs[1::2], strict=True))
+    core.netns_join(ranks[0][1])  # while single-threaded: setns applies to the calling thread
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        return 1  # the job died before the line above
+    if len(ranks) == 1:
+        return serve_rank(path, ranks[0][0])
+    codes: dict[str, int] = {}
+    threads = [
+        threading.Thread(target=_hosted, args=(path, node, ns, codes), name=f"rank-{node}")
+        for node, ns in ranks
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return max(codes.values())
 
 
 if __name__ == "__main__":
