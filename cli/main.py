@@ -700,7 +700,7 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="ranks per worker process, each in a thread of its own (default: one process per"
-        " rank up to 8 ranks, else as many processes as CPUs)",
+        " rank up to 16 ranks, else as many processes as CPUs)",
     )
     p.add_argument(
         "--cc",

@@ -110,7 +110,7 @@ class Host:
 
 # Up to this many ranks a job runs one process per rank (measured better
 # there: scripts/bench_scale.py); beyond, ranks share CPU-count processes.
-ONE_PER_RANK_MAX = 8
+ONE_PER_RANK_MAX = 16
 
 
 def ranks_per_host(world: int, wanted: int | None) -> int:
