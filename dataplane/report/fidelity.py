@@ -225,14 +225,20 @@ def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
     return out
 
 
-def workers_cpu_s(ranks: list[dict]) -> float:
-    """CPU seconds of a job's worker processes: each process once, however
-    many of the ranks it ran (a rank host's ranks all report its total)."""
+def per_process(ranks: list[dict], key: str) -> float:
+    """A figure each rank reports for its whole process (its CPU seconds, its
+    peak memory), summed over a job's worker processes: each process once
+    (its latest report), however many of the ranks it ran."""
     per_pid: dict = {}
     for i, r in enumerate(ranks):
         pid = r.get("pid", f"rank {i}")
-        per_pid[pid] = max(per_pid.get(pid, 0.0), r.get("cpu_s", 0.0))
+        per_pid[pid] = max(per_pid.get(pid, 0), r.get(key, 0))
     return sum(per_pid.values())
+
+
+def workers_cpu_s(ranks: list[dict]) -> float:
+    """CPU seconds of a job's worker processes (per_process)."""
+    return float(per_process(ranks, "cpu_s"))
 
 
 def report(result: dict, rec: dict) -> dict:

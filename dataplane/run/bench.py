@@ -296,6 +296,7 @@ class Run:
             "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
             "nic_counters": _sum_counters(res["ranks"]),
             "hosts": res["hosts"],
+            "workers_peak_rss_bytes": int(fidelity.per_process(res["ranks"], "peak_rss_bytes")),
             "wall_s": res["wall_s"],
             "series": series(res, self.rec),
             "real_rows": [

@@ -87,6 +87,11 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (all its ranks)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 # The NIC engine's own fidelity counters, taken over each timed window.
 ENGINE_KEYS = ("eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops")
 
@@ -182,7 +187,8 @@ def run(link: Link, plan: dict, node: str) -> None:
         # Nobody closes before everyone is through: a closing rank would leave
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.
         link.barrier("close")
-        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s(), "pid": os.getpid()})
+        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s(), "pid": os.getpid(),
+                        "peak_rss_bytes": _peak_rss_bytes()})  # fmt: skip
     finally:
         t.close()
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Many ranks on one machine: one process per rank against rank hosts, in
+one run.
+
+For each lab (default erack-8x4 and erack-64x8; upn-512 with --upn), runs
+the all-reduce at each size once with one worker process per rank (where
+that still runs) and once with the ranks in rank hosts (--ranks-per-host;
+default: the job's own choice above 16 ranks, else the ranks over as many
+processes as CPUs), one after the other on the same lab, governed from its
+floor.  Prints per run: real seconds, CPU-seconds (fabric and workers) per
+nominal GB moved, the workers' peak memory (each process's peak, summed),
+busbw against the ideal, the k range and the fidelity verdict; then the
+CPU ratio of one-per-rank to rank hosts.
+
+    sudo .venv/bin/python scripts/bench_scale.py [--labs erack-8x4,erack-64x8]
+        [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from dataplane.lab import labs
+from dataplane.model.catalog import bus_factor
+from dataplane.run import bench, trials
+from dataplane.run.job import JobError
+from dataplane.units import size_text
+
+
+def _moved_bytes(res: dict, spec: bench.Spec) -> float:
+    """Nominal bytes the ranks moved in the whole job: every run of every
+    size (the checked run, the warm-ups, the timed runs), busbw's bytes."""
+    runs = 1 + max(0, spec.warmup - 1) + spec.iters
+    f = bus_factor(spec.collective, res["world"])
+    return sum(runs * r["size_bytes"] * f * res["world"] for r in res["rows"])
+
+
+def _one(rec: dict, size: int, transport: str, iters: int, per_host: int | None) -> dict:
+    spec = bench.Spec(
+        collective="all-reduce", transport=transport, sizes=[size], iters=iters, warmup=1,
+        ranks_per_host=per_host,
+    ).validate()  # fmt: skip
+    t0 = time.monotonic()
+    res = trials.run(spec, rec)
+    real_s = time.monotonic() - t0
+    f = res["fidelity"]
+    wall = res["wall_s"]
+    cpu_s = (f["cpu"]["fabric_cores"] + f["cpu"]["workers_cores"]) * wall
+    row = res["rows"][-1]
+    return {
+        "size": size,
+        "processes": res["processes"],
+        "real_s": real_s,
+        "job_wall_s": wall,
+        "cpu_s": cpu_s,
+        "cpu_s_per_nominal_GB": cpu_s / (_moved_bytes(res, spec) / 1e9),
+        "peak_rss_bytes": res["workers_peak_rss_bytes"],
+        "busbw_GBps": row["busbw_GBps"],
+        "share_of_ideal": row["busbw_GBps"] / res["ideal_busbw_GBps"],
+        "k_range": row.get("k_range"),
+        "verdict": "behind" if row["fell_behind"] else "ok",
+        "wrong": row["wrong"],
+    }
+
+
+def _print(lab: str, mode: str, r: dict) -> None:
+    k = r["k_range"]
+    k_text = f"k {k[0]:g}..{k[1]:g}" if k else "k ?"
+    print(
+        f"{lab:11s} {size_text(r['size']):>7s} {mode:8s} {r['processes']:3d} proc"
+        f"  real {r['real_s']:7.1f} s  CPU {r['cpu_s_per_nominal_GB']:8.2f} s/GB"
+        f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
+        f"  busbw {r['busbw_GBps']:6.1f} GB/s = {r['share_of_ideal']:.3f} of ideal"
+        f"  {k_text}  {r['verdict']}  #wrong {r['wrong']}",
+        flush=True,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--labs", default="erack-8x4,erack-64x8")
+    ap.add_argument("--upn", action="store_true", help="also upn-512 (1M and 4M)")
+    ap.add_argument("--sizes", default="1M,16M")
+    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--transport", default="ethplus")
+    ap.add_argument("--modes", default="per-rank,hosts")
+    ap.add_argument("--ranks-per-host", type=int, help="for the hosts mode (default: see above)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    plan = [(lab, args.sizes) for lab in args.labs.split(",") if lab]
+    if args.upn:
+        plan.append(("upn-512", "1M,4M"))
+    out: list[dict] = []
+    for lab, sizes in plan:
+        with labs.session(lab) as rec:
+            world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
+            hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
+            for size in bench.parse_sizes(sizes):
+                cpu = {}
+                for mode in args.modes.split(","):
+                    per_host = 1 if mode == "per-rank" else hosts
+                    try:
+                        r = _one(rec, size, args.transport, args.iters, per_host)
+                    except JobError as e:
+                        print(f"{lab:11s} {size_text(size):>7s} {mode:8s} failed: {e}", flush=True)
+                        continue
+                    _print(lab, mode, r)
+                    cpu[mode] = r["cpu_s_per_nominal_GB"]
+                    out.append({"lab": lab, "mode": mode, **r})
+                if len(cpu) == 2:
+                    ratio = cpu["per-rank"] / cpu["hosts"]
+                    print(f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process per"
+                          f" rank / rank hosts: {ratio:.2f}x", flush=True)  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
