@@ -8,6 +8,7 @@ default, so a setting dropped or defaulted on the way shows."""
 
 import json
 import math
+import os
 import re
 import subprocess
 
@@ -138,7 +139,7 @@ def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
     want_ms = min(round(DECLARED["tcp"]["rto_min_us"] * K / 1000), 120_000)
     hosts = [n for n in rec["topology"]["nodes"] if n["role"] == "host"]
     for node in hosts:
-        ns = rec["namespaces"][node["name"]]
+        ns = os.path.basename(rec["namespaces"][node["name"]])
         out = subprocess.run(["ip", "-n", ns, "route", "show"], capture_output=True,
                              text=True, check=True).stdout  # fmt: skip
         via = [line for line in out.splitlines() if " via " in line]  # one per plane

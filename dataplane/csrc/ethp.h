@@ -803,7 +803,7 @@ int ethp_netns_sysctl(const char *path, const char *key, const char *value);
 int ethp_netns_join(const char *path);
 /* Move the calling thread alone into the network namespace at path (sockets
  * it opens from then on are there); for a thread of a many-threaded process. */
-int ethp_netns_enter(const char *path);
+int ethp_netns_move_thread(const char *path);
 /* Switch off TSO, GSO, GRO, scatter-gather and checksum offloads of ifname,
  * through sock (a socket in the interface's namespace).  0 or negative errno. */
 int ethp_if_offloads_off(int sock, const char *ifname);

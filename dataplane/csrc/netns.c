@@ -223,13 +223,11 @@ int ethp_netns_sysctl(const char *path, const char *key, const char *value)
     return rc;
 }
 
-int ethp_netns_enter(const char *path)
+int ethp_netns_move_thread(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    int rc = setns(fd, CLONE_NEWNET) < 0 ? -errno : 0;
-    close(fd);
+    int saved, rc = ethp_netns_enter(path, &saved);
+    if (saved >= 0)
+        close(saved); /* for good: nothing to go back to */
     return rc;
 }
 

@@ -414,7 +414,7 @@ def netns_join(path: str) -> None:
 def netns_enter_thread(path: str) -> None:
     """Move the calling thread alone into the network namespace at path:
     the sockets it opens from then on are there."""
-    _check(lib.ethp_netns_enter(path.encode()), f"cannot enter {path}")
+    _check(lib.ethp_netns_move_thread(path.encode()), f"cannot enter {path}")
 
 
 # ---------------------------------------------------------------- switch

@@ -24,7 +24,7 @@ from dataplane.model import catalog
 from dataplane.model.catalog import ALGORITHMS, bus_factor, canonical
 from dataplane.report import fidelity
 from dataplane.run import reference
-from dataplane.run.job import Job, Plan, Workload
+from dataplane.run.job import Job, Plan, Workload, ranks_per_host
 from dataplane.scale import Scale
 from dataplane.units import parse_size
 
@@ -180,7 +180,11 @@ def header(meta: dict, governed: bool = False) -> str:
         [
             f"# ethplus bench {meta['collective']} over {meta['transport']}"
             f" ({meta['transport_label']}) on lab {meta['lab']['name']}: {meta['world']} ranks"
-            + (f" in {meta['processes']} processes," if "processes" in meta else ",")
+            + (
+                f" in {meta['processes']} processes,"
+                if meta.get("processes", meta["world"]) != meta["world"]
+                else ","
+            )
             + f" time scale {meta['lab']['time_scale']:g}"
             + (
                 " (governed: from this k up; the k used follows the rows)"
@@ -257,6 +261,8 @@ def meta(spec: Spec, rec: dict, nodes: list[str] | None = None) -> dict:
         "tcp_streams": spec.tcp_streams,
         "qps": spec.qps,
         "nodes": nodes,
+        # the ranks' worker processes (rank hosts: job.ranks_per_host)
+        "processes": -(-world // ranks_per_host(world, spec.ranks_per_host)),
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -271,7 +277,6 @@ class Run:
         self.meta = meta(spec, rec, nodes)
         plan = Plan(lab=rec["name"], nodes=nodes, sample=sample, **dataclasses.asdict(spec))
         self.job = Job(plan, rec, on_result=self._row_done, on_progress=on_progress)
-        self.meta["processes"] = len(self.job.hosts)  # the ranks' worker processes
 
     def _nominal(self, row: dict) -> dict:
         return nominal_row(row, self.spec, self.meta["world"], self.meta["lab"]["time_scale"])
