@@ -1,6 +1,7 @@
 """Collectives through real labs, over every transport; `ethplus bench`'s
 output, JSON and CSV; supervision of ranks; argument errors."""
 
+import contextlib
 import csv
 import json
 import os
@@ -8,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jsonschema
@@ -19,7 +21,7 @@ from dataplane.lab import governor, registry
 from dataplane.model import catalog
 from dataplane.model.catalog import COLLECTIVES, bus_factor
 from dataplane.run import bench
-from dataplane.run.job import Job, Plan
+from dataplane.run.job import Job, JobError, Plan
 
 pytestmark = pytest.mark.root
 MiB = 1 << 20
@@ -480,4 +482,48 @@ def test_a_killed_rank_host_fails_the_run_naming_its_ranks(erack):
     assert p.returncode == 1
     last = err.strip().splitlines()[-1]
     assert "ranks 4-7 (h4..h7)" in last and "signal 9" in last, err
+    assert not _workers(erack), "workers outlived the job"
+
+
+def test_a_collective_longer_than_the_stall_limit_is_not_a_stall_while_frames_move(erack):
+    """At the lab's k one 64 MiB all-reduce takes seconds of real time, more
+    than this job's stall limit: the fabric's frames keep moving, so the job
+    runs to its end (at a large k a collective can outlast any fixed limit)."""
+    res = _job(erack, "ethplus", "all-reduce", [64 * MiB], stall_s=1.5)
+    assert res["rows"][0]["wrong"] == 0
+    assert res["rows"][0]["time_real_s"] > 1.5  # longer than the limit: it was tested
+
+
+def test_a_job_whose_ranks_stop_and_whose_frames_stop_is_a_stall(erack):
+    """A rank frozen (SIGSTOP) mid-collective: nobody reports and, once the
+    others have nothing left to send, no frame moves: the job fails as
+    stalled, within the limit plus the sampling, and nothing is left."""
+    plan = Plan(lab=erack, transport="ethplus", collective="all-reduce", sizes=[64 * MiB],
+                iters=50, warmup=0, stall_s=3.0)  # fmt: skip
+    job = Job(plan, registry.load_lab(erack))
+    stopped: list[int] = []
+
+    def freeze():
+        deadline = time.monotonic() + 60
+        while len(_workers(erack)) < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # mid-collective
+        victim = next(pid for pid in _workers(erack) if _node_of(pid) == "h3")
+        os.kill(victim, signal.SIGSTOP)
+        stopped.append(victim)
+
+    t = threading.Thread(target=freeze)
+    t.start()
+    try:
+        with pytest.raises(JobError, match="stalled"):
+            job.run()
+    finally:
+        t.join()
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert stopped, "no worker was frozen"
+    deadline = time.monotonic() + 10
+    while _workers(erack) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not _workers(erack), "workers outlived the job"

@@ -79,7 +79,10 @@ class Plan(Workload):
     members: list[int] | None = None  # their lab ranks (filled in by Job)
     sample: bool = True  # sample the fabric's counters (one job of several is enough)
     inc: dict | None = None  # algo in-network: the job's aggregation plan (filled in by Job)
-    stall_s: float = 300.0  # no message from any rank for this long fails the job
+    # no message from any rank and no frame moved by the fabric for this long
+    # (real seconds) fails the job: at a large k one collective alone can take
+    # longer, but its frames keep moving
+    stall_s: float = 300.0
 
 
 @dataclass
@@ -217,7 +220,8 @@ class Job:
         self.barriers: dict[str, set[int]] = {}
         self.failed: asyncio.Future | None = None
         self.handlers: set[asyncio.Task] = set()
-        self.last_msg = time.monotonic()
+        self.last_msg = time.monotonic()  # or the fabric's last progress (_sample)
+        self._frames_moved = -1
 
     # -- the run
     def run(self) -> dict:
@@ -418,6 +422,9 @@ class Job:
                 self._fail(f"sampling the fabric failed: {type(e).__name__}: {e}")
                 return
             s = _compact(st)
+            moved = sum(p[4] for p in s["ports"].values())  # frames sent by every port
+            if moved != self._frames_moved:
+                self._frames_moved, self.last_msg = moved, time.monotonic()
             s["workers_cpu_s"] = sum(cpu.process_s(h.proc.pid) for h in self.hosts if h.proc)
             self.samples.append(s)
             await asyncio.sleep(SAMPLE_S)
@@ -429,7 +436,8 @@ class Job:
             if quiet > self.plan.stall_s:
                 waiting = {n: sorted(set(range(self.world)) - a) for n, a in self.barriers.items()}
                 self._fail(
-                    f"no rank reported for {quiet:.0f} s (stalled); missing at barriers: {waiting}"
+                    f"no rank reported and no frame moved for {quiet:.0f} s (stalled);"
+                    f" missing at barriers: {waiting}"
                 )
 
     async def _stop_all(self) -> None:
