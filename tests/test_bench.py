@@ -169,25 +169,37 @@ def _node_of(worker_pid: int) -> str:
     return argv[argv.index("dataplane.run.worker") + 3]
 
 
-def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
+def _mid_run_worker(lab: str, processes: int, node: str) -> int:
+    """Once a job's worker processes are all up and a few seconds into its
+    collective: the pid of the one whose (first) rank is node."""
+    deadline = time.monotonic() + 60
+    while len(_workers(lab)) < processes and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # mid-collective
+    return next(pid for pid in _workers(lab) if _node_of(pid) == node)
+
+
+def _kill_mid_bench(lab: str, processes: int, node: str, *extra: str) -> tuple[int, str, float]:
+    """A long bench with node's worker process killed mid-collective: its exit
+    status, its stderr, and the seconds from the kill to its end."""
     p = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
-         "--iters", "20", "--no-check"],
+        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", lab, "--sizes", "64M",
+         "--iters", "20", "--no-check", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while len(_workers(erack)) < 8 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # mid-collective
-        victim = next(pid for pid in _workers(erack) if _node_of(pid) == "h3")
+        victim = _mid_run_worker(lab, processes, node)
         t_kill = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        out, err = p.communicate(timeout=30)
-        elapsed = time.monotonic() - t_kill
+        _, err = p.communicate(timeout=30)
+        return p.returncode, err, time.monotonic() - t_kill
     finally:
         p.kill()
-    assert p.returncode == 1
+
+
+def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
+    rc, err, elapsed = _kill_mid_bench(erack, 8, "h3")
+    assert rc == 1
     last = err.strip().splitlines()[-1]
     assert "rank 3 (h3)" in last and "signal 9" in last, err
     assert all(ln.startswith("# ") for ln in err.strip().splitlines()[:-1]), f"noise: {err}"
@@ -464,22 +476,8 @@ def test_ranks_share_processes_and_stay_byte_exact(erack, transport, tmp_path):
 
 
 def test_a_killed_rank_host_fails_the_run_naming_its_ranks(erack):
-    p = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
-         "--iters", "20", "--no-check", "--ranks-per-host", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while len(_workers(erack)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # mid-collective
-        victim = next(pid for pid in _workers(erack) if _node_of(pid) == "h4")
-        os.kill(victim, signal.SIGKILL)
-        out, err = p.communicate(timeout=30)
-    finally:
-        p.kill()
-    assert p.returncode == 1
+    rc, err, _ = _kill_mid_bench(erack, 2, "h4", "--ranks-per-host", "4")
+    assert rc == 1
     last = err.strip().splitlines()[-1]
     assert "ranks 4-7 (h4..h7)" in last and "signal 9" in last, err
     assert not _workers(erack), "workers outlived the job"
@@ -504,11 +502,7 @@ def test_a_job_whose_ranks_stop_and_whose_frames_stop_is_a_stall(erack):
     stopped: list[int] = []
 
     def freeze():
-        deadline = time.monotonic() + 60
-        while len(_workers(erack)) < 8 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # mid-collective
-        victim = next(pid for pid in _workers(erack) if _node_of(pid) == "h3")
+        victim = _mid_run_worker(erack, 8, "h3")
         os.kill(victim, signal.SIGSTOP)
         stopped.append(victim)
 
