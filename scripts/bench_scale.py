@@ -64,6 +64,8 @@ def _one(rec: dict, size: int, transport: str, iters: int, per_host: int | None)
         "k_range": row.get("k_range"),
         "verdict": "behind" if row["fell_behind"] else "ok",
         "wrong": row["wrong"],
+        "endpoints": row.get("endpoints"),
+        "governor": res.get("governor"),  # its changes of k and why
     }
 
 
