@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from dataplane.lab.memfabric import FabricSpec, MemFabric
+from dataplane.lab.nic import EngineGroup, NicError
 
 KiB, MiB = 1024, 1024 * 1024
 TIMEOUT_S = 30
@@ -41,19 +42,53 @@ def exchange(fab: MemFabric, eps: dict, flows: list[tuple[int, int, int]], tag: 
         assert hashlib.sha256(out).digest() == hashlib.sha256(data).digest(), f"{src}->{dst}"
 
 
-@pytest.fixture
-def make():
-    """make(n, endpoint options, **fabric spec) -> (fabric, {rank: Endpoint})."""
+@pytest.fixture(params=["own-threads", "one-thread"])
+def make(request):
+    """make(n, endpoint options, **fabric spec) -> (fabric, {rank: Endpoint}).
+    Every test runs twice: each engine in its own thread, and all of them in
+    one engine group's thread (as a rank host runs its ranks)."""
     fabs = []
+    group = EngineGroup() if request.param == "one-thread" else None
 
     def _make(n: int = 2, ep: dict | None = None, **kw):
         fab = MemFabric(FabricSpec(endpoints=n, **kw))
         fabs.append(fab)
-        return fab, {r: fab.endpoint(r, **(ep or {})) for r in range(n)}
+        return fab, {r: fab.endpoint(r, group=group, **(ep or {})) for r in range(n)}
 
     yield _make
     for fab in fabs:
         fab.close()
+    if group is not None:
+        group.close()
+
+
+def _engine_threads() -> int:
+    n = 0
+    for d in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{d}/comm") as f:
+            n += f.read().strip() == "ethp-nic"
+    return n
+
+
+def test_an_engine_group_runs_many_engines_in_one_thread():
+    """Eight engines in one group: one engine thread, every byte of an
+    all-to-all across them; a group with an engine in it refuses to close,
+    and closes once the engines are gone."""
+    before = _engine_threads()
+    group = EngineGroup()
+    fab = MemFabric(FabricSpec(endpoints=8, planes=2))
+    try:
+        eps = {r: fab.endpoint(r, group=group) for r in range(8)}
+        assert _engine_threads() == before + 1
+        assert group.members == 8
+        exchange(fab, eps, [(a, b, 256 * KiB) for a in range(8) for b in range(8) if a != b])
+        with pytest.raises(NicError, match="still runs 8"):
+            group.close()
+    finally:
+        fab.close()
+    assert group.members == 0
+    group.close()
+    assert _engine_threads() == before
 
 
 def total(eps: dict, name: str) -> int:

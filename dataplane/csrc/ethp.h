@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 31
+#define ETHP_ABI_VERSION 32
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -650,6 +650,16 @@ int ethp_nic_add_port(struct ethp_nic *nic, const char *ifname, const uint8_t *m
 /* A peer endpoint and its address on each plane (index = port order). */
 int ethp_nic_add_peer(struct ethp_nic *nic, uint32_t ep, const uint32_t *ips, uint32_t n);
 int ethp_nic_start(struct ethp_nic *nic);
+/* Engine groups: one thread runs the loops of many engines (the ranks of
+ * one process).  A group's thread starts at once and idles until engines
+ * join it; an engine started in a group (instead of ethp_nic_start) leaves
+ * it when freed.  A group is freed only once it has no engine (-EBUSY). */
+#define ETHP_NIC_GROUP_MAX 1024
+struct ethp_nic_group;
+struct ethp_nic_group *ethp_nic_group_new(int *err);
+int ethp_nic_start_in(struct ethp_nic *nic, struct ethp_nic_group *group);
+uint32_t ethp_nic_group_members(struct ethp_nic_group *group);
+int ethp_nic_group_free(struct ethp_nic_group *group);
 void ethp_nic_free(struct ethp_nic *nic);
 /* Post a send or receive of len bytes at buf (which must stay valid until
  * completion).  Returns a handle > 0 or a negative error. */

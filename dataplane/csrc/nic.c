@@ -38,6 +38,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
@@ -494,67 +495,257 @@ static void follow_clock(struct ethp_nic *n, uint64_t now)
     }
 }
 
+/* When the engine's next pass is due (a packet, a timer, or, with a clock,
+ * a look at it now and then: idle_wait). */
+static uint64_t nic_due(struct ethp_nic *n, int *idle_wait)
+{
+    uint64_t due = next_due(n), due_inc = nic_inc_due(n);
+    due = due < due_inc ? due : due_inc;
+    /* an idle engine still looks at the clock now and then, so that it
+     * is at the lab's k before its next message (and reports it) */
+    uint64_t clock_due = n->clock ? ethp_now_ns() + NIC_CLOCK_POLL_NS : UINT64_MAX;
+    *idle_wait = clock_due < due;
+    return *idle_wait ? clock_due : due;
+}
+
+/* One pass of the engine, after its epoll set gave k events (evs): the
+ * ports' events, commands, the clock, frames in, then every active peer. */
+static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, uint64_t due,
+                     int idle_wait)
+{
+    for (int i = 0; i < k; i++)
+        if ((uint32_t)evs[i].data.u64 != NIC_EVFD_TAG) {
+            n->io.event(n->io.ctx, evs[i].data.u64);
+        } else {
+            uint64_t v;
+            if (read(n->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
+        }
+    take_commands(n);
+    uint64_t now = ethp_now_ns();
+    if (!idle_wait)
+        engine_lateness(n, due, n->prev_pass_ns, now);
+    n->prev_pass_ns = now;
+    if (n->clock)
+        follow_clock(n, now);
+    rx(n, now);
+    /* Peers take turns: the one served first moves on every pass, so a
+     * port's free slots are shared among its peers (as a NIC's QP
+     * scheduler shares them) rather than going to the first in the list. */
+    uint32_t na = n->n_active, first = na ? n->rr++ % na : 0;
+    for (uint32_t i = 0; i < na; i++) {
+        struct nic_peer *p = &n->peers[n->active[(first + i) % na]];
+        if (p->ack_pending)
+            n->mode->send_ack(n, p);
+        if (n->mode->tick)
+            n->mode->tick(n, p, now);
+        nic_timers(n, p, now);
+        n->mode->pump(n, p, now);
+    }
+    uint32_t kept = 0;
+    for (uint32_t j = 0; j < n->n_active; j++) {
+        struct nic_peer *p = &n->peers[n->active[j]];
+        if (nic_peer_busy(p))
+            n->active[kept++] = n->active[j];
+        else
+            p->active = 0;
+    }
+    n->n_active = kept;
+    nic_inc_timers(n, now);
+    nic_pump_inc(n, now);
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        if (n->ports[i].ntx)
+            nic_flush_port(n, &n->ports[i]);
+}
+
+static void nic_thread_setup(void)
+{
+    prctl(PR_SET_TIMERSLACK, 1UL);
+    /* cpu.NIC_THREAD: a rank's dataplane thread, whose CPU wait is judged */
+    prctl(PR_SET_NAME, (unsigned long)"ethp-nic");
+}
+
 static void *nic_main(void *arg)
 {
     struct ethp_nic *n = arg;
     struct epoll_event evs[8];
-    prctl(PR_SET_TIMERSLACK, 1UL);
-    /* cpu.NIC_THREAD: a rank's dataplane thread, whose CPU wait is judged */
-    prctl(PR_SET_NAME, (unsigned long)"ethp-nic");
-    uint64_t prev = ethp_now_ns();
+    nic_thread_setup();
+    n->prev_pass_ns = ethp_now_ns();
     while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
-        uint64_t due = next_due(n), due_inc = nic_inc_due(n);
-        due = due < due_inc ? due : due_inc;
-        /* an idle engine still looks at the clock now and then, so that it
-         * is at the lab's k before its next message (and reports it) */
-        uint64_t clock_due = n->clock ? ethp_now_ns() + NIC_CLOCK_POLL_NS : UINT64_MAX;
-        int idle_wait = clock_due < due;
-        due = idle_wait ? clock_due : due;
+        int idle_wait;
+        uint64_t due = nic_due(n, &idle_wait);
         int k = ethp_epoll_until(n->epfd, evs, 8, due);
-        for (int i = 0; i < k; i++)
-            if ((uint32_t)evs[i].data.u64 != NIC_EVFD_TAG) {
-                n->io.event(n->io.ctx, evs[i].data.u64);
-            } else {
-                uint64_t v;
-                if (read(n->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
-            }
-        take_commands(n);
-        uint64_t now = ethp_now_ns();
-        if (!idle_wait)
-            engine_lateness(n, due, prev, now);
-        prev = now;
-        if (n->clock)
-            follow_clock(n, now);
-        rx(n, now);
-        /* Peers take turns: the one served first moves on every pass, so a
-         * port's free slots are shared among its peers (as a NIC's QP
-         * scheduler shares them) rather than going to the first in the list. */
-        uint32_t na = n->n_active, first = na ? n->rr++ % na : 0;
-        for (uint32_t i = 0; i < na; i++) {
-            struct nic_peer *p = &n->peers[n->active[(first + i) % na]];
-            if (p->ack_pending)
-                n->mode->send_ack(n, p);
-            if (n->mode->tick)
-                n->mode->tick(n, p, now);
-            nic_timers(n, p, now);
-            n->mode->pump(n, p, now);
-        }
-        uint32_t kept = 0;
-        for (uint32_t k = 0; k < n->n_active; k++) {
-            struct nic_peer *p = &n->peers[n->active[k]];
-            if (nic_peer_busy(p))
-                n->active[kept++] = n->active[k];
-            else
-                p->active = 0;
-        }
-        n->n_active = kept;
-        nic_inc_timers(n, now);
-        nic_pump_inc(n, now);
-        for (uint32_t i = 0; i < n->n_ports; i++)
-            if (n->ports[i].ntx)
-                nic_flush_port(n, &n->ports[i]);
+        nic_pass(n, evs, k, due, idle_wait);
     }
     return NULL;
+}
+
+/* ---------------------------------------------------------------- engine groups */
+
+/* One thread runs the loops of many engines (a rank host's): it waits on
+ * an epoll set that holds each member's own epoll set, and makes a pass
+ * over a member when its set has events or its next pass is due.  Members
+ * join and leave while it runs; a member leaving waits until the thread
+ * has seen the list without it, so that it is never touched again. */
+struct ethp_nic_group {
+    pthread_t thread;
+    int epfd, evfd;
+    pthread_mutex_t lock;
+    pthread_cond_t seen;
+    struct ethp_nic *members[ETHP_NIC_GROUP_MAX];
+    uint32_t n_members;
+    uint64_t gen, seen_gen; /* list changes made, and seen by the thread */
+    int stop;
+};
+
+#define NIC_GROUP_EVFD_TAG 0 /* a member's data.u64 is its address */
+
+static void *group_main(void *arg)
+{
+    struct ethp_nic_group *g = arg;
+    struct ethp_nic *live[ETHP_NIC_GROUP_MAX];
+    uint64_t due[ETHP_NIC_GROUP_MAX];
+    int idle[ETHP_NIC_GROUP_MAX], ready[ETHP_NIC_GROUP_MAX];
+    struct epoll_event gevs[64], evs[8];
+    uint32_t n_live = 0;
+    nic_thread_setup();
+    for (;;) {
+        pthread_mutex_lock(&g->lock);
+        if (g->seen_gen != g->gen) {
+            n_live = g->n_members;
+            memcpy(live, g->members, n_live * sizeof(live[0]));
+            g->seen_gen = g->gen;
+            pthread_cond_broadcast(&g->seen);
+        }
+        int stop = g->stop;
+        pthread_mutex_unlock(&g->lock);
+        if (stop)
+            break;
+        uint64_t first = UINT64_MAX;
+        for (uint32_t i = 0; i < n_live; i++) {
+            due[i] = nic_due(live[i], &idle[i]);
+            ready[i] = 0;
+            first = due[i] < first ? due[i] : first;
+        }
+        int k = ethp_epoll_until(g->epfd, gevs, 64, first);
+        for (int i = 0; i < k; i++) {
+            if (gevs[i].data.u64 == NIC_GROUP_EVFD_TAG) {
+                uint64_t v;
+                if (read(g->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
+                continue;
+            }
+            for (uint32_t j = 0; j < n_live; j++)
+                if ((uint64_t)(uintptr_t)live[j] == gevs[i].data.u64)
+                    ready[j] = 1;
+        }
+        uint64_t now = ethp_now_ns();
+        for (uint32_t i = 0; i < n_live; i++) {
+            if (!ready[i] && due[i] > now)
+                continue;
+            int kk = ready[i] ? epoll_wait(live[i]->epfd, evs, 8, 0) : 0;
+            nic_pass(live[i], evs, kk > 0 ? kk : 0, due[i], idle[i]);
+        }
+    }
+    return NULL;
+}
+
+struct ethp_nic_group *ethp_nic_group_new(int *err)
+{
+    struct ethp_nic_group *g = calloc(1, sizeof(*g));
+    if (!g) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    g->epfd = epoll_create1(EPOLL_CLOEXEC);
+    g->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->seen, NULL);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_GROUP_EVFD_TAG};
+    int rc = g->epfd < 0 || g->evfd < 0 ? -errno : 0;
+    if (!rc && epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->evfd, &ev) < 0)
+        rc = -errno;
+    if (!rc)
+        rc = -pthread_create(&g->thread, NULL, group_main, g);
+    if (rc) {
+        if (g->epfd >= 0)
+            close(g->epfd);
+        if (g->evfd >= 0)
+            close(g->evfd);
+        free(g);
+        *err = rc;
+        return NULL;
+    }
+    *err = 0;
+    return g;
+}
+
+/* The list changed: wait until the thread has seen it (lock held). */
+static void group_changed(struct ethp_nic_group *g)
+{
+    uint64_t gen = ++g->gen;
+    ethp_kick(g->evfd);
+    while (g->seen_gen < gen && !g->stop)
+        pthread_cond_wait(&g->seen, &g->lock);
+}
+
+static int group_join(struct ethp_nic_group *g, struct ethp_nic *n)
+{
+    pthread_mutex_lock(&g->lock);
+    int rc = 0;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(uintptr_t)n};
+    if (g->n_members == ETHP_NIC_GROUP_MAX || g->stop)
+        rc = -ENOSPC;
+    else if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, n->epfd, &ev) < 0)
+        rc = -errno;
+    if (!rc) {
+        n->prev_pass_ns = ethp_now_ns();
+        g->members[g->n_members++] = n;
+        n->group = g;
+        group_changed(g);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
+static void group_leave(struct ethp_nic_group *g, struct ethp_nic *n)
+{
+    pthread_mutex_lock(&g->lock);
+    for (uint32_t i = 0; i < g->n_members; i++)
+        if (g->members[i] == n) {
+            g->members[i] = g->members[--g->n_members];
+            epoll_ctl(g->epfd, EPOLL_CTL_DEL, n->epfd, NULL);
+            group_changed(g);
+            break;
+        }
+    pthread_mutex_unlock(&g->lock);
+}
+
+uint32_t ethp_nic_group_members(struct ethp_nic_group *g)
+{
+    pthread_mutex_lock(&g->lock);
+    uint32_t n = g->n_members;
+    pthread_mutex_unlock(&g->lock);
+    return n;
+}
+
+int ethp_nic_group_free(struct ethp_nic_group *g)
+{
+    if (!g)
+        return 0;
+    pthread_mutex_lock(&g->lock);
+    if (g->n_members) {
+        pthread_mutex_unlock(&g->lock);
+        return -EBUSY;
+    }
+    g->stop = 1;
+    ethp_kick(g->evfd);
+    pthread_mutex_unlock(&g->lock);
+    pthread_join(g->thread, NULL);
+    close(g->epfd);
+    close(g->evfd);
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->seen);
+    free(g);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- API */
@@ -776,7 +967,7 @@ double ethp_nic_time_scale(const struct ethp_nic *n)
     return *(volatile const double *)&n->cfg.time_scale; /* the engine's; a torn read is harmless */
 }
 
-int ethp_nic_start(struct ethp_nic *n)
+static int nic_ready(struct ethp_nic *n)
 {
     if (n->started || !n->n_ports)
         return -EINVAL;
@@ -792,9 +983,29 @@ int ethp_nic_start(struct ethp_nic *n)
         if (n->peers[i].known)
             nic_set_credit(n, &n->peers[i], n->bdp_bytes / (known ? known : 1));
     }
-    int rc = pthread_create(&n->thread, NULL, nic_main, n);
+    return 0;
+}
+
+int ethp_nic_start(struct ethp_nic *n)
+{
+    int rc = nic_ready(n);
+    if (rc)
+        return rc;
+    rc = pthread_create(&n->thread, NULL, nic_main, n);
     if (rc)
         return -rc;
+    n->started = 1;
+    return 0;
+}
+
+int ethp_nic_start_in(struct ethp_nic *n, struct ethp_nic_group *g)
+{
+    int rc = nic_ready(n);
+    if (rc)
+        return rc;
+    rc = group_join(g, n);
+    if (rc)
+        return rc;
     n->started = 1;
     return 0;
 }
@@ -803,7 +1014,9 @@ void ethp_nic_free(struct ethp_nic *n)
 {
     if (!n)
         return;
-    if (n->started) {
+    if (n->started && n->group) {
+        group_leave(n->group, n);
+    } else if (n->started) {
         __atomic_store_n(&n->stop, 1, __ATOMIC_RELEASE);
         ethp_kick(n->evfd);
         pthread_join(n->thread, NULL);

@@ -204,6 +204,8 @@ struct ethp_nic {
     uint64_t rng;
     pthread_t thread;
     int started, stop;
+    struct ethp_nic_group *group; /* its loop runs in the group's thread (or NULL: its own) */
+    uint64_t prev_pass_ns;        /* the loop's previous pass over it */
     /* posted from other threads */
     pthread_mutex_t lock;
     pthread_cond_t done;

@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dataplane.lab.core import ffi, lib
-from dataplane.lab.nic import RTO_FLOOR_NS, Endpoint, NicError, engine_cfg, roce_cfg
+from dataplane.lab.nic import (
+    RTO_FLOOR_NS,
+    Endpoint,
+    EngineGroup,
+    NicError,
+    engine_cfg,
+    roce_cfg,
+)
 
 MEMFAB_COUNTERS: tuple[str, ...] = tuple(
     ffi.string(lib.ethp_memfab_counter_name(i)).decode()
@@ -67,6 +74,7 @@ class MemFabric:
         rto_floor_ns: int = RTO_FLOOR_NS,
         seed: int = 1,
         drop_psn: int | None = None,
+        group: EngineGroup | None = None,
     ) -> Endpoint:
         """Endpoint `rank` on this fabric, started; every other rank is its
         peer.  The retransmit timeout keeps a lab's floor (RTO_FLOOR_NS): a
@@ -89,7 +97,7 @@ class MemFabric:
         ep = Endpoint.__new__(Endpoint)
         ep.rank, ep.world, ep._clock = rank, spec.endpoints, None
         ep._adopt(nic)
-        ep._start(cfg, bdp, cc, spec.planes)
+        ep._start(cfg, bdp, cc, spec.planes, group)
         self.endpoints.append(ep)
         return ep
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import threading
 from dataclasses import dataclass
 
 from dataplane.errors import EthplusError
@@ -162,6 +163,50 @@ def roce_cfg(cfg, nic: dict, k: float, planes: int, rate_real: int, qps, dcqcn, 
     cfg.dcqcn_min_rate_bps = min(rate_real, cfg.dcqcn_min_rate_bps)
 
 
+class EngineGroup:
+    """One thread that runs the loops of many NIC engines (the ranks of one
+    process), instead of a thread each.  Engines join when started with
+    group=; the group is closed once its last engine is."""
+
+    def __init__(self):
+        err = ffi.new("int *")
+        g = lib.ethp_nic_group_new(err)
+        if g == ffi.NULL:
+            raise OSError(-err[0], "cannot start an engine group")
+        self._g = g
+
+    @property
+    def members(self) -> int:
+        return lib.ethp_nic_group_members(self._g)
+
+    def close(self) -> None:
+        if self._g is not None:
+            rc = lib.ethp_nic_group_free(self._g)
+            if rc < 0:
+                raise NicError(f"an engine group still runs {self.members} engine(s)")
+            self._g = None
+
+    def __enter__(self) -> EngineGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_process_group: EngineGroup | None = None
+_process_group_lock = threading.Lock()
+
+
+def process_group() -> EngineGroup:
+    """This process's engine group (started on first use; it lives as long
+    as the process): the ranks of a rank host share its thread."""
+    global _process_group
+    with _process_group_lock:
+        if _process_group is None:
+            _process_group = EngineGroup()
+        return _process_group
+
+
 class Endpoint:
     """The NIC of one accelerator (rank) of a running lab, on all its planes."""
 
@@ -181,6 +226,7 @@ class Endpoint:
         drop_psn: int | None = None,
         inc: IncGroup | None = None,
         cc: str | None = None,
+        group: EngineGroup | None = None,
     ):
         """roce=True runs the emulated RoCEv2 mode: go-back-N, one path per
         queue pair (qps, default one per plane), DCQCN (dcqcn, default the lab
@@ -188,7 +234,8 @@ class Endpoint:
         does not).  drop_psn drops the first transmission of that PSN once
         (fault injection for tests).  inc joins an aggregation group, for
         all_reduce().  cc: the ETH+ congestion control, a CC_ALGOS name
-        (default the lab file's [nic] cc); roce mode always runs DCQCN."""
+        (default the lab file's [nic] cc); roce mode always runs DCQCN.
+        group: run the engine's loop in that group's thread, not its own."""
         rec = rec or registry.load_lab(lab)
         if rec is None:
             raise NicError(f"no lab named {lab!r}")
@@ -245,7 +292,7 @@ class Endpoint:
             self._inc_setup(inc, ports, rate_real, base_rtt_real, link["params"]["buffer_bytes"])
         if self._clock is not None and lib.ethp_nic_set_clock(self._nic, self._clock.ptr) < 0:
             raise NicError(f"cannot follow the clock of lab {lab!r}")
-        self._start(cfg, bdp, cc, len(ports))
+        self._start(cfg, bdp, cc, len(ports), group)
         if inc is not None:
             self.config.update(inc_groups=[x[0] for x in inc.streams],
                                inc_aggregators=sorted({x[1] for x in inc.streams}),
@@ -256,10 +303,13 @@ class Endpoint:
         self.inc_window = 0
         self._keep: dict[int, object] = {}  # buffers must outlive their transfers
 
-    def _start(self, cfg, bdp: int, cc: str, planes: int) -> None:
-        rc = lib.ethp_nic_start(self._nic)
+    def _start(self, cfg, bdp: int, cc: str, planes: int, group: EngineGroup | None) -> None:
+        if group is None:
+            rc = lib.ethp_nic_start(self._nic)
+        else:
+            rc = lib.ethp_nic_start_in(self._nic, group._g)
         if rc < 0:
-            raise OSError(-rc, "cannot start the NIC thread")
+            raise OSError(-rc, "cannot start the NIC engine")
         roce = bool(cfg.roce)
         self.config = {
             "rate_bps": cfg.rate_bps,
@@ -271,6 +321,7 @@ class Endpoint:
             "mode": "roce" if roce else "ethplus",
             "cc": "dcqcn" if roce else cc,
             "epoch": lib.ethp_nic_epoch(self._nic),
+            "engine_thread": "shared" if group is not None else "own",
         }
         if roce:
             self.config.update(qps=cfg.qps, dcqcn=bool(cfg.dcqcn), spray=bool(cfg.roce_spray))
