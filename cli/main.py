@@ -434,6 +434,7 @@ def _bench_spec(args, transport: str, cc: str | None = None):
         adaptive=args.adaptive,
         cc=cc,
         ranks_per_host=args.ranks_per_host,
+        shared_engine=not args.engine_per_rank,
         check=not args.no_check and args.check != "none",
         check_all=args.check == "all" and not args.no_check,
         seed=args.seed,
@@ -703,6 +704,12 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         " rank up to 16 ranks, else as many processes as CPUs)",
     )
     p.add_argument(
+        "--engine-per-rank",
+        action="store_true",
+        help="ethplus, roce: in a process of several ranks, each rank's NIC engine in a thread"
+        " of its own (default: one thread runs them all)",
+    )
+    p.add_argument(
         "--cc",
         metavar="NAME",
         help="ethplus: congestion control, nscc (ECN and delay), hpcc (INT from each switch)"
@@ -880,6 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
         adaptive=False,
         cc=None,
         ranks_per_host=None,
+        engine_per_rank=False,
         no_check=False,
         no_govern=False,
         check="first",

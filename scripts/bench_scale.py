@@ -3,17 +3,18 @@
 one run.
 
 For each lab (default erack-8x4 and erack-64x8; upn-512 with --upn), runs
-the all-reduce at each size once with one worker process per rank (where
-that still runs) and once with the ranks in rank hosts (--ranks-per-host;
-default: the job's own choice above 16 ranks, else the ranks over as many
-processes as CPUs), one after the other on the same lab, governed from its
-floor.  Prints per run: real seconds, CPU-seconds (fabric and workers) per
+the all-reduce at each size with one worker process per rank (where that
+still runs: per-rank), with the ranks in rank hosts whose NIC engines share
+one thread per process (hosts), and in rank hosts with an engine thread per
+rank (hosts-own); rank hosts: --ranks-per-host, default the ranks over as
+many processes as CPUs.  One after the other on the same lab, governed from
+its floor.  Prints per run: real seconds, CPU-seconds (fabric and workers) per
 nominal GB moved, the workers' peak memory (each process's peak, summed),
 busbw against the ideal, the k range and the fidelity verdict; then the
 CPU ratio of one-per-rank to rank hosts.
 
     sudo .venv/bin/python scripts/bench_scale.py [--labs erack-8x4,erack-64x8]
-        [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts] [--json FILE]
+        [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts,hosts-own] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ def _moved_bytes(res: dict, spec: bench.Spec) -> float:
     return sum(runs * r["size_bytes"] * f * res["world"] for r in res["rows"])
 
 
-def _one(rec: dict, size: int, transport: str, iters: int, per_host: int | None) -> dict:
+def _one(
+    rec: dict, size: int, transport: str, iters: int, per_host: int | None, shared: bool
+) -> dict:
     spec = bench.Spec(
         collective="all-reduce", transport=transport, sizes=[size], iters=iters, warmup=1,
-        ranks_per_host=per_host,
+        ranks_per_host=per_host, shared_engine=shared,
     ).validate()  # fmt: skip
     t0 = time.monotonic()
     res = trials.run(spec, rec)
@@ -89,7 +92,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,16M")
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--transport", default="ethplus")
-    ap.add_argument("--modes", default="per-rank,hosts")
+    ap.add_argument("--modes", default="per-rank,hosts,hosts-own")
     ap.add_argument("--ranks-per-host", type=int, help="for the hosts mode (default: see above)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -105,18 +108,20 @@ def main() -> int:
                 cpu = {}
                 for mode in args.modes.split(","):
                     per_host = 1 if mode == "per-rank" else hosts
+                    shared = mode != "hosts-own"
                     try:
-                        r = _one(rec, size, args.transport, args.iters, per_host)
+                        r = _one(rec, size, args.transport, args.iters, per_host, shared)
                     except JobError as e:
                         print(f"{lab:11s} {size_text(size):>7s} {mode:8s} failed: {e}", flush=True)
                         continue
                     _print(lab, mode, r)
                     cpu[mode] = r["cpu_s_per_nominal_GB"]
                     out.append({"lab": lab, "mode": mode, **r})
-                if len(cpu) == 2:
-                    ratio = cpu["per-rank"] / cpu["hosts"]
-                    print(f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process per"
-                          f" rank / rank hosts: {ratio:.2f}x", flush=True)  # fmt: skip
+                for mode in cpu:
+                    if mode != "per-rank" and "per-rank" in cpu:
+                        ratio = cpu["per-rank"] / cpu[mode]
+                        print(f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
+                              f" per rank / {mode}: {ratio:.2f}x", flush=True)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -459,20 +459,28 @@ def test_a_cpu_hog_mid_run_makes_the_governor_raise_k(governed_lab, tmp_path):
     assert all(_consistent(r) for r in res["rows"]), res["rows"]
 
 
-@pytest.mark.parametrize("transport", ["ethplus", "roce", "tcp"])
-def test_ranks_share_processes_and_stay_byte_exact(erack, transport, tmp_path):
+@pytest.mark.parametrize(
+    "transport,extra",
+    [("ethplus", ()), ("roce", ()), ("tcp", ()), ("ethplus", ("--engine-per-rank",))],
+    ids=["ethplus", "roce", "tcp", "ethplus-engine-per-rank"],
+)
+def test_ranks_share_processes_and_stay_byte_exact(erack, transport, extra, tmp_path):
     """--ranks-per-host 3: eight ranks in three processes (3, 3, 2), a thread
-    each in its own namespace; every collective byte exact."""
+    each in its own namespace, their NIC engines in one thread per process
+    (or a thread each); every collective byte exact."""
     js = tmp_path / "r.json"
     r = ethplus("bench", "all-reduce", "--lab", erack, "--transport", transport,
                 "--sizes", "256K:1M", "--factor", "4", "--iters", "2", "--warmup", "1",
-                "--ranks-per-host", "3", "--check", "all", "--json", str(js))  # fmt: skip
+                "--ranks-per-host", "3", "--check", "all", "--json", str(js), *extra)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "8 ranks in 3 processes" in r.stdout
     res = json.loads(js.read_text())
     assert [h["ranks"] for h in res["hosts"]] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert len({h["pid"] for h in res["hosts"]}) == 3
     assert [row["wrong"] for row in res["rows"]] == [0, 0]
+    if transport != "tcp":
+        want = "own" if extra else "shared"
+        assert res["transport_config"]["engine_thread"] == want
 
 
 def test_a_killed_rank_host_fails_the_run_naming_its_ranks(erack):

@@ -67,6 +67,9 @@ class Workload:
     # ranks per worker process (a rank host); None: one process per rank up
     # to ONE_PER_RANK_MAX ranks, else as many processes as CPUs
     ranks_per_host: int | None = None
+    # a rank host's NIC engines: all in one thread (True, default), or a
+    # thread each (False)
+    shared_engine: bool = True
 
 
 @dataclass(kw_only=True)

@@ -39,6 +39,7 @@ class Options:
     members: list[int] | None = None  # the lab ranks of this job (None: every accelerator)
     inc: dict | None = None  # ethplus: this job's in-network all-reduce (inc_plan)
     cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
+    shared_engine: bool = False  # ethplus, roce: the NIC engine runs in the process's group
 
 
 class Transport(ABC):

@@ -126,7 +126,8 @@ def checked_run(
     return case.wrong(), t1 - t, n1 - n
 
 
-def run(link: Link, plan: dict, node: str) -> None:
+def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
+    """One rank's whole job; hosted: one of several ranks of this process."""
     rec = registry.load_lab(plan["lab"])
     if rec is None:
         raise SystemExit(f"lab {plan['lab']!r} is gone")
@@ -137,6 +138,7 @@ def run(link: Link, plan: dict, node: str) -> None:
         members=plan.get("members"),
         inc=plan.get("inc"),
         cc=plan.get("cc"),
+        shared_engine=hosted and plan.get("shared_engine", True),
     )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])
@@ -193,14 +195,14 @@ def run(link: Link, plan: dict, node: str) -> None:
         t.close()
 
 
-def serve_rank(path: str, node: str) -> int:
+def serve_rank(path: str, node: str, hosted: bool = False) -> int:
     """One rank, start to end, on the job's socket at path: 0, or 1 after
     telling the job why not."""
     link = Link(path)
     link.send(hello=node, pid=os.getpid())
     plan = link.recv()["plan"]
     try:
-        run(link, plan, node)
+        run(link, plan, node, hosted)
     except (TransportError, OSError, ValueError) as e:
         link.send(error=str(e))
         return 1
@@ -215,7 +217,7 @@ def _hosted(path: str, node: str, ns: str, codes: dict[str, int]) -> None:
     codes[node] = 1
     try:
         core.netns_enter_thread(ns)
-        codes[node] = serve_rank(path, node)
+        codes[node] = serve_rank(path, node, hosted=True)
     except SystemExit as e:  # the job went away
         print(f"{node}: {e}", file=sys.stderr)
     except BaseException:  # noqa: BLE001 - into the log, for the job to quote

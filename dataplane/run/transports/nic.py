@@ -34,6 +34,7 @@ class NicTransport(Transport):
             self.ep = nic.Endpoint(
                 lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
                 roce=name == "roce", qps=opts.roce_qps, inc=inc, cc=opts.cc,
+                group=nic.process_group() if opts.shared_engine else None,
             )  # fmt: skip
         except nic.NicError as e:
             raise TransportError(str(e)) from e
