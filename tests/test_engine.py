@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from dataplane.lab import nic
 from dataplane.lab.memfabric import FabricSpec, MemFabric
 from dataplane.lab.nic import EngineGroup, NicError
 
@@ -231,3 +232,15 @@ def test_a_peer_that_restarts_mid_message_gets_all_of_it_again(make):
     assert np.array_equal(out, data)
     assert eps[0].counters()["peer_resets"] == 1
     assert eps[1].counters()["rx_stale_epoch"] > 0 and eps[1].counters()["tx_hellos"] > 0
+
+
+@pytest.mark.parametrize("k", [1, 100, 6400, 102400, 6.5e6])
+def test_a_ports_rx_ring_holds_its_time_at_the_real_rate_within_its_bounds(k):
+    """A NIC port's RX ring absorbs RX_RING_HOLD_NS of frames at the port's
+    real rate (400G / k), never under 1 MiB nor over 16 MiB: small at a large
+    k, where rings are built each time traffic resumes."""
+    rate = int(400e9 / k)
+    ring = nic.rx_ring_blocks(rate) * nic.RX_RING_BLOCK_BYTES
+    assert MiB <= ring <= 16 * MiB
+    assert ring >= min(16 * MiB, rate * nic.RX_RING_HOLD_NS / 8e9)
+    assert ring < max(MiB, rate * nic.RX_RING_HOLD_NS / 8e9) + nic.RX_RING_BLOCK_BYTES

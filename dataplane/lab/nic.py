@@ -35,6 +35,21 @@ UNSCALED_RTT_NS = 2_000_000
 # No retransmit timeout under this (real): the unscaled part of a real RTT
 # (ring retire timers, scheduling) is a few ms on this machine.
 RTO_FLOOR_NS = 20_000_000
+# A port's RX ring holds RX_RING_HOLD_NS of frames at the port's real rate
+# (what it absorbs while the engine is off the CPU), from 1 MiB to 16 MiB.
+# The ring is taken down after ring_idle_ms idle and built again when
+# frames come, and the kernel zeroes all of it each time: at a large k,
+# where a port's real traffic is a trickle, 16 MiB rings built over and
+# over took 23% of all the CPU of a 64-rank all-reduce (perf, erack-64x8).
+RX_RING_HOLD_NS = 200_000_000
+RX_RING_BLOCK_BYTES = 64 * 1024  # nic.c's block
+RX_RING_MIN_BLOCKS, RX_RING_MAX_BLOCKS = 16, 256
+
+
+def rx_ring_blocks(rate_real_bps: int) -> int:
+    """The RX ring of a port of this real rate, in blocks."""
+    want = -(-rate_real_bps * RX_RING_HOLD_NS // (8 * 1_000_000_000 * RX_RING_BLOCK_BYTES))
+    return min(RX_RING_MAX_BLOCKS, max(RX_RING_MIN_BLOCKS, want))
 
 
 # Where each frame an endpoint takes (rx_frames) ends: exactly one of these.
@@ -132,6 +147,7 @@ def engine_cfg(
     cfg.adaptive = adaptive
     cfg.max_retries = max_retries
     cfg.rate_bps = rate_real
+    cfg.rx_ring_blocks = rx_ring_blocks(rate_real)
     cfg.base_rtt_ns = base_rtt_real
     # 4 base RTTs, but never under the floor (RTO_FLOOR_NS in a lab: the
     # unscaled part of a real RTT there is a few ms on this machine).
