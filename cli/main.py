@@ -101,7 +101,6 @@ def cmd_lab_ls(args) -> int:
 
 
 # The lab-wide tables of a lab file (links are shown per link by `lab show`).
-SETTING_TABLES = ("lab", "switch", "nic", "tcp")
 
 
 def _toml_text(v) -> str:
@@ -116,13 +115,14 @@ def _settings_table(family: str, rec: dict | None = None) -> str:
 
     rows = []
     for sec, fields in labfile.schema(family).items():
-        if sec not in SETTING_TABLES:
-            continue
         for key, f in fields.items():
             default = "(required)" if f.default is None else _toml_text(f.default)
             row = [f"{sec}.{key}", default, f.help or f.expected]
             if rec is not None:
-                v = rec.get(sec, {}).get(key, f.default) if sec != "lab" else rec.get(key)
+                # as read from the file, defaults filled in (a lab's name and
+                # k are its own: --name, and the k it runs at)
+                read = rec.get("settings", {}).get(sec) or rec.get(sec, {})
+                v = read.get(key, f.default) if sec != "lab" else rec.get(key)
                 row.insert(1, _toml_text(v))
             rows.append(row)
     head = ["KEY", "DEFAULT", "MEANING"]

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.root
 
 K = 100  # the lab's time scale, pinned: every conversion is at this k
 # values a generic rule cannot pick (the NIC takes 1 to 16 queue pairs)
-SPECIAL = {"roce_qps": 1}
+SPECIAL = {"roce_qps": 1, "jitter_ns": 100, "mtu_bytes": 9000}
 
 
 def _other(key: str, f: labfile.Field):
@@ -54,6 +54,7 @@ DECLARED = {
     "switch": {k: _other(k, f) for k, f in SWITCH.items() if f.c is not None},
     "nic": {k: _other(k, f) for k, f in labfile.NIC_FIELDS.items()},
     "tcp": {k: _other(k, f) for k, f in labfile.schema("erack")["tcp"].items()},
+    "link": {k: _other(k, f) for k, f in labfile.schema("erack")["link"].items()},
 }
 
 
@@ -154,10 +155,29 @@ def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
 def test_lab_show_settings_lists_every_declared_key_with_its_value(settings_lab):
     r = ethplus("lab", "show", settings_lab, "--settings", check=True)
     rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()[1:] if line}
-    for sec in ("lab", "switch", "nic", "tcp"):
-        for key in labfile.schema("erack")[sec]:
+    for sec, fields in labfile.schema("erack").items():
+        for key in fields:
             assert f"{sec}.{key}" in rows, f"{sec}.{key} missing from lab show --settings"
     for sec, values in DECLARED.items():
         for key, v in values.items():
             shown = rows[f"{sec}.{key}"]
             assert shown == (f"{v:g}" if isinstance(v, float) else _toml(v)), (key, shown, v)
+
+
+def test_every_link_setting_reaches_the_fabric_and_the_interfaces(settings_lab):
+    """[link] on every host link, as the fabric holds it (nominal: what it
+    shapes and paces each port with) and the MTU on both ends' interfaces."""
+    rec = registry.load_lab(settings_lab)
+    want = DECLARED["link"]
+    hosts = {n["name"]: n for n in rec["topology"]["nodes"] if n["role"] == "host"}
+    for node in hosts.values():
+        for port in node["ports"]:
+            query = {"op": "link", "link": port["link"], "set": {}}
+            got = labs.control(settings_lab, query)["link"]
+            assert got["rate_bps"] == want["rate_gbps"] * 1e9, (port["link"], got)
+            for key in ("delay_ns", "jitter_ns", "buffer_bytes", "llr"):
+                assert got[key] == want[key], (port["link"], key, got)
+            ns = os.path.basename(rec["namespaces"][node["name"]])
+            out = subprocess.run(["ip", "-n", ns, "link", "show", port["ifname"]],
+                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
+            assert f" mtu {want['mtu_bytes']} " in out, out
