@@ -604,7 +604,7 @@ static void *group_main(void *arg)
     struct ethp_nic_group *g = arg;
     struct ethp_nic *live[ETHP_NIC_GROUP_MAX];
     uint64_t due[ETHP_NIC_GROUP_MAX];
-    int idle[ETHP_NIC_GROUP_MAX], ready[ETHP_NIC_GROUP_MAX];
+    int idle[ETHP_NIC_GROUP_MAX];
     struct epoll_event gevs[64], evs[8];
     uint32_t n_live = 0;
     nic_thread_setup();
@@ -623,7 +623,6 @@ static void *group_main(void *arg)
         uint64_t first = UINT64_MAX;
         for (uint32_t i = 0; i < n_live; i++) {
             due[i] = nic_due(live[i], &idle[i]);
-            ready[i] = 0;
             first = due[i] < first ? due[i] : first;
         }
         int k = ethp_epoll_until(g->epfd, gevs, 64, first);
@@ -633,16 +632,19 @@ static void *group_main(void *arg)
                 if (read(g->evfd, &v, sizeof(v)) < 0) { /* drained already */ }
                 continue;
             }
-            for (uint32_t j = 0; j < n_live; j++)
-                if ((uint64_t)(uintptr_t)live[j] == gevs[i].data.u64)
-                    ready[j] = 1;
+            /* a member's set: it stays alive until the thread has copied
+             * a list without it, after this pass at the earliest (a member
+             * that joined since the copy is passed over on the next one) */
+            ((struct ethp_nic *)(uintptr_t)gevs[i].data.u64)->group_ready = 1;
         }
         uint64_t now = ethp_now_ns();
         for (uint32_t i = 0; i < n_live; i++) {
-            if (!ready[i] && due[i] > now)
+            struct ethp_nic *n = live[i];
+            if (!n->group_ready && due[i] > now)
                 continue;
-            int kk = ready[i] ? epoll_wait(live[i]->epfd, evs, 8, 0) : 0;
-            nic_pass(live[i], evs, kk > 0 ? kk : 0, due[i], idle[i]);
+            int kk = n->group_ready ? epoll_wait(n->epfd, evs, 8, 0) : 0;
+            n->group_ready = 0;
+            nic_pass(n, evs, kk > 0 ? kk : 0, due[i], idle[i]);
         }
     }
     return NULL;

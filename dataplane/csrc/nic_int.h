@@ -205,6 +205,7 @@ struct ethp_nic {
     pthread_t thread;
     int started, stop;
     struct ethp_nic_group *group; /* its loop runs in the group's thread (or NULL: its own) */
+    int group_ready;              /* the group's thread: its epoll set had events */
     uint64_t prev_pass_ns;        /* the loop's previous pass over it */
     /* posted from other threads */
     pthread_mutex_t lock;

@@ -114,8 +114,10 @@ class Host:
         return f"ranks {a.rank}-{b.rank} ({a.node}..{b.node})"
 
 
-# Up to this many ranks a job runs one process per rank (measured better
-# there: scripts/bench_scale.py); beyond, ranks share CPU-count processes.
+# Up to this many ranks a job runs one process per rank, as every lab test
+# was written for; beyond, ranks share CPU-count processes.  (Rank hosts
+# measured 1.3-2x less CPU at 8 ranks too, same busbw: scripts/bench_scale.py,
+# docs/performance.md; lowering this awaits the suite's timing tests.)
 ONE_PER_RANK_MAX = 16
 
 
