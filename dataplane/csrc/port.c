@@ -110,6 +110,12 @@ struct ethp_port {
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
     uint8_t *scratch;        /* ETHP_RX_CHUNK frames from one_fd */
     uint64_t one_wall_ns;    /* while one_fd's frames are visited: when they were read */
+    /* Frames received into scratch and not yet visited: [held_next, held) */
+    uint32_t held, held_next;
+    uint32_t held_len[ETHP_RX_CHUNK];
+    int held_ifindex[ETHP_RX_CHUNK];
+    uint64_t held_wall_ns;
+    uint32_t held_until_block; /* parking: visit them once the ring's reader is past this */
     char netns_path[256];
 };
 
@@ -420,9 +426,30 @@ static int block_ready(struct ethp_port *p)
     return (__atomic_load_n(&b->hdr.bh1.block_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER) != 0;
 }
 
+/* Frames in the block the kernel is filling (it hands the block over when
+ * full or on its timer).  Once no frame can come to the ring, the count and
+ * the frames are final: the kernel fills a block under the fanout program's
+ * RCU read lock, and fanout_to waits those readers out. */
+static uint32_t block_filling(struct ethp_port *p)
+{
+    struct tpacket_block_desc *b = block_at(p, p->block);
+    return __atomic_load_n(&b->hdr.bh1.num_pkts, __ATOMIC_ACQUIRE);
+}
+
+/* Frames received from one_fd while parking wait for the older ones the
+ * ring's block being filled at the time holds (read after the receive, the
+ * count includes every frame of their flows that came before them). */
+static int held_blocked(struct ethp_port *p)
+{
+    return p->ring_watched && p->block == p->held_until_block && !p->left_in_block &&
+           block_filling(p);
+}
+
 int ethp_port_wait(struct ethp_port *p, int timeout_ms)
 {
     if (p->ring_watched && (p->left_in_block || block_ready(p)))
+        return 1;
+    if (p->held_next < p->held && !held_blocked(p))
         return 1;
     struct pollfd pfd[2] = {
         {.fd = p->ring_watched ? p->fd : -1, .events = POLLIN | POLLERR},
@@ -561,17 +588,13 @@ static void *helper_main(void *arg)
         }
         next = rc ? ETHP_RX_PARKED : ETHP_RX_RING;
         break;
-    case ETHP_RX_PARKING: {
+    case ETHP_RX_PARKING:
         /* Once the kernel has swapped the program and waited out the
-         * readers of the old one, no frame goes to the ring; within its
-         * block timeout it retires the last, partly filled block. */
+         * readers of the old one, no frame goes to the ring: what its
+         * current block holds is all it will hold (see rx_mixed). */
         rc = fanout_to(p, 0);
-        struct timespec ts = {.tv_nsec = (long)(2 * p->cfg.block_timeout_ms + 1) * 1000000L};
-        if (!rc)
-            nanosleep(&ts, NULL);
         next = rc ? ETHP_RX_RING : ETHP_RX_PARKED;
         break;
-    }
     case ETHP_RX_CLOSING:
         ring_close(p);
         p->c[ETHP_PC_ring_parks]++;
@@ -669,80 +692,146 @@ static void rx_step(struct ethp_port *p, uint64_t now)
     }
 }
 
-/* Visit up to n frames from one_fd, received into the port's scratch slots. */
-static uint32_t one_by_one(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx,
-                           uint64_t now)
+/* Receive one chunk from one_fd into the port's scratch slots (held until
+ * visited).  Returns how many came; fewer than asked: one_fd is dry. */
+static uint32_t one_by_one_recv(struct ethp_port *p, uint64_t now)
 {
     struct mmsghdr mm[ETHP_RX_CHUNK];
     struct iovec iov[ETHP_RX_CHUNK];
     struct sockaddr_ll from[ETHP_RX_CHUNK];
+    for (uint32_t i = 0; i < ETHP_RX_CHUNK; i++) {
+        iov[i] = (struct iovec){.iov_base = p->scratch + (size_t)i * ETHP_MAX_FRAME_BYTES,
+                                .iov_len = ETHP_MAX_FRAME_BYTES};
+        mm[i].msg_hdr = (struct msghdr){.msg_name = &from[i], .msg_namelen = sizeof(from[i]),
+                                        .msg_iov = &iov[i], .msg_iovlen = 1};
+    }
+    int r = recvmmsg(p->one_fd, mm, ETHP_RX_CHUNK, MSG_DONTWAIT, NULL);
+    uint32_t got = r > 0 ? (uint32_t)r : 0;
+    if (got) { /* read now, not stamped on arrival: close enough */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        p->held_wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
+    p->held = p->held_next = 0;
+    for (uint32_t i = 0; i < got; i++) {
+        if (from[i].sll_pkttype == PACKET_OUTGOING) /* never ours to take */
+            continue;
+        if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
+            p->c[ETHP_PC_rx_truncated]++;
+            continue;
+        }
+        if (p->held != i)
+            memmove(p->scratch + (size_t)p->held * ETHP_MAX_FRAME_BYTES, iov[i].iov_base,
+                    mm[i].msg_len);
+        p->held_len[p->held] = mm[i].msg_len;
+        p->held_ifindex[p->held++] = from[i].sll_ifindex;
+    }
+    if (now - p->window_ns >= ETHP_RING_WINDOW_NS) {
+        p->window_ns = now;
+        p->window_frames = 0;
+    }
+    p->window_frames += got;
+    if (got < ETHP_RX_CHUNK)
+        p->one_ready = p->one_first = 0;
+    return got;
+}
+
+/* Visit up to n of the held frames. */
+static uint32_t held_visit(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
+{
     uint32_t seen = 0;
-    while (seen < n) {
-        uint32_t want = n - seen < ETHP_RX_CHUNK ? n - seen : ETHP_RX_CHUNK;
-        for (uint32_t i = 0; i < want; i++) {
-            iov[i] = (struct iovec){.iov_base = p->scratch + (size_t)i * ETHP_MAX_FRAME_BYTES,
-                                    .iov_len = ETHP_MAX_FRAME_BYTES};
-            mm[i].msg_hdr = (struct msghdr){.msg_name = &from[i], .msg_namelen = sizeof(from[i]),
-                                            .msg_iov = &iov[i], .msg_iovlen = 1};
-        }
-        int r = recvmmsg(p->one_fd, mm, want, MSG_DONTWAIT, NULL);
-        uint32_t got = r > 0 ? (uint32_t)r : 0;
-        if (got) { /* read now, not stamped on arrival: close enough */
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            p->one_wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-        }
-        for (uint32_t i = 0; i < got; i++) {
-            if (from[i].sll_pkttype == PACKET_OUTGOING) /* never ours to take */
-                continue;
-            if (mm[i].msg_hdr.msg_flags & MSG_TRUNC) {
-                p->c[ETHP_PC_rx_truncated]++;
-                continue;
-            }
-            fn(ctx, iov[i].iov_base, mm[i].msg_len, from[i].sll_ifindex);
-            p->c[ETHP_PC_rx_one_by_one]++;
-        }
-        p->one_wall_ns = 0;
-        seen += got;
-        if (now - p->window_ns >= ETHP_RING_WINDOW_NS) {
-            p->window_ns = now;
-            p->window_frames = 0;
-        }
-        p->window_frames += got;
-        if (got < want) {
-            p->one_ready = p->one_first = 0;
+    p->one_wall_ns = p->held_wall_ns;
+    for (; seen < n && p->held_next < p->held; seen++, p->held_next++) {
+        uint32_t i = p->held_next;
+        fn(ctx, p->scratch + (size_t)i * ETHP_MAX_FRAME_BYTES, p->held_len[i],
+           p->held_ifindex[i]);
+        p->c[ETHP_PC_rx_one_by_one]++;
+    }
+    p->one_wall_ns = 0;
+    return seen;
+}
+
+/* Visit up to n frames from one_fd: those held first, then more received. */
+static uint32_t one_by_one(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx,
+                           uint64_t now)
+{
+    uint32_t seen = held_visit(p, n, fn, ctx);
+    while (seen < n && (p->one_ready || p->one_first || p->epfd < 0)) {
+        uint32_t got = one_by_one_recv(p, now);
+        seen += held_visit(p, n - seen, fn, ctx);
+        if (got < ETHP_RX_CHUNK)
             break;
-        }
     }
     return seen;
 }
 
 /* A port with ring_idle_ms: one_fd and the ring, whichever hold frames, in
- * the order they came. */
+ * the order they came.  Frames go to one socket at a time, and the switch is
+ * a moment: every frame the old one holds is older than any the new one
+ * gets.  So while the ring is joined (JOINED, STEERING, RING) one_fd is read
+ * dry before the ring (a frame in the ring means the switch is past, and
+ * nothing more comes to one_fd); while it is parked (PARKING, PARKED) only
+ * the ring is read, until its last, partly filled block has been retired
+ * and read, and only then one_fd. */
 static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
     uint64_t now = ethp_now_ns();
     uint32_t seen = 0;
     rx_step(p, now);
-    if (p->one_first)
-        seen += one_by_one(p, n, fn, ctx, now);
-    if (p->ring_watched && seen < n) {
-        uint32_t r = ring_each(p, n - seen, fn, ctx);
-        seen += r;
-        if (r) {
-            p->last_ring_ns = now;
+    uint32_t st = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
+    if (!p->ring_watched || (st != ETHP_RX_PARKING && st != ETHP_RX_PARKED)) {
+        seen += one_by_one(p, n, fn, ctx, now); /* joining: one_fd's frames are older */
+        if (p->ring_watched && seen < n) {
+            uint32_t r = ring_each(p, n - seen, fn, ctx);
+            seen += r;
             p->ring_window_frames += r;
-        } else if (!p->left_in_block && !block_ready(p) &&
-                   __atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == ETHP_RX_PARKED) {
-            /* read dry, and nothing more can come to it: let it go */
+            if (r)
+                p->last_ring_ns = now;
+        }
+        return seen;
+    }
+    /* Parking: frames now go to one_fd, and the ring holds older ones, the
+     * last of them maybe in the block the kernel is filling, which its timer
+     * hands over within the block timeout.  A frame in one_fd comes after
+     * everything of its flow in the ring (the kernel put those there first),
+     * so a chunk of one_fd is received, then the ring read as far as it
+     * goes, and the chunk is visited only once the reader is past the block
+     * that was being filled when it came.  (Waiting out the synchronisation
+     * that ends PARKING instead would hold frames 10 ms or more.)  Once
+     * PARKED, nothing more comes to the ring: the block being filled is
+     * final and is read where it is, and then the ring is let go. */
+    while (seen < n) {
+        if (p->left_in_block || block_ready(p)) {
+            seen += ring_each(p, n - seen, fn, ctx);
+            continue;
+        }
+        uint32_t filling = block_filling(p);
+        if (st == ETHP_RX_PARKED && filling) {
+            struct tpacket_block_desc *b = block_at(p, p->block);
+            p->left_in_block = filling;
+            p->next = (struct tpacket3_hdr *)((uint8_t *)b + b->hdr.bh1.offset_to_first_pkt);
+            continue;
+        }
+        if (p->held_next < p->held) {
+            if (held_blocked(p))
+                break; /* until the kernel's timer hands the block over */
+            seen += held_visit(p, n - seen, fn, ctx);
+            continue;
+        }
+        if ((p->one_ready || p->epfd < 0) && one_by_one_recv(p, now)) {
+            p->held_until_block = p->block;
+            continue;
+        }
+        if (st == ETHP_RX_PARKED) { /* read dry: let it go */
             if (p->epfd >= 0)
                 epoll_ctl(p->epfd, EPOLL_CTL_DEL, p->fd, NULL);
             p->ring_watched = 0;
             helper_start(p, ETHP_RX_CLOSING);
+            p->one_ready = 1;
+            seen += one_by_one(p, n - seen, fn, ctx, now);
         }
+        break;
     }
-    if (seen < n && (p->one_ready || p->epfd < 0))
-        seen += one_by_one(p, n - seen, fn, ctx, now);
     return seen;
 }
 
