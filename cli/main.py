@@ -676,8 +676,10 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--algo",
         default="ring",
-        help="all-reduce: ring, halving-doubling or in-network (the switches aggregate;"
-        " labs with [switch] inc = true, transport ethplus)",
+        help="all-reduce: ring (default), halving-doubling, hierarchical (rings inside"
+        " groups of ranks and across them), in-network (the switches aggregate;"
+        " labs with [switch] inc = true, transport ethplus) or auto (chosen per size"
+        " and rank count, as libraries do at scale; stated above each row)",
     )
     p.add_argument("--root", type=int, default=0, help="broadcast root rank (0)")
     p.add_argument(

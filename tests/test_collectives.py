@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from dataplane.model.catalog import bus_factor, canonical
+from dataplane.model.catalog import (
+    all_reduce_steps,
+    bus_factor,
+    canonical,
+    groups_of,
+    pick_all_reduce,
+)
 from dataplane.run import reference as ref
 from dataplane.run.transport import TransportError
 from dataplane.run.workload import Case
@@ -12,6 +18,8 @@ from tests.localtransport import run_ranks
 CASES = [
     ("all-reduce", "ring"),
     ("all-reduce", "halving-doubling"),
+    ("all-reduce", "hierarchical"),
+    ("all-reduce", "auto"),
     ("reduce-scatter", "ring"),
     ("all-gather", "ring"),
     ("all-to-all", "ring"),
@@ -106,7 +114,7 @@ def test_uneven_all_to_all_with_some_pairs_above_the_rendezvous_size():
 def test_in_network_all_reduce_needs_a_transport_that_offers_it():
     with pytest.raises(TransportError, match="needs the ethplus transport, not local"):
         _wrong(2, "all-reduce", "in-network", 10)
-    with pytest.raises(ValueError, match="ring, halving-doubling, in-network"):
+    with pytest.raises(ValueError, match="ring, halving-doubling, hierarchical, in-network"):
         _wrong(2, "all-reduce", "butterfly", 10)
 
 
@@ -160,3 +168,31 @@ def test_check_all_counts_a_corruption_that_the_first_run_check_misses():
         t.join(60)
     assert sum(f for f, _ in out) == 0
     assert sum(e for _, e in out) > 0
+
+
+@pytest.mark.parametrize("world", [4, 6, 9, 12, 20, 64])
+@pytest.mark.parametrize("count", [5, 2 * ref.PERIOD + 3])
+def test_the_hierarchical_all_reduce_is_exact_for_every_grouping(world, count):
+    """Groups of 2, 2, 3, 3, 4 and 8 ranks; buffers shorter than the number of
+    chunks too (empty chunks at every level)."""
+    assert _wrong(world, "all-reduce", "hierarchical", count) == [0] * world
+
+
+def test_groups_and_steps():
+    assert [groups_of(n) for n in (2, 7, 8, 12, 64, 512)] == [1, 1, 2, 3, 8, 16]
+    assert all_reduce_steps("ring", 512) == 1022
+    assert all_reduce_steps("hierarchical", 512) == 2 * 15 + 2 * 31
+    assert all_reduce_steps("hierarchical", 64) == 28
+    assert all_reduce_steps("halving-doubling", 64) == 12
+    assert all_reduce_steps("halving-doubling", 6) == 6  # 4, and a fold in and out
+
+
+def test_auto_picks_by_rank_count_and_size_and_says_why():
+    assert pick_all_reduce(8, 16 << 20)[0] == "ring"
+    assert pick_all_reduce(8, 64 << 10)[0] == "halving-doubling"  # 8 KiB a step
+    algo, why = pick_all_reduce(64, 16 << 20)
+    assert algo == "hierarchical" and why == "8 groups of 8: 28 steps, not the flat ring's 126"
+    assert pick_all_reduce(512, 256 << 10)[0] == "halving-doubling"
+    assert pick_all_reduce(24, 256 << 10)[0] == "hierarchical"  # 24 is no power of two
+    assert pick_all_reduce(13, 256 << 10)[0] == "ring"  # prime: no groups
+    assert pick_all_reduce(64, 1 << 20, in_network=True)[0] == "in-network"

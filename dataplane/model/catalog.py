@@ -4,7 +4,12 @@ transports (pure: no lab, no C)."""
 from __future__ import annotations
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
-ALGORITHMS = {"all-reduce": ("ring", "halving-doubling", "in-network")}
+ALGORITHMS = {"all-reduce": ("ring", "halving-doubling", "hierarchical", "in-network", "auto")}
+# auto: up to this many ranks a flat ring's 2(n-1) steps are few enough
+AUTO_FLAT_RANKS_MAX = 16
+# auto: below this many bytes per rank per step, a step costs its latency
+# more than its bytes, and the fewest steps win
+AUTO_LATENCY_BOUND_BYTES = 64 * 1024
 TRANSPORT_LABELS = {
     "ethplus": "ETH+ (this project's NIC)",
     "tcp": "kernel TCP",
@@ -36,3 +41,54 @@ def bus_factor(collective: str, world: int) -> float:
         "all-to-all": (n - 1) / n,
         "broadcast": 1.0,
     }[canonical(collective)]
+
+
+def groups_of(world: int) -> int:
+    """The group size of a hierarchical all-reduce over world ranks: the
+    divisor of world nearest its square root from below (fewest steps:
+    2(g-1) within groups plus 2(world/g - 1) across them); 1 when world is
+    prime (no hierarchy)."""
+    g = int(world**0.5)
+    while world % g:
+        g -= 1
+    return g
+
+
+def all_reduce_steps(algo: str, world: int) -> int:
+    """Latency-bound steps of an all-reduce: messages each rank waits for in
+    turn (a power of two for halving-doubling; the ranks beyond one fold in
+    and out, two steps more)."""
+    n = world
+    if algo == "ring":
+        return 2 * (n - 1)
+    if algo == "halving-doubling":
+        p = 1 << (n.bit_length() - 1)
+        return 2 * (p.bit_length() - 1) + (2 if p != n else 0)
+    if algo == "hierarchical":
+        g = groups_of(n)
+        return 2 * (g - 1) + 2 * (n // g - 1)
+    if algo == "in-network":
+        return 1
+    raise ValueError(f"unknown all-reduce algorithm {algo!r}")
+
+
+def pick_all_reduce(world: int, size_bytes: int, in_network: bool = False) -> tuple[str, str]:
+    """What --algo auto runs for one all-reduce of size_bytes per rank over
+    world ranks, and why in a few words.  As libraries do at scale: the
+    switches when they can aggregate; otherwise the fewest steps while a step
+    is latency-bound (halving-doubling on a power of two), a flat ring up to
+    AUTO_FLAT_RANKS_MAX ranks, and beyond that the hierarchical all-reduce
+    (a ring inside groups, one across them)."""
+    n = world
+    ring = all_reduce_steps("ring", n)
+    if in_network:
+        return "in-network", "the switches aggregate: one round trip, each byte sent once"
+    step_bytes = size_bytes // max(1, n)
+    pow2 = n & (n - 1) == 0
+    if pow2 and n > 2 and step_bytes < AUTO_LATENCY_BOUND_BYTES:
+        hd = all_reduce_steps("halving-doubling", n)
+        return "halving-doubling", f"{step_bytes} B a step is latency-bound: {hd} steps, not {ring}"
+    if n > AUTO_FLAT_RANKS_MAX and groups_of(n) > 1:
+        g, h = groups_of(n), all_reduce_steps("hierarchical", n)
+        return "hierarchical", f"{n // g} groups of {g}: {h} steps, not the flat ring's {ring}"
+    return "ring", f"{ring} steps, bandwidth-bound"

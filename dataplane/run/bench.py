@@ -21,9 +21,9 @@ from pathlib import Path
 
 from dataplane.errors import UsageError
 from dataplane.model import catalog
-from dataplane.model.catalog import ALGORITHMS, bus_factor, canonical
+from dataplane.model.catalog import ALGORITHMS, bus_factor, canonical, pick_all_reduce
 from dataplane.report import fidelity
-from dataplane.run import reference
+from dataplane.run import inc, reference
 from dataplane.run.job import Job, Plan, Workload, ranks_per_host
 from dataplane.scale import Scale
 from dataplane.units import parse_size
@@ -134,13 +134,22 @@ def ideal_busbw_Bps(rec: dict, algo: str = "ring", world: int = 0) -> float:
     return cap * bus_factor("all-reduce", world) if algo == "in-network" else cap
 
 
-def nominal_row(row: dict, spec: Spec, world: int, k: float) -> dict:
+def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = False) -> dict:
     """A job's row in nominal units (from the fabric clock: time_nominal_s;
-    real seconds / k for a row without it), with the bandwidths."""
+    real seconds / k for a row without it), with the bandwidths; an
+    all-reduce's row names its algorithm (--algo auto: the one chosen for its
+    size, and why; in_network: whether auto may hand it to the switches)."""
     t_s = row.get("time_nominal_s")
     t_s = Scale(k).nominal_s(row["time_real_s"]) if t_s is None else t_s
     alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
+    chosen = {}
+    if spec.collective == "all-reduce":
+        algo, why = spec.algo, ""
+        if algo == "auto":
+            algo, why = pick_all_reduce(world, row["size"], in_network)
+        chosen = {"algo": algo, "algo_why": why}
     return {
+        **chosen,
         "size_bytes": row["size"],
         "count": row["count"],
         "type": spec.dtype,
@@ -201,6 +210,12 @@ def header(meta: dict, governed: bool = False) -> str:
 
 
 def format_row(r: dict) -> str:
+    """A row of the table; under --algo auto, after a comment line saying
+    what auto chose for its size and why."""
+    if r.get("algo_why"):
+        return f"# {r['size_bytes']} B: auto chose {r['algo']} ({r['algo_why']})\n" + _line(
+            _cells(r)
+        )
     return _line(_cells(r))
 
 
@@ -279,7 +294,13 @@ class Run:
         self.job = Job(plan, rec, on_result=self._row_done, on_progress=on_progress)
 
     def _nominal(self, row: dict) -> dict:
-        return nominal_row(row, self.spec, self.meta["world"], self.meta["lab"]["time_scale"])
+        return nominal_row(
+            row,
+            self.spec,
+            self.meta["world"],
+            self.meta["lab"]["time_scale"],
+            inc.auto_in_network(self.rec, self.spec.transport),
+        )
 
     def _row_done(self, row: dict) -> None:
         fidelity.mark_row(row, self.job.samples, self.rec)
@@ -296,7 +317,8 @@ class Run:
             **self.meta,
             "rows": rows,
             "avg_busbw_GBps": sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0,
-            "ideal_busbw_GBps": ideal_busbw_Bps(self.rec, self.spec.algo, self.meta["world"]) / 1e9,
+            "ideal_busbw_GBps": ideal_busbw_Bps(self.rec, self.job.plan.algo, self.meta["world"])
+            / 1e9,
             "fidelity": fidelity.report(res, self.rec),
             "transport_config": res["ranks"][0].get("transport", {}) if res["ranks"] else {},
             "nic_counters": _sum_counters(res["ranks"]),

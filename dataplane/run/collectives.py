@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataplane.model.catalog import ALGORITHMS
+from dataplane.model.catalog import ALGORITHMS, groups_of, pick_all_reduce
 from dataplane.run.reference import bounds, reduce_into
 from dataplane.run.transport import Transport
 
@@ -44,14 +44,20 @@ class Comm:
     def _slices(self, nbytes: int, unit: int = SLICE_BYTES, most: int = MAX_SLICES) -> int:
         return max(1, min(most, nbytes // unit))
 
-    def _ring(self, steps: int, slices: int, send_of, recv_of, arrived=None) -> None:
-        """A pipelined ring: at step t send send_of(t) right, receive recv_of(t)
-        from the left.  Slice j of step t+1's send leaves once slice j of step
-        t's receive is in and arrived(t, lo, hi) has run on it, so send_of(t+1)
-        may be (or be computed from) recv_of(t)."""
-        n, r, t = self.world, self.rank, self.t
-        left, right = (r - 1) % n, (r + 1) % n
+    def _ring(self, steps: int, slices: int, send_of, recv_of, arrived=None, members=None) -> None:
+        """A pipelined ring over members (every rank, in rank order, by
+        default): at step t send send_of(t) right, receive recv_of(t) from
+        the left.  Slice j of step t+1's send leaves once slice j of step
+        t's receive is in and arrived(t, lo, hi) has run on it, so
+        send_of(t+1) may be (or be computed from) recv_of(t)."""
+        t = self.t
         tag = self._tags(steps * slices + 1)
+        if members is None:
+            n, r = self.world, self.rank
+            left, right = (r - 1) % n, (r + 1) % n
+        else:
+            i, n = members.index(self.rank), len(members)
+            left, right = members[(i - 1) % n], members[(i + 1) % n]
 
         def cut(a):
             b = bounds(len(a), slices)
@@ -110,13 +116,19 @@ class Comm:
 
     # -- collectives
     def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
-        """In place: every rank ends with the reduction of every rank's buf."""
+        """In place: every rank ends with the reduction of every rank's buf.
+        algo auto: catalog.pick_all_reduce's choice for this size (every
+        rank makes the same)."""
         if self.world == 1 or buf.size == 0:
             return
+        if algo == "auto":
+            algo = pick_all_reduce(self.world, buf.nbytes)[0]
         if algo == "ring":
             self._ring_all_reduce(buf, op)
         elif algo == "halving-doubling":
             self._hd_all_reduce(buf, op)
+        elif algo == "hierarchical":
+            self._hier_all_reduce(buf, op)
         elif algo == "in-network":
             self.t.all_reduce_in_network(buf, op, self.dtype)
         else:
@@ -124,8 +136,16 @@ class Comm:
                 f"unknown all-reduce algorithm {algo!r} ({', '.join(ALGORITHMS['all-reduce'])})"
             )
 
-    def _ring_all_reduce(self, buf: np.ndarray, op: str) -> None:
-        n, r = self.world, self.rank
+    def _ring_all_reduce(
+        self, buf: np.ndarray, op: str, members=None, scatter: bool = True, gather: bool = True
+    ) -> None:
+        """The ring all-reduce over members (every rank by default), or one of
+        its halves: the reduce-scatter (after which member i holds chunk i+1,
+        reduced over members) or the all-gather (which starts from that)."""
+        members = list(range(self.world)) if members is None else members
+        n, r = len(members), members.index(self.rank)
+        if n == 1:
+            return
         b = bounds(buf.size, n)
 
         def chunk(c: int) -> np.ndarray:
@@ -133,17 +153,46 @@ class Comm:
 
         # Steps 0..n-2 reduce-scatter, n-1..2n-3 all-gather; at step s a rank
         # sends chunk r-s and receives chunk r-s-1 (mod n).
-        staging = [np.empty_like(chunk((r - s - 1) % n)) for s in range(n - 1)]
+        first = 0 if scatter else n - 1
+        last = 2 * (n - 1) if gather else n - 1
+        staging = {s: np.empty_like(chunk((r - s - 1) % n)) for s in range(first, n - 1)}
 
         def recv_of(s: int) -> np.ndarray:
+            s += first
             return staging[s] if s < n - 1 else chunk((r - s - 1) % n)
 
         def arrived(s: int, lo: int, hi: int) -> None:
+            s += first
             if s < n - 1:
                 reduce_into(chunk((r - s - 1) % n)[lo:hi], staging[s][lo:hi], op, self.dtype)
 
         slices = self._slices(buf.nbytes // n)
-        self._ring(2 * (n - 1), slices, lambda s: chunk((r - s) % n), recv_of, arrived)
+        self._ring(
+            last - first,
+            slices,
+            lambda s: chunk((r - s - first) % n),
+            recv_of,
+            arrived,
+            None if n == self.world else members,
+        )
+
+    def _hier_all_reduce(self, buf: np.ndarray, op: str) -> None:
+        """Hierarchical (2D) all-reduce: ranks in groups of g consecutive
+        ones (catalog.groups_of): a ring reduce-scatter inside each group,
+        then a ring all-reduce of each rank's reduced chunk across the groups
+        (among the ranks at the same place in theirs), then a ring all-gather
+        inside the group.  2(g-1) + 2(n/g-1) steps instead of 2(n-1), the
+        same bytes per rank as the flat ring."""
+        n, r = self.world, self.rank
+        g = groups_of(n)
+        first, place = r - r % g, r % g
+        group = list(range(first, first + g))
+        across = list(range(place, n, g))
+        b = bounds(buf.size, g)
+        mine = (place + 1) % g  # the chunk a group's reduce-scatter leaves here
+        self._ring_all_reduce(buf, op, group, gather=False)
+        self._ring_all_reduce(buf[b[mine] : b[mine + 1]], op, across)
+        self._ring_all_reduce(buf, op, group, scatter=False)
 
     def _hd_all_reduce(self, buf: np.ndarray, op: str) -> None:
         """Recursive halving (reduce-scatter) then doubling (all-gather), as

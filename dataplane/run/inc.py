@@ -20,6 +20,12 @@ def inc_problem(rec: dict) -> str | None:
     return None
 
 
+def auto_in_network(rec: dict, transport: str) -> bool:
+    """Whether --algo auto hands a job's all-reduces to the switches: the lab
+    aggregates and the transport is the one they aggregate for."""
+    return transport == "ethplus" and inc_problem(rec) is None
+
+
 def inc_plan(rec: dict, members: list[int] | None, group: int, down=frozenset()) -> dict:
     """A job's in-network all-reduce on this lab, made once by the job and
     handed to every rank (JSON): its streams (routing.inc_plan; members are

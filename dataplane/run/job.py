@@ -191,6 +191,8 @@ class Job:
             hosts = [by_name[x] for x in plan.nodes]
             plan.members = [h["index"] for h in hosts]
         self.trees: list[list] = []
+        if plan.algo == "auto" and inc.auto_in_network(rec, plan.transport):
+            plan.algo = "in-network"  # catalog.pick_all_reduce's first choice
         if plan.algo == "in-network":
             why = inc.inc_problem(rec)
             if why:
