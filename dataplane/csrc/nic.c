@@ -867,7 +867,8 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     pthread_cond_init(&n->done, NULL);
     n->peers = calloc(max_peers, sizeof(*n->peers));
     n->active = calloc(max_peers, sizeof(*n->active));
-    n->pool = ethp_pool_new(8192, cfg->payload_bytes + 256);
+    /* frames are built into the pool only to wait in a port's TX queue */
+    n->pool = ethp_pool_new(ETHP_NIC_MAX_PLANES * NIC_BURST, cfg->payload_bytes + 256);
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int rc = 0;

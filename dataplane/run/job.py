@@ -333,7 +333,8 @@ class Job:
         await asyncio.sleep(0.05)  # let its last message arrive first
         if any(r.done is None for r in h.ranks):
             why = next((r.error for r in h.ranks if r.error), None) or self._log_tail(h)
-            how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+            verb = "was" if len(h.ranks) == 1 else "were"
+            how = f"{verb} killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
             self._fail(f"{h.names()} {how}: {why or 'no message'}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

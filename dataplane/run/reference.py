@@ -12,6 +12,8 @@ period of work per rank, not a full buffer per rank.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # name: (storage dtype, compute dtype, largest integer held exactly)
@@ -104,15 +106,23 @@ def pattern(rank: int, count: int, dtype: str, seed: int, world: int, start: int
     return _to_storage(_tile(per, start, count, 1), dtype)
 
 
+@functools.lru_cache(maxsize=8)
+def _reduced_period(op: str, dtype: str, seed: int, world: int) -> np.ndarray:
+    """One period of the reduction over every rank's table, each rank's
+    rolled in turn: one period of memory whatever the world (a rank host's
+    ranks share it; read-only)."""
+    t = _table(dtype, seed, world)
+    acc = np.roll(t, -_shift(0))
+    f = _UFUNC[op]
+    for r in range(1, world):
+        f(acc, np.roll(t, -_shift(r)), out=acc)
+    acc.flags.writeable = False
+    return acc
+
+
 def reduced(op: str, count: int, dtype: str, seed: int, world: int, start: int = 0) -> np.ndarray:
     """The reduction over every rank of pattern(rank, ...)[start:start+count]."""
-    t = _table(dtype, seed, world)
-    rows = np.stack([np.roll(t, -_shift(r)) for r in range(world)])
-    per = {
-        "sum": rows.sum(axis=0, dtype=rows.dtype),
-        "max": rows.max(axis=0),
-        "min": rows.min(axis=0),
-    }[op]
+    per = _reduced_period(op, dtype, seed, world)
     # The per-period term is the same on every rank: summed world times, else once.
     return _to_storage(_tile(per, start, count, world if op == "sum" else 1), dtype)
 
@@ -125,18 +135,26 @@ def wrong(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.count_nonzero(got.view(u) != want.view(u)))
 
 
+@functools.lru_cache(maxsize=4)
 def uneven_counts(count: int, world: int, seed: int) -> np.ndarray:
     """An MoE-like all-to-all: each rank sends count elements in all, split over
-    destinations by a skewed random share (rows: senders, columns: receivers)."""
+    destinations by a skewed random share (rows: senders, columns: receivers).
+    One matrix per process (world x world; read-only)."""
     rng = np.random.default_rng(seed + 1)
     rows = [rng.multinomial(count, rng.dirichlet(np.full(world, 0.5))) for _ in range(world)]
-    return np.array(rows, dtype=np.int64)
+    m = np.array(rows, dtype=np.int64)
+    m.flags.writeable = False
+    return m
 
 
+@functools.lru_cache(maxsize=4)
 def even_counts(count: int, world: int) -> np.ndarray:
+    """An even all-to-all's matrix, as uneven_counts' (one per process; read-only)."""
     b = bounds(count, world)
     per = np.diff(np.array(b, dtype=np.int64))
-    return np.tile(per, (world, 1))
+    m = np.tile(per, (world, 1))
+    m.flags.writeable = False
+    return m
 
 
 def bounds(count: int, parts: int) -> list[int]:
