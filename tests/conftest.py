@@ -15,13 +15,22 @@ IS_ROOT = os.geteuid() == 0
 RUN_ID = f"t{os.getpid() % 100000}"
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--all",
+        action="store_true",
+        help="also the slow tests (the flagship labs at full size: scripts/test --all)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    if IS_ROOT:
-        return
-    skip = pytest.mark.skip(reason="needs root: creates real network namespaces")
+    slow = pytest.mark.skip(reason="slow: run with scripts/test --all")
+    root = pytest.mark.skip(reason="needs root: creates real network namespaces")
     for item in items:
-        if "root" in item.keywords:
-            item.add_marker(skip)
+        if "slow" in item.keywords and not config.getoption("--all"):
+            item.add_marker(slow)
+        if "root" in item.keywords and not IS_ROOT:
+            item.add_marker(root)
 
 
 def ethplus(

@@ -606,6 +606,7 @@ static void *group_main(void *arg)
     uint64_t due[ETHP_NIC_GROUP_MAX];
     int idle[ETHP_NIC_GROUP_MAX];
     struct epoll_event gevs[64], evs[8];
+    uint8_t stale[ETHP_NIC_GROUP_MAX];
     uint32_t n_live = 0;
     nic_thread_setup();
     for (;;) {
@@ -613,6 +614,7 @@ static void *group_main(void *arg)
         if (g->seen_gen != g->gen) {
             n_live = g->n_members;
             memcpy(live, g->members, n_live * sizeof(live[0]));
+            memset(stale, 1, n_live);
             g->seen_gen = g->gen;
             pthread_cond_broadcast(&g->seen);
         }
@@ -620,9 +622,16 @@ static void *group_main(void *arg)
         pthread_mutex_unlock(&g->lock);
         if (stop)
             break;
+        /* A member's next due time is an absolute time, and only its own
+         * pass changes it (a command for it, or a frame, wakes its set and
+         * so gets it a pass): worked out again after a pass only, not for
+         * every member on every wake-up. */
         uint64_t first = UINT64_MAX;
         for (uint32_t i = 0; i < n_live; i++) {
-            due[i] = nic_due(live[i], &idle[i]);
+            if (stale[i]) {
+                due[i] = nic_due(live[i], &idle[i]);
+                stale[i] = 0;
+            }
             first = due[i] < first ? due[i] : first;
         }
         int k = ethp_epoll_until(g->epfd, gevs, 64, first);
@@ -645,6 +654,7 @@ static void *group_main(void *arg)
             int kk = n->group_ready ? epoll_wait(n->epfd, evs, 8, 0) : 0;
             n->group_ready = 0;
             nic_pass(n, evs, kk > 0 ? kk : 0, due[i], idle[i]);
+            stale[i] = 1;
         }
     }
     return NULL;
