@@ -360,8 +360,12 @@ class Job:
             if r is None:
                 self._fail(f"a worker spoke out of turn: {e}")
         if r is not None and r.done is None:
-            # The process watcher names the exit status; give it a moment.
-            await asyncio.sleep(1.0)
+            # The process watcher names the exit status: wait for the exit
+            # (a process the kernel killed for memory takes seconds to go).
+            h = next(h for h in self.hosts if r in h.ranks)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(h.proc.wait()), 10.0)
+            await asyncio.sleep(0.1)  # its watcher's turn
             self._fail(
                 f"rank {r.rank} ({r.node}) closed its channel: {r.error or 'no error given'}"
             )
