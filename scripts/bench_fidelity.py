@@ -13,7 +13,7 @@ each run took.  Each transport starts governed from the lab's floor.
 
     sudo .venv/bin/python scripts/bench_fidelity.py [--lab erack-8x4] [--size 16M[,1M]]
         [--iters 3] [--transports ethplus,roce,tcp] [--collectives all-reduce,all-to-all]
-        [--hog] [--no-pinned] [--json FILE]
+        [--hog] [--no-pinned] [--json FILE] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from dataplane.lab import labs
 from dataplane.run import bench, trials
@@ -75,7 +76,22 @@ def main() -> int:
         help="governed only (a big lab's latency-bound sizes take hours at 4x)",
     )
     ap.add_argument("--json")
+    ap.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write each run's whole result (bench --json: counters, fidelity, the"
+        " governor's trials) to DIR, to explain a row afterwards",
+    )
     args = ap.parse_args()
+    keep = Path(args.keep) if args.keep else None
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+
+    def kept(res: dict, how: str) -> None:
+        if keep:
+            name = f"{res['collective']}-{res['transport']}-{res['rows'][0]['size_bytes']}-{how}"
+            bench.write_json(res, str(keep / f"{name}.json"))
+
     sizes = [bench.parse_size(x) for x in args.size.split(",")]
     out = []
     # killed (timeout, ^C from a parent): unwind, so the session takes its lab down
@@ -91,12 +107,14 @@ def main() -> int:
                 try:
                     _from_floor(rec, floor)
                     g, g_s = _one(spec, rec, True)
+                    kept(g, "governed")
                     kg = g["governor"]["k_max"]
                     p = p_s = None
                     if not args.no_pinned:
                         labs.rescale(rec, 4 * kg)  # pinned
                         try:
                             p, p_s = _one(spec, rec, False)
+                            kept(p, "pinned-4x")
                         finally:
                             _from_floor(rec, floor)
                 except JobError as e:
@@ -126,6 +144,7 @@ def main() -> int:
                     finally:
                         hog.terminate()
                         hog.join()
+                    kept(h, "hog")
                     _from_floor(rec, floor)
                     row.update(k_hog=_k(h), busbw_hog=h["rows"][0]["busbw_GBps"],
                                behind_hog=h["rows"][0]["fell_behind"], real_s_hog=h_s)  # fmt: skip
