@@ -262,15 +262,21 @@ def test_an_idle_port_has_no_ring_and_a_run_of_traffic_sets_one_up_then_idling_p
     assert pool.available == 4096  # nothing leaked
 
 
-@pytest.mark.parametrize("gap_s", [0.005, 0.0006], ids=["gap-5ms", "gap-0.6ms"])
-def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns, gap_s):
+@pytest.mark.parametrize(
+    "gap_s,blocks",
+    [(0.005, 64), (0.0006, 64), (0.0006, 4)],
+    ids=["gap-5ms", "gap-0.6ms", "gap-0.6ms-ring-reused"],
+)
+def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns, gap_s, blocks):
     """Not only silence parks the ring: a trickle whose frames each wait for
     a block timeout (about one frame a block) goes back to one by one.  At
     0.6 ms apart, frames keep coming while the ring is parked: the ones in its
-    last, partly filled block must still be read before the newer ones."""
+    last, partly filled block must still be read before the newer ones, and
+    (on a ring of 4 blocks, gone round many times) the blocks after it,
+    still holding their last round's count, must not be read again."""
     path, a, b = veth_ns
     pool = Pool(4096, 4096)
-    rx = Port(b, path, PortConfig(n_blocks=64, ring_idle_ms=50))
+    rx = Port(b, path, PortConfig(n_blocks=blocks, ring_idle_ms=50))
     tx = Port(a, path)
     # a run of traffic until the ring is up (a helper thread sets it up, in
     # 8-40 ms here; longer on a loaded machine, so no fixed count of frames)
@@ -282,6 +288,12 @@ def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns, gap_s):
             sent += tx.send(batch[sent:], pool)
             got += rx.recv(pool, 64)
         n += len(batch)
+    more = _numbered(n, 3000)  # round a 4-block ring (about 250 frames a block) a few times
+    sent = 0
+    while sent < len(more):
+        sent += tx.send(more[sent : sent + 64], pool)
+        got += rx.recv(pool, 64)
+    n += len(more)
     got += _drain(rx, pool, n - len(got))
     assert rx.counters()["ring_builds"] == 1 and rx.ring_up
     trickle = round(0.4 / gap_s)  # never 50 ms of silence

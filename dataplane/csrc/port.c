@@ -116,6 +116,7 @@ struct ethp_port {
     int held_ifindex[ETHP_RX_CHUNK];
     uint64_t held_wall_ns;
     uint32_t held_until_block; /* parking: visit them once the ring's reader is past this */
+    int parked_read;           /* parked: the block being filled was read in place */
     char netns_path[256];
 };
 
@@ -442,7 +443,7 @@ static uint32_t block_filling(struct ethp_port *p)
 static int held_blocked(struct ethp_port *p)
 {
     return p->ring_watched && p->block == p->held_until_block && !p->left_in_block &&
-           block_filling(p);
+           !p->parked_read && block_filling(p);
 }
 
 int ethp_port_wait(struct ethp_port *p, int timeout_ms)
@@ -770,9 +771,8 @@ static uint32_t one_by_one(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, vo
  * a moment: every frame the old one holds is older than any the new one
  * gets.  So while the ring is joined (JOINED, STEERING, RING) one_fd is read
  * dry before the ring (a frame in the ring means the switch is past, and
- * nothing more comes to one_fd); while it is parked (PARKING, PARKED) only
- * the ring is read, until its last, partly filled block has been retired
- * and read, and only then one_fd. */
+ * nothing more comes to one_fd); while it is parked (PARKING, PARKED) a
+ * frame from one_fd waits until the ring's older ones are read (below). */
 static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
     uint64_t now = ethp_now_ns();
@@ -805,11 +805,14 @@ static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void
             seen += ring_each(p, n - seen, fn, ctx);
             continue;
         }
-        uint32_t filling = block_filling(p);
+        /* (Past a block read in place the reader is ahead of the kernel,
+         * and the next block's count is a stale one: nothing is left.) */
+        uint32_t filling = p->parked_read ? 0 : block_filling(p);
         if (st == ETHP_RX_PARKED && filling) {
             struct tpacket_block_desc *b = block_at(p, p->block);
             p->left_in_block = filling;
             p->next = (struct tpacket3_hdr *)((uint8_t *)b + b->hdr.bh1.offset_to_first_pkt);
+            p->parked_read = 1;
             continue;
         }
         if (p->held_next < p->held) {
@@ -826,6 +829,7 @@ static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void
             if (p->epfd >= 0)
                 epoll_ctl(p->epfd, EPOLL_CTL_DEL, p->fd, NULL);
             p->ring_watched = 0;
+            p->parked_read = 0;
             helper_start(p, ETHP_RX_CLOSING);
             p->one_ready = 1;
             seen += one_by_one(p, n - seen, fn, ctx, now);
