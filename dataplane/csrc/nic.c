@@ -97,9 +97,6 @@ static void peer_fresh(struct ethp_nic *n, struct nic_peer *p)
     p->rto_ns = n->cfg.rto_ns;
 }
 
-/* Unfinished messages to and from p start over: sends from their first
- * byte (new message ids, from 0, in their order), receives unbound and
- * first in line again; sequence numbers, windows and timers as new. */
 /* A peer's send window (NIC_WIN packets, 640 KiB) is mapped, not
  * allocated: its pages stay untouched zero pages until packets use them, so
  * a rank sending to all 511 others of a 512-rank all-to-all holds a few
@@ -117,6 +114,9 @@ static void win_free(struct tx_pkt *w)
         munmap(w, NIC_WIN * sizeof(struct tx_pkt));
 }
 
+/* Unfinished messages to and from p start over: sends from their first
+ * byte (new message ids, from 0, in their order), receives unbound and
+ * first in line again; sequence numbers, windows and timers as new. */
 static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
 {
     nic_count(n, p, ETHP_NC_peer_resets, 1);
@@ -147,10 +147,8 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
         m->done_bytes = 0;
         m->msg_id = p->msg_id_next++;
     }
-    if (p->win) { /* back to untouched zero pages */
-        win_free(p->win);
-        p->win = win_alloc();
-    }
+    if (p->win) /* back to untouched zero pages (cannot fail, unlike a new map) */
+        madvise(p->win, NIC_WIN * sizeof(*p->win), MADV_DONTNEED);
     p->snd_una = p->snd_nxt = p->high_sack = 0;
     p->have_sack = 0;
     p->inflight_bytes = 0;

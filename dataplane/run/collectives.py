@@ -52,12 +52,9 @@ class Comm:
         send_of(t+1) may be (or be computed from) recv_of(t)."""
         t = self.t
         tag = self._tags(steps * slices + 1)
-        if members is None:
-            n, r = self.world, self.rank
-            left, right = (r - 1) % n, (r + 1) % n
-        else:
-            i, n = members.index(self.rank), len(members)
-            left, right = members[(i - 1) % n], members[(i + 1) % n]
+        members = range(self.world) if members is None else members
+        i, n = members.index(self.rank), len(members)
+        left, right = members[(i - 1) % n], members[(i + 1) % n]
 
         def cut(a):
             b = bounds(len(a), slices)
@@ -142,7 +139,7 @@ class Comm:
         """The ring all-reduce over members (every rank by default), or one of
         its halves: the reduce-scatter (after which member i holds chunk i+1,
         reduced over members) or the all-gather (which starts from that)."""
-        members = list(range(self.world)) if members is None else members
+        members = range(self.world) if members is None else members
         n, r = len(members), members.index(self.rank)
         if n == 1:
             return
@@ -173,7 +170,7 @@ class Comm:
             lambda s: chunk((r - s - first) % n),
             recv_of,
             arrived,
-            None if n == self.world else members,
+            members,
         )
 
     def _hier_all_reduce(self, buf: np.ndarray, op: str) -> None:
