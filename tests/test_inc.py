@@ -367,18 +367,25 @@ def test_a_lab_without_inc_is_a_one_line_error(erack, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.root
-def test_a_full_aggregator_waits_for_an_idle_group_to_give_its_slots_up(tmp_path, lab_name):
-    """8 slots per switch, 4 per group (half): two groups fit, a third finds
-    the switch full (its chunks are dropped and resent) until the first group
-    has been silent for 5 s and gives its slots up; then it completes, exact."""
+def _small_lab(tmp_path, lab_name: str, accelerators: int) -> Lab:
+    """An ERack+ lab of one plane whose switch has 8 slots: a job's quota is
+    4 (half), so two jobs fill it."""
     f = tmp_path / "small.toml"
     f.write_text(
-        '[lab]\nfamily = "erack"\n[topology]\naccelerators = 4\nplanes = 1\n'
+        f'[lab]\nfamily = "erack"\n[topology]\naccelerators = {accelerators}\nplanes = 1\n'
         "[switch]\ninc = true\ninc_slots = 8\n"
     )
     ethplus("lab", "up", str(f), "--name", lab_name, check=True)
-    lab = Lab(lab_name)
+    return Lab(lab_name)
+
+
+@pytest.mark.root
+def test_a_job_that_ended_gives_its_slots_back_at_once(tmp_path, lab_name):
+    """Three jobs in a row on a switch that holds two jobs' slots: each
+    ended job withdrew its groups, so the next never finds the switch full
+    (it used to wait 5 s for the old groups to go idle, and under load a
+    live group could be emptied under its job)."""
+    lab = _small_lab(tmp_path, lab_name, 4)
     st0 = lab.stats()
     for _ in range(3):
         res = _job(lab, [MiB + 4])
@@ -386,8 +393,37 @@ def test_a_full_aggregator_waits_for_an_idle_group_to_give_its_slots_up(tmp_path
         assert res["ranks"][0]["transport"]["inc_window"] == 4
     lab.quiesce()
     st1 = lab.stats()
+    assert _per_switch(st0, st1, "drop_agg_full")["plane0"] == 0
+    assert _per_switch(st0, st1, "agg_consumed")["plane0"] > 0
+
+
+@pytest.mark.root
+def test_a_full_aggregator_makes_a_third_job_wait_for_one_to_end(tmp_path, lab_name):
+    """Three jobs at once on a switch that holds two jobs' slots: the one
+    that comes last finds it full (its chunks are dropped and resent) until
+    one of the others ends, then completes; all three are exact."""
+    lab = _small_lab(tmp_path, lab_name, 6)
+    st0 = lab.stats()
+    out: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = _job(lab, [8 * MiB], nodes=[f"h{2 * i}", f"h{2 * i + 1}"])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert [out[i]["rows"][0]["wrong"] for i in range(3)] == [0, 0, 0]
+    lab.quiesce()
+    st1 = lab.stats()
     assert _per_switch(st0, st1, "drop_agg_full")["plane0"] > 0
-    assert _nic(res)["inc_timeouts"] > 0
+    assert sum(_nic(out[i])["inc_timeouts"] for i in range(3)) > 0
 
 
 @pytest.mark.root

@@ -18,8 +18,14 @@
  * a node cannot redirect results, start groups or squat slots.
  *
  * Slot memory is taken when a group first needs it, up to its quota, and
- * kept by the group; a group that has been silent for ETHP_AGG_IDLE_NS gives
- * its slots up to a group that needs them (its job is over, or dead).
+ * kept by the group until a group that needs slots finds the switch full.
+ * Then a group whose registration the control plane withdrew (its job is
+ * over) gives its slots up at once.  A registered group is never taken from
+ * while its job may still need it: a member that lost a result resends its
+ * part and finds the slot's state (the other members, who have the result,
+ * do not resend theirs), so a group emptied under a live job would hang it.
+ * Only a registered group silent for AGG_ORPHAN_NS (far past any member's
+ * retry budget: its control plane died without withdrawing it) is taken.
  *
  * Trees (SHARP's): an aggregator the control plane told to (ethp_agg_join)
  * is an inner node of the group's tree.  When its members' parts of a
@@ -38,7 +44,7 @@
 #define AGG_MAX_GROUPS 64
 #define AGG_MAX_UPLINKS 256
 #define AGG_MAX_REGS 256
-#define AGG_IDLE_NS 5000000000ull
+#define AGG_ORPHAN_NS 600000000000ull
 #define AGG_SEEN_WORDS (ETHP_AGG_MAX_MEMBERS / 64)
 
 struct agg_slot {
@@ -252,15 +258,35 @@ void ethp_agg_free(struct ethp_agg *a)
     free(a);
 }
 
-/* The least recently heard group that has been silent long enough, or NULL. */
-static struct agg_group *idle_group(struct ethp_agg *a, uint64_t now)
+static int is_registered(struct ethp_agg *a, uint32_t group)
+{
+    int found = 0;
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < AGG_MAX_REGS && !found; i++)
+        found = a->regs[i].live && a->regs[i].group == group;
+    pthread_mutex_unlock(&a->lock);
+    return found;
+}
+
+/* The group to take slots from when the switch is full, or NULL: one whose
+ * job is over (not registered any more), else one silent for AGG_ORPHAN_NS;
+ * the least recently heard of them. */
+static struct agg_group *spent_group(struct ethp_agg *a, uint64_t now)
 {
     struct agg_group *best = NULL;
+    int best_over = 0;
     for (int i = 0; i < AGG_MAX_GROUPS; i++) {
         struct agg_group *g = &a->groups[i];
-        if (g->live && now - g->touched_ns >= AGG_IDLE_NS &&
-            (!best || g->touched_ns < best->touched_ns))
+        if (!g->live)
+            continue;
+        int over = !is_registered(a, g->id);
+        if (!over && now - g->touched_ns < AGG_ORPHAN_NS)
+            continue;
+        if (!best || over > best_over ||
+            (over == best_over && g->touched_ns < best->touched_ns)) {
             best = g;
+            best_over = over;
+        }
     }
     return best;
 }
@@ -317,7 +343,7 @@ static struct agg_group *group_of(struct ethp_agg *a, const struct ethp_parsed *
             return NULL;
         }
         if (!empty) {
-            empty = idle_group(a, now);
+            empty = spent_group(a, now);
             if (!empty) {
                 free(member);
                 *action = ETHP_AGG_FULL;
@@ -346,7 +372,7 @@ static struct agg_slot *slot_take(struct ethp_agg *a, uint64_t now)
 {
     struct agg_slot *s = a->free_list;
     if (!s && a->n_taken >= a->n_slots) {
-        struct agg_group *g = idle_group(a, now);
+        struct agg_group *g = spent_group(a, now);
         if (g) {
             group_release(a, g);
             s = a->free_list;
