@@ -394,6 +394,47 @@ def cmd_exec(args) -> int:
     return 0  # pragma: no cover - execvp does not return
 
 
+def cmd_run(args) -> int:
+    from dataplane.lab import labs
+    from dataplane.report import fidelity
+    from dataplane.run import bench, launcher
+
+    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    launcher.command(cmd)  # nothing to run: said before a lab is touched
+    labs.require_root("ethplus run")
+    with labs.session(args.lab, args.time_scale, announce=_announce) as rec:
+        nodes = bench.check_nodes(args.nodes, rec) or [
+            n["name"] for n in sorted(rec["topology"]["nodes"], key=lambda n: n["index"])
+            if n["role"] == "host"
+        ]  # fmt: skip
+        run = launcher.Launch(rec, nodes, cmd, transport=args.transport, backend=args.backend,
+                              master_port=args.master_port, timeout_s=args.timeout,
+                              say=lambda m: print(m, flush=True))  # fmt: skip
+        result = run.run()
+        rows = launcher.summary(result)
+        label = "gloo (kernel TCP)" if args.backend == "gloo" else f"ethplus over {args.transport}"
+        if rows:
+            print(f"\ncommunication, {label}, {len(nodes)} ranks (nominal; each call the"
+                  " slowest rank's):")  # fmt: skip
+            print(table(
+                [[r["collective"], size_text(r["size_bytes"]) if r["size_bytes"] else "-",
+                  str(r["calls"]), size_text(r["bytes"]), f"{r['time_s'] * 1e3:.3f}",
+                  f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows],
+                ["COLLECTIVE", "SIZE", "CALLS", "BYTES", "TIME_MS", "ALGBW_GBps", "BUSBW_GBps"],
+            ))  # fmt: skip
+            total = sum(r["time_s"] for r in rows if r["collective"] not in ("send", "recv"))
+            print(f"total collective time (nominal): {total * 1e3:.3f} ms")
+        else:
+            print("\nno collective was timed (the program did not use the ethplus backend:"
+                  f" init_process_group(os.environ['{launcher.ENV_BACKEND}']))")  # fmt: skip
+        result["summary"] = rows
+        result["fidelity"] = fidelity.report(result, rec)
+    print(fidelity.render(result["fidelity"]))
+    if args.json:
+        bench.write_json(result, args.json)
+    return 0
+
+
 def cmd_clean(args) -> int:
     from dataplane.lab import labs
 
@@ -847,6 +888,30 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     ex.set_defaults(func=cmd_exec)
 
+    rn = sub.add_parser(
+        "run", help="run a program's ranks (PyTorch, torchrun style) on a lab's accelerators"
+    )
+    rn.add_argument("lab", metavar="LAB", help="a running lab, or a lab file (up for the run)")
+    rn.add_argument("--nodes", help="accelerators in rank order, e.g. h0,h1 (default: all)")
+    rn.add_argument(
+        "--backend",
+        default="ethplus",
+        choices=["ethplus", "gloo"],
+        help="ethplus (this project's transports) or gloo (stock, kernel TCP)",
+    )
+    rn.add_argument(
+        "--transport",
+        default="ethplus",
+        choices=["ethplus", "roce", "tcp"],
+        help="the ethplus backend's transport (default ethplus)",
+    )
+    rn.add_argument("--master-port", type=int, default=29500, help="MASTER_PORT (29500)")
+    rn.add_argument("--timeout", type=float, metavar="S", help="stop the run after S seconds")
+    rn.add_argument("--time-scale", type=float, metavar="K", help="k, for a lab file")
+    rn.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
+    rn.set_defaults(func=cmd_run)
+
     b = sub.add_parser("bench", help="time a collective at a range of sizes (nccl-tests style)")
     _add_bench_options(b)
     b.add_argument("--transport", default="ethplus", help="ethplus, roce or tcp (default ethplus)")
@@ -919,8 +984,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line; `run` and `exec` take their options anywhere before
+    `--`, and everything after it is the command (argparse alone would hand
+    options after the first positional to the command)."""
+    if argv and argv[0] in ("run", "exec") and "--" in argv:
+        head = argv[: argv.index("--")]
+        args = build_parser().parse_args(head)
+        if args.cmd:  # options after the positionals, which the remainder took: them first
+            before = head[1 : len(head) - len(args.cmd)]
+            args = build_parser().parse_args([head[0], *args.cmd, *before])
+        args.cmd = argv[len(head) + 1 :]
+        return args
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except EthplusError as exc:

@@ -365,6 +365,10 @@ class Endpoint:
 
     def all_reduce(self, buf, dtype: str, op: str) -> int:
         """Post an in-network all-reduce of buf (in place); wait() on the handle."""
+        if dtype not in INC_DTYPES:
+            raise NicError(
+                f"the switches reduce {', '.join(INC_DTYPES)}, not {dtype} (use another --algo)"
+            )
         c = ffi.from_buffer(buf, require_writable=True)
         code, item = INC_DTYPES[dtype]
         h = lib.ethp_nic_post_allreduce(self._nic, c, len(c) // item, code, INC_OPS[op])

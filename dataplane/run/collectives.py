@@ -21,6 +21,9 @@ MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
 RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
 _TAG_BITS = 12  # tags per collective call: 4096
+_SEQ_MASK = 0x7FFFF  # collective calls' tags: bit 31 clear
+P2P_TAG = 1 << 31  # point-to-point messages' tags: bit 31, the user's tag, a count
+P2P_USER_TAGS = 256
 _ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
 
 
@@ -32,12 +35,34 @@ class Comm:
         self.rank, self.world = transport.rank, transport.world
         self.dtype = dtype
         self._seq = 0
+        self._p2p: dict[tuple[int, int, int], int] = {}  # (direction, peer, tag) -> messages
+
+    # -- point to point
+    def _p2p_tag(self, direction: int, peer: int, tag: int) -> int:
+        """The n-th message of this direction with peer and tag: a sender and
+        its receiver count alike, so sends match receives in order (as MPI's
+        do), never a collective's messages."""
+        if not 0 <= tag < P2P_USER_TAGS:
+            raise ValueError(f"point-to-point tag {tag}: expected 0 to {P2P_USER_TAGS - 1}")
+        if not 0 <= peer < self.world or peer == self.rank:
+            raise ValueError(f"peer {peer}: expected another rank of 0 to {self.world - 1}")
+        n = self._p2p.get((direction, peer, tag), 0)
+        self._p2p[direction, peer, tag] = n + 1
+        return P2P_TAG | tag << 23 | (n & 0x7FFFFF)
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int = 0) -> object:
+        """Start sending buf to peer (wait on the handle with self.t)."""
+        return self.t.isend(peer, self._p2p_tag(0, peer, tag), buf)
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int = 0) -> object:
+        """Start receiving peer's next message of this tag into buf."""
+        return self.t.irecv(peer, self._p2p_tag(1, peer, tag), buf)
 
     # -- helpers
     def _tags(self, needed: int):
         if needed > 1 << _TAG_BITS:
             raise ValueError(f"a collective needing {needed} messages per peer is too large")
-        base = (self._seq & 0xFFFFF) << _TAG_BITS
+        base = (self._seq & _SEQ_MASK) << _TAG_BITS
         self._seq += 1
         return lambda i: base | i
 

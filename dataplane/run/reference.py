@@ -22,6 +22,7 @@ DTYPES: dict[str, tuple[type, type, int]] = {
     "float16": (np.float16, np.float16, 1 << 11),
     "bfloat16": (np.uint16, np.float32, 1 << 8),  # stored as its 16 bits
     "int32": (np.int32, np.int32, 1 << 30),
+    "int64": (np.int64, np.int64, 1 << 62),
 }
 ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "int": "int32",
            "fp32": "float32", "fp16": "float16"}  # fmt: skip

@@ -71,6 +71,12 @@ class Transport(ABC):
         for h in handles:
             self.wait(h)
 
+    def poll(self, handle: object, timeout_s: float = 0.0) -> bool:
+        """Whether handle's transfer is complete, waiting up to timeout_s for
+        it (and moving the transport's other transfers on meanwhile); raises
+        the transfer's error as wait does."""
+        return handle is _DONE or self._poll(handle, timeout_s)
+
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         """All-reduce buf in place in the switches (in-network computing)."""
         raise needs_ethplus(self.name)
@@ -83,6 +89,9 @@ class Transport(ABC):
 
     @abstractmethod
     def _wait(self, handle: object) -> None: ...
+
+    @abstractmethod
+    def _poll(self, handle: object, timeout_s: float) -> bool: ...
 
     @abstractmethod
     def counters(self) -> dict[str, int]: ...
@@ -128,6 +137,9 @@ class Group(Transport):
 
     def _wait(self, handle: object) -> None:
         self.inner._wait(handle)
+
+    def _poll(self, handle: object, timeout_s: float) -> bool:
+        return self.inner._poll(handle, timeout_s)
 
     def counters(self) -> dict[str, int]:
         return self.inner.counters()

@@ -83,8 +83,11 @@ class NicTransport(Transport):
         return self.ep.post_recv(peer, tag, view)
 
     def _wait(self, handle: object) -> None:
+        self._poll(handle, None)
+
+    def _poll(self, handle: object, timeout_s: float | None) -> bool:
         try:
-            self.ep.wait(handle)
+            return self.ep.wait(handle, timeout_s) is not None
         except self._errors as e:
             raise TransportError(f"rank {self.rank}: {e}") from e
 

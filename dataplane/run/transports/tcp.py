@@ -21,6 +21,7 @@ import os
 import selectors
 import socket
 import struct
+import time
 
 from dataplane.lab import kernel
 from dataplane.run.transport import Options, Transport, TransportError
@@ -250,11 +251,22 @@ class TcpTransport(Transport):
         return total
 
     def _wait(self, handle: object) -> None:
+        while not self._poll(handle, 1.0):
+            pass
+
+    def _poll(self, handle: object, timeout_s: float) -> bool:
         m: _Msg = handle  # type: ignore[assignment]
+        end = time.monotonic() + timeout_s
+        moved = False  # one look at the sockets, even with no time to wait
         while not (m.done and m.pending == 0):
             if m.error:
                 raise TransportError(m.error)
-            self._progress(1.0)
+            left = end - time.monotonic()
+            if left <= 0 and moved:
+                return False
+            self._progress(max(left, 0.0))
+            moved = True
+        return True
 
     # -- progress
     def _progress(self, timeout_s: float) -> None:

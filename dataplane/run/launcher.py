@@ -1,0 +1,321 @@
+"""``ethplus run``: a program's ranks in a lab's accelerators, torchrun style.
+
+One process per rank, each started inside its node's namespace (this
+module's ``__main__``: join the namespace, die with the launcher, exec the
+command) with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR on the lab's network, MASTER_PORT) and the lab's (ENV_*: what the
+``ethplus`` torch backend reads).  Each rank's output is printed prefixed with
+its rank; when one fails, the others are stopped and the run fails in one
+line naming it.  After a run, the ranks' records (torch_backend writes one
+each) become the per-collective table, beside the fabric's counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from dataplane.errors import EthplusError, UsageError
+from dataplane.lab import cpu
+from dataplane.lab.labs import python_module
+from dataplane.model.catalog import bus_factor
+
+ENV_LAB = "ETHPLUS_LAB"
+ENV_NODES = "ETHPLUS_NODES"  # the job's accelerators, in rank order, comma-separated
+ENV_TRANSPORT = "ETHPLUS_TRANSPORT"  # ethplus, roce, tcp, or gloo (stock gloo, timed)
+ENV_RUN_DIR = "ETHPLUS_RUN_DIR"  # where each rank writes rank-N.json at shutdown
+ENV_BACKEND = "ETHPLUS_BACKEND"  # the name a program passes to init_process_group
+TRANSPORTS = ("ethplus", "roce", "tcp")
+BACKENDS = ("ethplus", "gloo")
+MASTER_PORT = 29500
+GRACE_S = 3.0
+SAMPLE_S = 0.5
+PR_SET_PDEATHSIG = 1
+
+
+class RunError(EthplusError, RuntimeError):
+    """A rank failed, or the run could not start."""
+
+
+@dataclass
+class RankEnv:
+    """What ethplus run told this rank."""
+
+    lab: str
+    nodes: list[str]
+    transport: str
+    run_dir: str | None
+
+    @property
+    def world(self) -> int:
+        return len(self.nodes)
+
+    def members(self, rec: dict) -> list[int]:
+        index = {n["name"]: n["index"] for n in rec["topology"]["nodes"] if n["role"] == "host"}
+        return [index[n] for n in self.nodes]
+
+
+def rank_env(environ=os.environ) -> RankEnv:
+    """This rank's settings (UsageError naming what is missing or wrong)."""
+    lab = environ.get(ENV_LAB)
+    if not lab:
+        raise UsageError(
+            f"the ethplus backend runs under `ethplus run LAB -- CMD` ({ENV_LAB} is not set)"
+        )
+    nodes = [x for x in environ.get(ENV_NODES, "").split(",") if x]
+    transport = environ.get(ENV_TRANSPORT, "ethplus")
+    if transport not in (*TRANSPORTS, "gloo"):
+        raise UsageError(
+            f"{ENV_TRANSPORT}={transport!r}: expected one of {', '.join(TRANSPORTS)}, gloo"
+        )
+    if not nodes:
+        raise UsageError(f"{ENV_NODES} is not set (ethplus run sets it)")
+    return RankEnv(lab, nodes, transport, environ.get(ENV_RUN_DIR) or None)
+
+
+# ---------------------------------------------------------------- the launcher side
+
+
+@dataclass
+class Rank:
+    rank: int
+    node: str
+    proc: asyncio.subprocess.Process | None = None
+    rc: int | None = None
+
+
+def _host_port(rec: dict, node: str) -> dict:
+    n = next(x for x in rec["topology"]["nodes"] if x["name"] == node)
+    return min(n["ports"], key=lambda p: p.get("plane", 0))
+
+
+def command(cmd: list[str]) -> list[str]:
+    """The user's command, `python` meaning the Python ethplus runs on (as
+    torchrun runs a script with its own)."""
+    if not cmd:
+        raise UsageError("nothing to run: ethplus run LAB [OPTIONS] -- CMD [ARGS...]")
+    if cmd[0] in ("python", "python3"):
+        return [sys.executable, *cmd[1:]]
+    return list(cmd)
+
+
+def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend: str,
+                 run_dir: str, master_port: int) -> dict[str, str]:  # fmt: skip
+    """The environment of rank's process: the caller's, torchrun's, the lab's."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the machine's cores, as torchrun's
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank),
+        "MASTER_ADDR": _host_port(rec, nodes[0])["ip"], "MASTER_PORT": str(master_port),
+        "PYTHONUNBUFFERED": "1",
+        ENV_LAB: rec["name"], ENV_NODES: ",".join(nodes),
+        ENV_TRANSPORT: "gloo" if backend == "gloo" else transport,
+        ENV_RUN_DIR: run_dir, ENV_BACKEND: "ethplus",
+        "GLOO_SOCKET_IFNAME": _host_port(rec, nodes[rank])["ifname"],
+    })  # fmt: skip
+    return env
+
+
+class Launch:
+    """One run of a command on some of a lab's accelerators."""
+
+    def __init__(self, rec: dict, nodes: list[str], cmd: list[str], transport: str = "ethplus",
+                 backend: str = "ethplus", master_port: int = MASTER_PORT,
+                 timeout_s: float | None = None, say=print):  # fmt: skip
+        if transport not in TRANSPORTS:
+            raise UsageError(f"--transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
+        if backend not in BACKENDS:
+            raise UsageError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+        if not 1 <= master_port <= 65535:
+            raise UsageError(f"--master-port {master_port}: expected 1 to 65535")
+        self.rec, self.nodes, self.cmd = rec, nodes, command(cmd)
+        self.transport, self.backend = transport, backend
+        self.master_port, self.timeout_s, self.say = master_port, timeout_s, say
+        self.ranks = [Rank(i, n) for i, n in enumerate(nodes)]
+        self.failed: str | None = None
+
+    def run(self) -> dict:
+        import uvloop
+
+        run_dir = tempfile.mkdtemp(prefix="ethplus-run-")
+        try:
+            return uvloop.run(self._main(run_dir))
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    async def _main(self, run_dir: str) -> dict:
+        from dataplane.lab.fabric_client import request  # noqa: F401 - fails early if absent
+        from dataplane.run.job import _compact, fabric_stats
+
+        loop = asyncio.get_running_loop()
+        lab = self.rec["name"]
+        before = await loop.run_in_executor(None, fabric_stats, lab)
+        busy0 = cpu.machine_s()
+        t0 = time.monotonic()
+        samples: list[dict] = []
+
+        async def sample() -> None:
+            while True:
+                st = await loop.run_in_executor(None, fabric_stats, lab)
+                s = _compact(st)
+                s["workers_cpu_s"] = 0.0
+                samples.append(s)
+                await asyncio.sleep(SAMPLE_S)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            for r in self.ranks:
+                await self._spawn(r, run_dir)
+            watch = [asyncio.create_task(self._watch(r)) for r in self.ranks]
+            try:
+                await asyncio.wait_for(asyncio.gather(*watch), self.timeout_s)
+            except TimeoutError:
+                self._fail(f"the run took longer than --timeout {self.timeout_s:g} s")
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError, ValueError):
+                await sampler
+            await self._stop_all()
+        if self.failed:
+            raise RunError(self.failed)
+        after = await loop.run_in_executor(None, fabric_stats, lab)
+        busy1 = cpu.machine_s()
+        ranks = []
+        for r in self.ranks:
+            rep = _read_report(run_dir, r)
+            ranks.append({"rank": r.rank, "node": r.node, **rep})
+        return {
+            "lab": lab, "nodes": self.nodes, "command": self.cmd, "backend": self.backend,
+            "transport": "gloo" if self.backend == "gloo" else self.transport,
+            "ranks": ranks, "rows": [], "samples": samples,
+            "fabric_before": before, "fabric_after": after, "wall_s": time.monotonic() - t0,
+            "machine_busy_frac": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9),
+        }  # fmt: skip
+
+    async def _spawn(self, r: Rank, run_dir: str) -> None:
+        ns = self.rec["namespaces"][r.node]
+        env = rank_environ(self.rec, self.nodes, r.rank, self.transport, self.backend, run_dir,
+                           self.master_port)  # fmt: skip
+        r.proc = await asyncio.create_subprocess_exec(
+            *python_module("dataplane.run.launcher", ns, "--", *self.cmd),
+            env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    async def _watch(self, r: Rank) -> None:
+        prefix = f"[rank {r.rank} {r.node}] "
+        assert r.proc is not None and r.proc.stdout is not None
+        async for line in r.proc.stdout:
+            self.say(prefix + line.decode(errors="replace").rstrip("\n"))
+        r.rc = await r.proc.wait()
+        if r.rc != 0:
+            how = f"was killed by signal {-r.rc}" if r.rc < 0 else f"exited with status {r.rc}"
+            self._fail(f"rank {r.rank} ({r.node}) {how}")
+
+    def _fail(self, msg: str) -> None:
+        if self.failed is None:
+            self.failed = msg
+            for r in self.ranks:
+                _signal(r, signal.SIGTERM)
+
+    async def _stop_all(self) -> None:
+        live = [r for r in self.ranks if r.proc is not None and r.proc.returncode is None]
+        for r in live:
+            _signal(r, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.proc.wait() for r in live)), GRACE_S)
+        except TimeoutError:
+            for r in live:
+                _signal(r, signal.SIGKILL)
+            await asyncio.gather(*(r.proc.wait() for r in live))
+        for r in self.ranks:  # what a rank left behind in its session
+            _signal(r, signal.SIGKILL)
+
+
+def _signal(r: Rank, sig: int) -> None:
+    """sig to rank's whole session (its command and what that started)."""
+    if r.proc is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(r.proc.pid, sig)
+
+
+def _read_report(run_dir: str, r: Rank) -> dict:
+    """A rank's record, or {} if it wrote none (a program that did not use
+    the ethplus backend)."""
+    path = os.path.join(run_dir, f"rank-{r.rank}.json")
+    try:
+        with open(path) as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return rep if isinstance(rep, dict) else {}
+
+
+def summary(result: dict) -> list[dict]:
+    """Per collective and size: calls, bytes, nominal seconds (each call the
+    slowest rank's), busbw (nccl-tests' factors, GB/s)."""
+    ranks = [r for r in result["ranks"] if r.get("calls") is not None]
+    if not ranks:
+        return []
+    world = len(result["ranks"])
+    n_calls = min(len(r["calls"]) for r in ranks)
+    rows: dict[tuple[str, int], dict] = {}
+    for i in range(n_calls):
+        name, nbytes, _ = ranks[0]["calls"][i]
+        t = max(r["calls"][i][2] for r in ranks)
+        row = rows.setdefault((name, nbytes), {"collective": name, "size_bytes": nbytes,
+                                               "calls": 0, "time_s": 0.0})  # fmt: skip
+        row["calls"] += 1
+        row["time_s"] += t
+    out = []
+    for row in rows.values():
+        moved = row["calls"] * row["size_bytes"]
+        alg = moved / row["time_s"] / 1e9 if row["time_s"] > 0 else 0.0
+        factor = 0.0 if row["collective"] == "barrier" else bus_factor(row["collective"], world)
+        out.append({**row, "bytes": moved, "algbw_GBps": alg, "busbw_GBps": alg * factor})
+    for kind in ("send", "recv"):
+        calls = sum(r["p2p"][kind][0] for r in ranks)
+        if calls:
+            nbytes = sum(r["p2p"][kind][1] for r in ranks)
+            t = sum(r["p2p"][kind][2] for r in ranks)
+            out.append({"collective": kind, "size_bytes": 0, "calls": calls, "time_s": t,
+                        "bytes": nbytes, "algbw_GBps": nbytes / t / 1e9 if t else 0.0,
+                        "busbw_GBps": 0.0})  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------- a rank's start
+
+
+def main(argv: list[str]) -> int:
+    """python -I -m dataplane.run.launcher NS -- CMD...: CMD in namespace NS."""
+    from dataplane.lab import core
+
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: launcher NS -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    core.netns_join(argv[0])
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        return 1  # the launcher died before the line above
+    cmd = argv[2:]
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        print(f"ethplus run: cannot start {cmd[0]}: {e.strerror}", file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
