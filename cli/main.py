@@ -417,7 +417,7 @@ def cmd_run(args) -> int:
             print(f"\ncommunication, {label}, {len(nodes)} ranks (nominal; each call the"
                   " slowest rank's):")  # fmt: skip
             print(table(
-                [[r["collective"], size_text(r["size_bytes"]) if r["size_bytes"] else "-",
+                [[r["collective"], _size_range(r["min_bytes"], r["size_bytes"]),
                   str(r["calls"]), size_text(r["bytes"]), f"{r['time_s'] * 1e3:.3f}",
                   f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows],
                 ["COLLECTIVE", "SIZE", "CALLS", "BYTES", "TIME_MS", "ALGBW_GBps", "BUSBW_GBps"],
@@ -433,6 +433,12 @@ def cmd_run(args) -> int:
     if args.json:
         bench.write_json(result, args.json)
     return 0
+
+
+def _size_range(lo: int, hi: int) -> str:
+    if not hi:
+        return "-"
+    return size_text(hi) if lo == hi else f"{size_text(lo)}-{size_text(hi)}"
 
 
 def cmd_clean(args) -> int:

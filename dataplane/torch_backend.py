@@ -35,7 +35,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ReduceOp, _create_work_from_future
+from torch._C._distributed_c10d import ReduceOp
 from torch.futures import Future
 
 from dataplane.errors import EthplusError
@@ -106,17 +106,51 @@ class Calls:
         self.timer = Timer(lab, k)
         self.calls: list[list] = []
         self.p2p = {"send": [0, 0, 0.0], "recv": [0, 0, 0.0]}  # calls, bytes, nominal s
+        self.lock = threading.Lock()  # gloo's point-to-point calls end in threads of their own
 
     def now_s(self) -> float:
         return self.timer.now()[1]
 
     def add(self, name: str, nbytes: int, n0: float) -> None:
         dt = self.now_s() - n0
-        if name in self.p2p:
-            c = self.p2p[name]
-            c[0], c[1], c[2] = c[0] + 1, c[1] + nbytes, c[2] + dt
-        else:
-            self.calls.append([name, nbytes, dt])
+        with self.lock:
+            if name in self.p2p:
+                c = self.p2p[name]
+                c[0], c[1], c[2] = c[0] + 1, c[1] + nbytes, c[2] + dt
+            else:
+                self.calls.append([name, nbytes, dt])
+
+
+class Work(dist.Work):
+    """A call's work: done when its future is; wait() raises the call's error
+    (torch's work made from a future returns True even when the future
+    failed, which would hide a failed transfer)."""
+
+    def __init__(self, fut: Future):
+        super().__init__()
+        self.fut = fut
+
+    def wait(self, timeout=None) -> bool:
+        self.fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.fut.done()
+
+    def is_success(self) -> bool:
+        if not self.fut.done():
+            return False
+        try:
+            self.fut.value()
+        except Exception:  # noqa: BLE001 - the call's error
+            return False
+        return True
+
+    def get_future(self) -> Future:
+        return self.fut
+
+    def result(self):
+        return self.fut.wait()
 
 
 class _Engine:
@@ -137,7 +171,7 @@ class _Engine:
         point one: returns its handle); the work's value is result."""
         fut: Future = Future()
         self.q.put((name, nbytes, fn, result, fut))
-        return _create_work_from_future(fut)
+        return Work(fut)
 
     def _main(self) -> None:
         while True:
@@ -158,13 +192,26 @@ class _Engine:
             except BaseException as e:  # noqa: BLE001 - to the caller's work
                 self._fail(e, fut)
                 continue
-            if name in self.calls.p2p:
+            if isinstance(h, _GlooOpen):  # gloo moves it only inside wait(): a thread waits
+                threading.Thread(target=self._gloo_wait, args=(h, fut, name, nbytes, n0, result),
+                                 daemon=True).start()  # fmt: skip
+            elif name in self.calls.p2p:
                 self.open.append((h, fut, name, nbytes, n0, result))
                 self._poll_open(0.0)
             else:
                 if name is not None:
                     self.calls.add(name, nbytes, n0)
                 fut.set_result(result)
+
+    def _gloo_wait(self, h: _GlooOpen, fut: Future, name: str, nbytes: int, n0: float,
+                   result) -> None:  # fmt: skip
+        try:
+            h.work.wait()
+        except BaseException as e:  # noqa: BLE001 - to the caller's work
+            fut.set_exception(e)
+            return
+        self.calls.add(name, nbytes, n0)
+        fut.set_result(result)
 
     def _poll_open(self, timeout_s: float) -> None:
         still = []
@@ -275,12 +322,13 @@ class EthplusGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        if self.gloo is not None:
+            avg = op.op == ReduceOp.AVG
+            return self._gloo("all-reduce", _nbytes(tensors), tensors, lambda: self.gloo.allreduce(
+                tensors, _gloo_opts(opts)), avg=avg)  # fmt: skip
         arrays = [array(t, "allreduce's tensor") for t in tensors]
         names = [op_name(op, dtype_of(t)) for t in tensors]
         nbytes = sum(a.nbytes for a in arrays)
-        if self.gloo is not None:
-            return self._gloo("all-reduce", nbytes, tensors, lambda: self.gloo.allreduce(
-                tensors, _gloo_opts(opts)), avg=names[0] == "avg")  # fmt: skip
 
         def run() -> None:
             for t, a, name in zip(tensors, arrays, names, strict=True):
@@ -296,11 +344,11 @@ class EthplusGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
+        if self.gloo is not None:
+            return self._gloo("broadcast", _nbytes(tensors), tensors,
+                              lambda: self.gloo.broadcast(tensors, opts))  # fmt: skip
         arrays = [array(t, "broadcast's tensor") for t in tensors]
         nbytes = sum(a.nbytes for a in arrays)
-        if self.gloo is not None:
-            return self._gloo("broadcast", nbytes, tensors,
-                              lambda: self.gloo.broadcast(tensors, opts))  # fmt: skip
 
         def run() -> None:
             for a in arrays:
@@ -309,12 +357,12 @@ class EthplusGroup(dist.ProcessGroup):
         return self.engine.submit("broadcast", nbytes, run, tensors)
 
     def _allgather_base(self, output, input, opts=None):
+        if self.gloo is not None:
+            return self._gloo("all-gather", _nbytes([output]), [output],
+                              lambda: self.gloo._allgather_base(output, input))  # fmt: skip
         out, inp = array(output, "all_gather's output"), array(input, "all_gather's input")
         _same_type(output, input)
         _need(out.size == inp.size * self._world, "all_gather's output must hold world x input")
-        if self.gloo is not None:
-            return self._gloo("all-gather", out.nbytes, [output],
-                              lambda: self.gloo._allgather_base(output, input))  # fmt: skip
         return self.engine.submit(
             "all-gather", out.nbytes, lambda: self._comm_of(output).all_gather(inp, out), [output]
         )
@@ -322,6 +370,9 @@ class EthplusGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather(self, output_lists, inputs, opts=None):
+        if self.gloo is not None:
+            return self._gloo("all-gather", _nbytes(output_lists[0]), output_lists,
+                              lambda: self.gloo.allgather(output_lists, inputs))  # fmt: skip
         outs, inp = output_lists[0], inputs[0]
         src = array(inp, "all_gather's input")
         for o in outs:
@@ -339,14 +390,14 @@ class EthplusGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        if self.gloo is not None:
+            return self._gloo("reduce-scatter", _nbytes([input]), [output], lambda: (
+                self.gloo._reduce_scatter_base(output, input, _gloo_opts(opts))),
+                avg=op.op == ReduceOp.AVG)  # fmt: skip
         out, inp = array(output, "reduce_scatter's output"), array(input, "reduce_scatter's input")
         _same_type(output, input)
         _need(inp.size == out.size * self._world, "reduce_scatter's input must hold world x output")
         name = op_name(op, dtype_of(output))
-        if self.gloo is not None:
-            return self._gloo("reduce-scatter", inp.nbytes, [output], lambda: (
-                self.gloo._reduce_scatter_base(output, input, _gloo_opts(opts))),
-                avg=name == "avg")  # fmt: skip
 
         def run() -> None:
             comm = self._comm_of(output)
@@ -367,13 +418,14 @@ class EthplusGroup(dist.ProcessGroup):
         return self._reduce_scatter_base(out, flat, opts)
 
     def alltoall_base(self, output, input, output_splits, input_splits, opts=None):
+        if self.gloo is not None:
+            return self._gloo("all-to-all", _nbytes([input]), [output], lambda: (
+                self.gloo.alltoall_base(output, input, output_splits, input_splits, opts)
+            ))  # fmt: skip
         out, inp = array(output, "all_to_all's output"), array(input, "all_to_all's input")
         _same_type(output, input)
         send = _counts(input, input_splits, self._world, "input_split_sizes")
         recv = _counts(output, output_splits, self._world, "output_split_sizes")
-        if self.gloo is not None:
-            return self._gloo("all-to-all", inp.nbytes, [output], lambda: self.gloo.alltoall_base(
-                output, input, output_splits, input_splits, opts))  # fmt: skip
         return self.engine.submit(
             "all-to-all", inp.nbytes,
             lambda: self._comm_of(output).all_to_all(inp, send, out, recv), [output],
@@ -382,6 +434,9 @@ class EthplusGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, outputs, inputs, opts=None):
+        if self.gloo is not None:
+            return self._gloo("all-to-all", _nbytes(inputs), outputs,
+                              lambda: self.gloo.alltoall(outputs, inputs))  # fmt: skip
         for t in (*outputs, *inputs):
             _same_type(t, inputs[0])
             array(t, "all_to_all's tensor")
@@ -411,15 +466,15 @@ class EthplusGroup(dist.ProcessGroup):
         return self.engine.submit("barrier", 0, run, [one])
 
     def send(self, tensors, dst: int, tag: int):
-        a = array(tensors[0], "send's tensor")
         if self.gloo is not None:
-            return self._gloo("send", a.nbytes, tensors, lambda: self.gloo.send(tensors, dst, tag))
+            return self._gloo_p2p("send", tensors, lambda: self.gloo.send(tensors, dst, tag))
+        a = array(tensors[0], "send's tensor")
         return self.engine.submit("send", a.nbytes, lambda: self.comm.isend(a, dst, tag), tensors)
 
     def recv(self, tensors, src: int, tag: int):
-        a = array(tensors[0], "recv's tensor")
         if self.gloo is not None:
-            return self._gloo("recv", a.nbytes, tensors, lambda: self.gloo.recv(tensors, src, tag))
+            return self._gloo_p2p("recv", tensors, lambda: self.gloo.recv(tensors, src, tag))
+        a = array(tensors[0], "recv's tensor")
         return self.engine.submit("recv", a.nbytes, lambda: self.comm.irecv(a, src, tag), tensors)
 
     # -- the rest
@@ -438,6 +493,11 @@ class EthplusGroup(dist.ProcessGroup):
                     t.div_(self._world)
 
         return self.engine.submit(name, nbytes, run, tensors)
+
+    def _gloo_p2p(self, name: str, tensors, call):
+        """gloo's send or receive, posted by the engine's thread (gloo's own
+        threads move it) and kept open as ours are."""
+        return self.engine.submit(name, _nbytes(tensors), lambda: _GlooOpen(call()), tensors)
 
     def report(self) -> dict:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -474,6 +534,17 @@ class EthplusGroup(dist.ProcessGroup):
                 self.transport.close()
 
 
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _GlooOpen:
+    """A gloo work as the engine's open transfers are polled."""
+
+    def __init__(self, work):
+        self.work = work
+
+
 def _gloo_opts(opts):
     """gloo has no AVG: ask for SUM (the caller divides)."""
     if opts is not None and opts.reduceOp.op == ReduceOp.AVG:
@@ -508,9 +579,10 @@ def _counts(t: torch.Tensor, splits, world: int, what: str) -> list[int]:
     return [s * row for s in splits]
 
 
-def _then(work, fn):
-    """A work that completes with fn(value) once work does."""
-    return _create_work_from_future(work.get_future().then(lambda f: fn(f.value())))
+def _then(work: Work, fn) -> Work:
+    """A work that completes with fn(value) once work does (its error, if
+    it fails)."""
+    return Work(work.get_future().then(lambda f: fn(f.value())))
 
 
 def _create(store, rank: int, world: int, timeout: timedelta) -> EthplusGroup:

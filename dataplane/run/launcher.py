@@ -93,9 +93,14 @@ class Rank:
     rc: int | None = None
 
 
-def _host_port(rec: dict, node: str) -> dict:
+def _ports(rec: dict, node: str) -> list[dict]:
+    """node's ports, by plane."""
     n = next(x for x in rec["topology"]["nodes"] if x["name"] == node)
-    return min(n["ports"], key=lambda p: p.get("plane", 0))
+    return sorted(n["ports"], key=lambda p: p.get("plane", 0))
+
+
+def _host_port(rec: dict, node: str) -> dict:
+    return _ports(rec, node)[0]
 
 
 def command(cmd: list[str]) -> list[str]:
@@ -121,7 +126,7 @@ def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend
         ENV_LAB: rec["name"], ENV_NODES: ",".join(nodes),
         ENV_TRANSPORT: "gloo" if backend == "gloo" else transport,
         ENV_RUN_DIR: run_dir, ENV_BACKEND: "ethplus",
-        "GLOO_SOCKET_IFNAME": _host_port(rec, nodes[rank])["ifname"],
+        "GLOO_SOCKET_IFNAME": ",".join(p["ifname"] for p in _ports(rec, nodes[rank])),
     })  # fmt: skip
     return env
 
@@ -263,33 +268,41 @@ def _read_report(run_dir: str, r: Rank) -> dict:
 
 def summary(result: dict) -> list[dict]:
     """Per collective and size: calls, bytes, nominal seconds (each call the
-    slowest rank's), busbw (nccl-tests' factors, GB/s)."""
+    slowest rank's), busbw (nccl-tests' factors, GB/s).  A call's size is the
+    largest of its ranks' (an uneven all-to-all's differ); calls whose sizes
+    differ but round up to the same power of two share a row, which gives
+    their range."""
     ranks = [r for r in result["ranks"] if r.get("calls") is not None]
     if not ranks:
         return []
     world = len(result["ranks"])
-    n_calls = min(len(r["calls"]) for r in ranks)
     rows: dict[tuple[str, int], dict] = {}
-    for i in range(n_calls):
-        name, nbytes, _ = ranks[0]["calls"][i]
+    for i in range(min(len(r["calls"]) for r in ranks)):
+        name = ranks[0]["calls"][i][0]
+        nbytes = max(r["calls"][i][1] for r in ranks)
         t = max(r["calls"][i][2] for r in ranks)
-        row = rows.setdefault((name, nbytes), {"collective": name, "size_bytes": nbytes,
-                                               "calls": 0, "time_s": 0.0})  # fmt: skip
+        bucket = 1 << max(nbytes - 1, 0).bit_length()
+        row = rows.setdefault((name, bucket), {"collective": name, "min_bytes": nbytes,
+                                               "size_bytes": nbytes, "calls": 0,
+                                               "bytes": 0, "time_s": 0.0})  # fmt: skip
         row["calls"] += 1
+        row["bytes"] += nbytes
         row["time_s"] += t
+        row["min_bytes"] = min(row["min_bytes"], nbytes)
+        row["size_bytes"] = max(row["size_bytes"], nbytes)
     out = []
     for row in rows.values():
-        moved = row["calls"] * row["size_bytes"]
-        alg = moved / row["time_s"] / 1e9 if row["time_s"] > 0 else 0.0
+        alg = row["bytes"] / row["time_s"] / 1e9 if row["time_s"] > 0 else 0.0
         factor = 0.0 if row["collective"] == "barrier" else bus_factor(row["collective"], world)
-        out.append({**row, "bytes": moved, "algbw_GBps": alg, "busbw_GBps": alg * factor})
+        out.append({**row, "algbw_GBps": alg, "busbw_GBps": alg * factor})
     for kind in ("send", "recv"):
         calls = sum(r["p2p"][kind][0] for r in ranks)
         if calls:
             nbytes = sum(r["p2p"][kind][1] for r in ranks)
             t = sum(r["p2p"][kind][2] for r in ranks)
-            out.append({"collective": kind, "size_bytes": 0, "calls": calls, "time_s": t,
-                        "bytes": nbytes, "algbw_GBps": nbytes / t / 1e9 if t else 0.0,
+            alg = nbytes / t / 1e9 if t else 0.0
+            out.append({"collective": kind, "min_bytes": 0, "size_bytes": 0, "calls": calls,
+                        "time_s": t, "bytes": nbytes, "algbw_GBps": alg,
                         "busbw_GBps": 0.0})  # fmt: skip
     return out
 
