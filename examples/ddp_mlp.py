@@ -1,5 +1,5 @@
 """Data-parallel training of a small MLP with DistributedDataParallel on
-synthetic data: run it on a lab's accelerators with
+synthetic data (labels from a fixed random linear teacher): run it on a lab's accelerators with
 
     ethplus run erack-8x4 -- python examples/ddp_mlp.py [--steps N]
 
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import dataplane.torch_backend  # noqa: F401 - registers the "ethplus" backend
+import dataplane.run.torch_backend  # noqa: F401 - registers the "ethplus" backend
 
 
 def main() -> None:
@@ -37,11 +37,12 @@ def main() -> None:
         nn.Linear(args.hidden, 10),
     )  # fmt: skip
     ddp = DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+    teacher = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))  # what to learn
     data = torch.Generator().manual_seed(1000 + rank)  # this rank's shard
     for step in range(args.steps):
         x = torch.randn(args.batch, 64, generator=data)
-        y = torch.randint(0, 10, (args.batch,), generator=data)
+        y = (x @ teacher).argmax(dim=1)
         loss = F.cross_entropy(ddp(x), y)
         opt.zero_grad()
         loss.backward()

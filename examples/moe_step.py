@@ -18,7 +18,7 @@ import torch.distributed.nn.functional as dnn
 import torch.nn.functional as F
 from torch import nn
 
-import dataplane.torch_backend  # noqa: F401 - registers the "ethplus" backend
+import dataplane.run.torch_backend  # noqa: F401 - registers the "ethplus" backend
 
 
 def main() -> None:

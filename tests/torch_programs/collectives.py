@@ -8,7 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import dataplane.torch_backend  # noqa: F401 - registers "ethplus"
+import dataplane.run.torch_backend  # noqa: F401 - registers "ethplus"
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,

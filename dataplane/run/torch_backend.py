@@ -3,7 +3,7 @@ project's transports, inside a lab started by ``ethplus run``.
 
 Importing this module registers the backend (CPU tensors)::
 
-    import dataplane.torch_backend  # noqa: F401
+    import dataplane.run.torch_backend  # noqa: F401
     torch.distributed.init_process_group("ethplus")
 
 A rank learns its lab, its node and its transport from the environment

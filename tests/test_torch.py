@@ -1,0 +1,203 @@
+"""PyTorch on the emulated fabric: the ethplus torch.distributed backend and
+`ethplus run`, against stock gloo over kernel TCP through the same switches."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ethplus, netns_names
+from labtools import module_lab
+
+from dataplane.errors import UsageError
+from dataplane.run import launcher, torch_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = Path(__file__).resolve().parent / "torch_programs"
+TRANSPORTS = ("ethplus", "roce", "tcp")
+
+
+def run(lab: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """ethplus run LAB ARGS (options, then -- and the command)."""
+    return ethplus("run", lab, *args, timeout=timeout)
+
+
+def rank_lines(out: str, pattern: str) -> dict[int, list[str]]:
+    """Each rank's output lines matching pattern (its first group), in order."""
+    got: dict[int, list[str]] = {}
+    for m in re.finditer(r"^\[rank (\d+) \S+\] " + pattern + r"$", out, re.M):
+        got.setdefault(int(m.group(1)), []).append(m.group(2))
+    return got
+
+
+# ---------------------------------------------------------------- without a lab
+
+
+def test_tensors_the_backend_cannot_take_are_a_clear_type_error():
+    with pytest.raises(TypeError, match=r"float64; supported: float32, float16, bfloat16"):
+        torch_backend.array(torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="not contiguous"):
+        torch_backend.array(torch.zeros(4, 4).t())
+    with pytest.raises(TypeError, match="not a tensor"):
+        torch_backend.array([1.0, 2.0])
+    with pytest.raises(ValueError, match="AVG of int32 is not defined"):
+        torch_backend.op_name(torch.distributed.ReduceOp.AVG, "int32")
+    with pytest.raises(ValueError, match="PRODUCT"):
+        torch_backend.op_name(torch.distributed.ReduceOp.PRODUCT, "float32")
+
+
+def test_the_backend_uses_the_tensors_own_memory():
+    for dtype in torch_backend.DTYPES:
+        t = torch.zeros(6, dtype=dtype)
+        a = torch_backend.array(t)
+        a[2] = 1  # bfloat16: the bits 0x0001, a tiny positive number
+        assert t[2] != 0 and a.size == 6, dtype
+    g = torch.zeros(3, requires_grad=True)
+    torch_backend.array(g)[0] = 5
+    assert g[0].item() == 5
+
+
+def test_a_rank_outside_ethplus_run_is_told_how_to_start():
+    with pytest.raises(UsageError, match="runs under `ethplus run LAB -- CMD`"):
+        launcher.rank_env({})
+    with pytest.raises(UsageError, match="ETHPLUS_TRANSPORT='ib'"):
+        launcher.rank_env(
+            {launcher.ENV_LAB: "x", launcher.ENV_NODES: "h0", launcher.ENV_TRANSPORT: "ib"}
+        )
+
+
+def test_the_summary_takes_each_call_at_its_slowest_rank():
+    ranks = [
+        {"calls": [["all-reduce", 1 << 20, 0.001], ["all-to-all", 300, 0.002]],
+         "p2p": {"send": [1, 10, 0.5], "recv": [0, 0, 0.0]}},
+        {"calls": [["all-reduce", 1 << 20, 0.003], ["all-to-all", 500, 0.001]],
+         "p2p": {"send": [0, 0, 0.0], "recv": [1, 10, 0.25]}},
+    ]  # fmt: skip
+    rows = {r["collective"]: r for r in launcher.summary({"ranks": ranks})}
+    ar = rows["all-reduce"]
+    assert ar["calls"] == 1 and ar["time_s"] == 0.003
+    assert ar["busbw_GBps"] == pytest.approx((1 << 20) / 0.003 / 1e9 * 1.0)  # 2(n-1)/n = 1
+    a2a = rows["all-to-all"]  # uneven: the larger rank's bytes, the slower rank's time
+    assert a2a["size_bytes"] == 500 and a2a["min_bytes"] == 500 and a2a["time_s"] == 0.002
+    assert rows["send"]["calls"] == 1 and rows["recv"]["bytes"] == 10
+
+
+def test_run_says_what_is_wrong_before_touching_a_lab():
+    r = ethplus("run", "erack-8x4")
+    assert r.returncode != 0 and "nothing to run" in r.stderr and "Traceback" not in r.stderr
+    r = ethplus("run", "no-such-lab", "--", "true")
+    assert r.returncode != 0 and "neither a running lab" in r.stderr
+    r = ethplus("run", "erack-8x4", "--transport", "ib", "--", "true")
+    assert r.returncode != 0 and "invalid choice: 'ib'" in r.stderr
+
+
+# ---------------------------------------------------------------- real labs
+
+
+erack = module_lab("pt", "erack-8x4", name_only=True)
+clos = module_lab("pt", "clos-16", name_only=True)
+
+
+def _losses(out: str) -> dict[int, list[float]]:
+    return {r: [float(x) for x in v] for r, v in rank_lines(out, r"step \d+ loss (\S+).*").items()}
+
+
+@pytest.mark.root
+def test_ddp_training_agrees_on_every_transport_and_with_gloo(erack):
+    """The DDP example on ethplus, roce, tcp and stock gloo: each completes;
+    every rank of a run has the same losses and weights bit for bit (an
+    all-reduce gives all ranks the same bits); the runs' losses agree within
+    1e-5 (their reductions add in different orders)."""
+    script = str(ROOT / "examples" / "ddp_mlp.py")
+    runs = {}
+    for t in TRANSPORTS:
+        runs[t] = run(erack, "--transport", t, "--", "python", script, "--steps", "4")
+    runs["gloo"] = run(erack, "--backend", "gloo", "--", "python", script, "--steps", "4")
+    losses = {}
+    for name, r in runs.items():
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+        per_rank = _losses(r.stdout)
+        assert sorted(per_rank) == list(range(8)), name
+        assert all(v == per_rank[0] and len(v) == 4 for v in per_rank.values()), name
+        digests = set(sum(rank_lines(r.stdout, r"weights sha256 (\w+)").values(), []))
+        assert len(digests) == 1, f"{name}: ranks' weights differ: {digests}"
+        assert re.search(r"^all-reduce\s+\S+ \S+\s+\d+", r.stdout, re.M), r.stdout
+        assert "fidelity (time scale" in r.stdout
+        losses[name] = per_rank[0]
+    assert losses["gloo"][-1] < losses["gloo"][0]  # it trains
+    for name, v in losses.items():
+        assert v == pytest.approx(losses["gloo"], rel=1e-5), name
+
+
+@pytest.mark.root
+def test_moe_steps_agree_with_gloo(erack):
+    script = str(ROOT / "examples" / "moe_step.py")
+    ours = run(erack, "--", "python", script, "--steps", "3")
+    gloo = run(erack, "--backend", "gloo", "--", "python", script, "--steps", "3")
+    for r in (ours, gloo):
+        assert r.returncode == 0, r.stderr[-2000:]
+    sent = rank_lines(ours.stdout, r"step 0 loss \S+ sent (.*)")
+    assert len({s[0] for s in sent.values()}) > 1  # uneven, rank by rank
+    assert _losses(ours.stdout)[0] == pytest.approx(_losses(gloo.stdout)[0], rel=1e-5)
+    assert re.search(r"^all-to-all\s+\S+ \w+\s+\d+", ours.stdout, re.M)  # in the table
+
+
+def _collectives(lab: str, out: Path, *args: str) -> subprocess.CompletedProcess:
+    out.mkdir()
+    r = run(lab, *args, "--", "python", str(PROGRAMS / "collectives.py"), str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    "lab, nodes, transports",
+    [("erack", None, TRANSPORTS), ("clos", "h0,h1,h4,h6,h9,h14", ("ethplus",))],
+)
+def test_every_collective_matches_gloo(lab, nodes, transports, request, tmp_path):
+    """all_reduce (sum, max, min, avg; every type), all_gather (both forms),
+    reduce_scatter (both), all_to_all_single (even, uneven), all_to_all,
+    broadcast, barrier, send/recv, async: the same results as stock gloo's,
+    exactly (the inputs are small integers, exact in any order)."""
+    name = request.getfixturevalue(lab)
+    sel = ("--nodes", nodes) if nodes else ()
+    _collectives(name, tmp_path / "gloo", *sel, "--backend", "gloo")
+    world = len(nodes.split(",")) if nodes else 8
+    for t in transports:
+        r = _collectives(name, tmp_path / t, *sel, "--transport", t)
+        assert len(rank_lines(r.stdout, r"(uneven all_to_all exact)")) == world
+        assert len(rank_lines(r.stdout, r"refused (dtype): .*float64.*")) == world
+        assert len(rank_lines(r.stdout, r"refused (contiguous): .*not contiguous.*")) == world
+        for rank in range(world):
+            ours = torch.load(tmp_path / t / f"rank-{rank}.pt")
+            base = torch.load(tmp_path / "gloo" / f"rank-{rank}.pt")
+            assert ours.keys() == base.keys()
+            wrong = [k for k in ours if not torch.equal(ours[k], base[k])]
+            assert not wrong, f"{t}, rank {rank}: {wrong}"
+
+
+@pytest.mark.root
+def test_a_killed_rank_fails_the_run_in_one_line(erack, tmp_path):
+    marker = f"ethp-victim-{os.getpid()}"
+    prog = tmp_path / f"{marker}.py"
+    prog.write_text(
+        "import os, signal, torch, torch.distributed as dist\n"
+        "import dataplane.run.torch_backend\n"
+        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+        "x = torch.ones(1 << 16)\n"
+        "dist.all_reduce(x)\n"
+        "if dist.get_rank() == 2:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "while True:\n"
+        "    dist.all_reduce(x)\n"
+    )
+    before = netns_names()
+    r = run(erack, "--", "python", str(prog), timeout=120)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()
+    assert last == ["ethplus: error: rank 2 (h2) was killed by signal 9"], r.stderr
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert not left, f"processes left behind: {left}"
+    assert netns_names() == before
