@@ -93,7 +93,8 @@ def jobs(lab: str, tmp: Path) -> None:
 
 def overhead(lab: str, tmp: Path, runs: int, iters: int) -> None:
     print("backend overhead: time per call under `ethplus run` (torch) / `ethplus bench`,"
-          " same collective, size and algorithm (auto), alternating runs")  # fmt: skip
+          " same collective, size and algorithm (ring: what the backend's auto takes at these"
+          " sizes), alternating runs")  # fmt: skip
     for coll, size in (("all-reduce", "1M"), ("all-reduce", "16M"), ("all-to-all", "1M")):
         ratios = []
         for i in range(runs):
@@ -117,6 +118,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3, help="alternating overhead runs (3)")
     p.add_argument("--time-scale", type=float, help="k (default: the lab's auto k, pinned)")
     p.add_argument("--iters", type=int, default=20, help="calls per overhead run (20)")
+    p.add_argument("--only", choices=["jobs", "overhead"], help="one part only")
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_torch.py: run as root")
@@ -129,8 +131,10 @@ def main() -> int:
             tmp = Path(d)
             k = json.loads(ethplus("lab", "show", lab, "--json").stdout)["time_scale"]
             print(f"erack-8x4, 8 ranks, k={k:g} (pinned)\n")
-            jobs(lab, tmp)
-            overhead(lab, tmp, args.runs, args.iters)
+            if args.only != "overhead":
+                jobs(lab, tmp)
+            if args.only != "jobs":
+                overhead(lab, tmp, args.runs, args.iters)
     finally:
         subprocess.run([*ETHPLUS, "lab", "down", lab], capture_output=True, cwd=ROOT)
     return 0
@@ -139,7 +143,7 @@ def main() -> int:
 def ethplus_bench(lab: str, tmp: Path, coll: str, size: str, iters: int, i: int) -> str:
     out = tmp / f"bench-{coll}-{size}-{i}.json"
     ethplus("bench", coll, "--lab", lab, "--sizes", size, "--iters", str(iters), "--warmup",
-            str(WARMUP), "--algo", "auto" if coll == "all-reduce" else "ring", "--no-govern",
+            str(WARMUP), "--algo", "ring", "--no-govern",
             "--json", str(out))  # fmt: skip
     return out.read_text()
 
