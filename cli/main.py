@@ -401,6 +401,7 @@ def cmd_run(args) -> int:
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     launcher.command(cmd)  # nothing to run: said before a lab is touched
+    launcher.check_options(args.transport, args.backend, args.algo, args.master_port)
     labs.require_root("ethplus run")
     with labs.session(args.lab, args.time_scale, announce=_announce) as rec:
         nodes = bench.check_nodes(args.nodes, rec) or [
@@ -409,6 +410,7 @@ def cmd_run(args) -> int:
         ]  # fmt: skip
         run = launcher.Launch(rec, nodes, cmd, transport=args.transport, backend=args.backend,
                               master_port=args.master_port, timeout_s=args.timeout,
+                              algo=args.algo,
                               say=lambda m: print(m, flush=True))  # fmt: skip
         result = run.run()
         rows = launcher.summary(result)
@@ -911,6 +913,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["ethplus", "roce", "tcp"],
         help="the ethplus backend's transport (default ethplus)",
     )
+    rn.add_argument("--algo", default="auto",
+                    help="all-reduce: ring, halving-doubling, hierarchical, in-network or auto"
+                    " (default: chosen per size as bench's; the switches where the lab reduces"
+                    " and the transport is ethplus)")  # fmt: skip
     rn.add_argument("--master-port", type=int, default=29500, help="MASTER_PORT (29500)")
     rn.add_argument("--timeout", type=float, metavar="S", help="stop the run after S seconds")
     rn.add_argument("--time-scale", type=float, metavar="K", help="k, for a lab file")

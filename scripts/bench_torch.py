@@ -8,7 +8,8 @@ One lab (pinned k), everything in one run:
    communication time per step, busbw of each's main collective, verdict;
 2. the backend's own cost: a loop of one collective at one size under
    `ethplus run` (each call timed by the backend) against `ethplus bench`
-   for the same collective, size and algorithm, alternating, --runs times.
+   for the same collective, size and algorithm (the ring, and the switches'
+   all-reduce), alternating, --runs times.
    Target: the backend's time per call within 10% of bench's.
 
 Run as root: .venv/bin/python scripts/bench_torch.py [--runs N] [--time-scale K]
@@ -93,23 +94,26 @@ def jobs(lab: str, tmp: Path) -> None:
 
 def overhead(lab: str, tmp: Path, runs: int, iters: int) -> None:
     print("backend overhead: time per call under `ethplus run` (torch) / `ethplus bench`,"
-          " same collective, size and algorithm (ring: what the backend's auto takes at these"
-          " sizes), alternating runs")  # fmt: skip
-    for coll, size in (("all-reduce", "1M"), ("all-reduce", "16M"), ("all-to-all", "1M")):
+          " same collective, size and algorithm, alternating runs")  # fmt: skip
+    cases = (("all-reduce", "1M", "ring"), ("all-reduce", "16M", "ring"),
+             ("all-reduce", "1M", "in-network"), ("all-reduce", "16M", "in-network"),
+             ("all-to-all", "1M", "ring"))  # fmt: skip
+    for coll, size, algo in cases:
+        what = f"{coll} {size}" + (f" {algo}" if coll == "all-reduce" else "")
         ratios = []
         for i in range(runs):
-            b = json.loads(ethplus_bench(lab, tmp, coll, size, iters, i))
+            b = json.loads(ethplus_bench(lab, tmp, coll, size, algo, iters, i))
             bench_us = b["rows"][0]["time_us"]
-            t = run_json(lab, tmp / f"loop-{coll}-{size}-{i}.json", "--", "python",
-                         str(LOOP), coll, size, str(iters + WARMUP))  # fmt: skip
+            t = run_json(lab, tmp / f"loop-{coll}-{size}-{algo}-{i}.json", "--algo", algo, "--",
+                         "python", str(LOOP), coll, size, str(iters + WARMUP))  # fmt: skip
             torch_us = statistics.mean(x for _, x in per_call(t, coll, skip=WARMUP)) * 1e6
             ratios.append(torch_us / bench_us)
             bench_ok = "clean" if b["fidelity"]["clean"] else "NOT CLEAN"
-            print(f"  {coll} {size}: run {i + 1}: torch {torch_us:.1f} us ({verdict(t)}),"
+            print(f"  {what}: run {i + 1}: torch {torch_us:.1f} us ({verdict(t)}),"
                   f" bench {bench_us:.1f} us ({bench_ok}),"
                   f" ratio {torch_us / bench_us:.3f}")  # fmt: skip
         med = statistics.median(ratios)
-        print(f"  {coll} {size}: median ratio {med:.3f} ({min(ratios):.3f}-{max(ratios):.3f}):"
+        print(f"  {what}: median ratio {med:.3f} ({min(ratios):.3f}-{max(ratios):.3f}):"
               f" {'met' if med <= 1.10 else 'NOT met'} (target <= 1.10)\n")  # fmt: skip
 
 
@@ -140,11 +144,11 @@ def main() -> int:
     return 0
 
 
-def ethplus_bench(lab: str, tmp: Path, coll: str, size: str, iters: int, i: int) -> str:
-    out = tmp / f"bench-{coll}-{size}-{i}.json"
+def ethplus_bench(lab: str, tmp: Path, coll: str, size: str, algo: str, iters: int,
+                  i: int) -> str:  # fmt: skip
+    out = tmp / f"bench-{coll}-{size}-{algo}-{i}.json"
     ethplus("bench", coll, "--lab", lab, "--sizes", size, "--iters", str(iters), "--warmup",
-            str(WARMUP), "--algo", "ring", "--no-govern",
-            "--json", str(out))  # fmt: skip
+            str(WARMUP), "--algo", algo, "--no-govern", "--json", str(out))  # fmt: skip
     return out.read_text()
 
 

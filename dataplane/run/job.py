@@ -140,6 +140,40 @@ def fabric_stats(lab: str) -> dict:
     return resp["stats"]
 
 
+def plan_in_network(rec: dict, members: list[int] | None) -> dict:
+    """A job's in-network aggregation plan on this lab now (inc.inc_plan:
+    switches that are down left out), with a group id of its own; JobError
+    saying why not."""
+    why = inc.inc_problem(rec)
+    if why:
+        raise JobError(f"--algo in-network: {why}")
+    try:
+        st = fabric_stats(rec["name"])
+    except (OSError, ValueError) as e:
+        raise JobError(f"--algo in-network: no answer from the fabric: {e}") from None
+    down = {name for name, sw in st["switches"].items() if not sw["up"]}
+    # the group is unique per job: switches key their slots on it
+    try:
+        return inc.inc_plan(rec, members, secrets.randbits(32), down)
+    except transport.TransportError as e:
+        raise JobError(f"--algo in-network: {e}") from None
+
+
+def join_in_network(lab: str, plan_inc: dict) -> None:
+    """Register a job's groups and join its trees in the lab's switches."""
+    _fabric_inc(lab, {"register": plan_inc["register"], "join": inc.inc_trees(plan_inc)})
+
+
+def leave_in_network(lab: str, plan_inc: dict) -> None:
+    """Undo join_in_network (the switches give the groups' slots back)."""
+    leave = {
+        "leave": [t[:2] for t in inc.inc_trees(plan_inc)],
+        "unregister": [r[:2] for r in plan_inc["register"]],
+    }
+    with contextlib.suppress(JobError):
+        _fabric_inc(lab, leave)
+
+
 def _fabric_inc(lab: str, req: dict) -> None:
     """Join or leave in-network aggregation trees in the lab's switches."""
     try:
@@ -190,24 +224,10 @@ class Job:
                 raise JobError(f"a job needs two or more distinct accelerators, not {plan.nodes}")
             hosts = [by_name[x] for x in plan.nodes]
             plan.members = [h["index"] for h in hosts]
-        self.trees: list[list] = []
         if plan.algo == "auto" and inc.auto_in_network(rec, plan.transport):
             plan.algo = "in-network"  # catalog.pick_all_reduce's first choice
         if plan.algo == "in-network":
-            why = inc.inc_problem(rec)
-            if why:
-                raise JobError(f"--algo in-network: {why}")
-            try:
-                st = fabric_stats(plan.lab)
-            except (OSError, ValueError) as e:
-                raise JobError(f"--algo in-network: no answer from the fabric: {e}") from None
-            down = {name for name, sw in st["switches"].items() if not sw["up"]}
-            # the group is unique per job: switches key their slots on it
-            try:
-                plan.inc = inc.inc_plan(rec, plan.members, secrets.randbits(32), down)
-            except transport.TransportError as e:
-                raise JobError(f"--algo in-network: {e}") from None
-            self.trees = inc.inc_trees(plan.inc)
+            plan.inc = plan_in_network(rec, plan.members)
         # Ranks are the job's: 0..n-1 in plan.nodes order (the lab's order by default).
         self.ranks = [Rank(i, h["name"]) for i, h in enumerate(hosts)]
         self.world = len(self.ranks)
@@ -245,11 +265,9 @@ class Job:
         busy0 = cpu.machine_s()
         before = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         tasks: list[asyncio.Task] = []
-        trees = self.trees
         try:
             if self.plan.inc:
-                join = {"register": self.plan.inc["register"], "join": trees}
-                await loop.run_in_executor(None, _fabric_inc, self.plan.lab, join)
+                await loop.run_in_executor(None, join_in_network, self.plan.lab, self.plan.inc)
             for h in self.hosts:
                 await self._spawn(h)
                 tasks.append(asyncio.create_task(self._watch(h)))
@@ -274,12 +292,7 @@ class Job:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.sock_path)
             if self.plan.inc:
-                leave = {
-                    "leave": [t[:2] for t in trees],
-                    "unregister": [r[:2] for r in self.plan.inc["register"]],
-                }
-                with contextlib.suppress(JobError):
-                    await loop.run_in_executor(None, _fabric_inc, self.plan.lab, leave)
+                await loop.run_in_executor(None, leave_in_network, self.plan.lab, self.plan.inc)
         after = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
         busy1 = cpu.machine_s()
         return {

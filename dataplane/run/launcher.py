@@ -27,15 +27,18 @@ from dataclasses import dataclass
 from dataplane.errors import EthplusError, UsageError
 from dataplane.lab import cpu
 from dataplane.lab.labs import python_module
-from dataplane.model.catalog import bus_factor
+from dataplane.model.catalog import ALGORITHMS, bus_factor
 
 ENV_LAB = "ETHPLUS_LAB"
 ENV_NODES = "ETHPLUS_NODES"  # the job's accelerators, in rank order, comma-separated
 ENV_TRANSPORT = "ETHPLUS_TRANSPORT"  # ethplus, roce, tcp, or gloo (stock gloo, timed)
 ENV_RUN_DIR = "ETHPLUS_RUN_DIR"  # where each rank writes rank-N.json at shutdown
 ENV_BACKEND = "ETHPLUS_BACKEND"  # the name a program passes to init_process_group
+ENV_ALGO = "ETHPLUS_ALGO"  # all-reduce: ring, halving-doubling, hierarchical, auto, in-network
+INC_FILE = "inc.json"  # in the run's directory: the job's in-network aggregation plan
 TRANSPORTS = ("ethplus", "roce", "tcp")
 BACKENDS = ("ethplus", "gloo")
+ALGOS = ALGORITHMS["all-reduce"]
 MASTER_PORT = 29500
 GRACE_S = 3.0
 SAMPLE_S = 0.5
@@ -54,6 +57,7 @@ class RankEnv:
     nodes: list[str]
     transport: str
     run_dir: str | None
+    algo: str = "auto"
 
     @property
     def world(self) -> int:
@@ -79,7 +83,21 @@ def rank_env(environ=os.environ) -> RankEnv:
         )
     if not nodes:
         raise UsageError(f"{ENV_NODES} is not set (ethplus run sets it)")
-    return RankEnv(lab, nodes, transport, environ.get(ENV_RUN_DIR) or None)
+    algo = environ.get(ENV_ALGO, "auto")
+    if algo not in ALGOS:
+        raise UsageError(f"{ENV_ALGO}={algo!r}: expected one of {', '.join(ALGOS)}")
+    return RankEnv(lab, nodes, transport, environ.get(ENV_RUN_DIR) or None, algo)
+
+
+def in_network_plan(env: RankEnv) -> dict | None:
+    """The job's in-network aggregation plan, if ethplus run made one."""
+    if not env.run_dir:
+        return None
+    try:
+        with open(os.path.join(env.run_dir, INC_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
 
 
 # ---------------------------------------------------------------- the launcher side
@@ -114,7 +132,7 @@ def command(cmd: list[str]) -> list[str]:
 
 
 def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend: str,
-                 run_dir: str, master_port: int) -> dict[str, str]:  # fmt: skip
+                 run_dir: str, master_port: int, algo: str = "auto") -> dict[str, str]:  # fmt: skip
     """The environment of rank's process: the caller's, torchrun's, the lab's."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the machine's cores, as torchrun's
@@ -125,10 +143,24 @@ def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend
         "PYTHONUNBUFFERED": "1",
         ENV_LAB: rec["name"], ENV_NODES: ",".join(nodes),
         ENV_TRANSPORT: "gloo" if backend == "gloo" else transport,
-        ENV_RUN_DIR: run_dir, ENV_BACKEND: "ethplus",
+        ENV_RUN_DIR: run_dir, ENV_BACKEND: "ethplus", ENV_ALGO: algo,
         "GLOO_SOCKET_IFNAME": ",".join(p["ifname"] for p in _ports(rec, nodes[rank])),
     })  # fmt: skip
     return env
+
+
+def check_options(transport: str, backend: str, algo: str, master_port: int) -> None:
+    """UsageError naming the option that is wrong, before anything starts."""
+    if transport not in TRANSPORTS:
+        raise UsageError(f"--transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if not 1 <= master_port <= 65535:
+        raise UsageError(f"--master-port {master_port}: expected 1 to 65535")
+    if algo not in ALGOS:
+        raise UsageError(f"--algo {algo!r}: expected one of {', '.join(ALGOS)}")
+    if algo == "in-network" and (backend, transport) != ("ethplus", "ethplus"):
+        raise UsageError("--algo in-network: the ethplus backend on the ethplus transport only")
 
 
 class Launch:
@@ -136,13 +168,9 @@ class Launch:
 
     def __init__(self, rec: dict, nodes: list[str], cmd: list[str], transport: str = "ethplus",
                  backend: str = "ethplus", master_port: int = MASTER_PORT,
-                 timeout_s: float | None = None, say=print):  # fmt: skip
-        if transport not in TRANSPORTS:
-            raise UsageError(f"--transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
-        if backend not in BACKENDS:
-            raise UsageError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-        if not 1 <= master_port <= 65535:
-            raise UsageError(f"--master-port {master_port}: expected 1 to 65535")
+                 timeout_s: float | None = None, algo: str = "auto", say=print):  # fmt: skip
+        check_options(transport, backend, algo, master_port)
+        self.algo = algo
         self.rec, self.nodes, self.cmd = rec, nodes, command(cmd)
         self.transport, self.backend = transport, backend
         self.master_port, self.timeout_s, self.say = master_port, timeout_s, say
@@ -152,10 +180,26 @@ class Launch:
     def run(self) -> dict:
         import uvloop
 
+        from dataplane.run import inc, job
+
         run_dir = tempfile.mkdtemp(prefix="ethplus-run-")
+        plan_inc = None
         try:
+            if self.algo == "in-network" or (
+                self.algo == "auto" and self.backend == "ethplus"
+                and inc.auto_in_network(self.rec, self.transport)
+            ):  # fmt: skip
+                members = RankEnv(self.rec["name"], self.nodes, self.transport, None).members(
+                    self.rec
+                )
+                plan_inc = job.plan_in_network(self.rec, members)
+                with open(os.path.join(run_dir, INC_FILE), "w") as f:
+                    json.dump(plan_inc, f)
+                job.join_in_network(self.rec["name"], plan_inc)
             return uvloop.run(self._main(run_dir))
         finally:
+            if plan_inc is not None:
+                job.leave_in_network(self.rec["name"], plan_inc)
             shutil.rmtree(run_dir, ignore_errors=True)
 
     async def _main(self, run_dir: str) -> dict:
@@ -210,7 +254,7 @@ class Launch:
     async def _spawn(self, r: Rank, run_dir: str) -> None:
         ns = self.rec["namespaces"][r.node]
         env = rank_environ(self.rec, self.nodes, r.rank, self.transport, self.backend, run_dir,
-                           self.master_port)  # fmt: skip
+                           self.master_port, self.algo)  # fmt: skip
         r.proc = await asyncio.create_subprocess_exec(
             *python_module("dataplane.run.launcher", ns, "--", *self.cmd),
             env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,

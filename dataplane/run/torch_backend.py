@@ -40,6 +40,7 @@ from torch.futures import Future
 
 from dataplane.errors import EthplusError
 from dataplane.lab import registry
+from dataplane.lab.nic import INC_DTYPES
 from dataplane.run import launcher, reference
 from dataplane.run.collectives import Comm
 from dataplane.run.transport import Options
@@ -289,13 +290,16 @@ class EthplusGroup(dist.ProcessGroup):
         self.report_path = os.path.join(env.run_dir, f"rank-{rank}.json") if env.run_dir else None
         self.gloo = None
         self.transport = None
+        self.inc = None
+        self.algo = env.algo
         if env.transport == "gloo":
             self.gloo = dist.ProcessGroupGloo(store, rank, world, timeout)
             comm = None
         else:
             from dataplane.run.worker import open_transport
 
-            opts = Options(members=env.members(rec))
+            self.inc = launcher.in_network_plan(env)
+            opts = Options(members=env.members(rec), inc=self.inc)
             n = iter(range(1 << 30))
             self.transport = open_transport(
                 env.transport, env.lab, env.nodes[rank], rec, opts,
@@ -333,7 +337,7 @@ class EthplusGroup(dist.ProcessGroup):
         def run() -> None:
             for t, a, name in zip(tensors, arrays, names, strict=True):
                 self.comm.dtype = dtype_of(t)
-                self.comm.all_reduce(a, "sum" if name == "avg" else name, "auto")
+                self.comm.all_reduce(a, "sum" if name == "avg" else name, self._algo(t))
                 if name == "avg":
                     _divide(a, self._world, self.comm.dtype)
 
@@ -478,6 +482,14 @@ class EthplusGroup(dist.ProcessGroup):
         return self.engine.submit("recv", a.nbytes, lambda: self.comm.irecv(a, src, tag), tensors)
 
     # -- the rest
+    def _algo(self, t: torch.Tensor) -> str:
+        """The all-reduce algorithm for t: the switches' when the job has an
+        aggregation plan and they reduce t's type, else ethplus run's --algo
+        (auto when that was in-network)."""
+        if self.inc is not None and dtype_of(t) in INC_DTYPES:
+            return "in-network"
+        return "auto" if self.algo == "in-network" else self.algo
+
     def _comm_of(self, t: torch.Tensor) -> Comm:
         self.comm.dtype = dtype_of(t)
         return self.comm
