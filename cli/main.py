@@ -415,6 +415,9 @@ def cmd_run(args) -> int:
         result = run.run()
         rows = launcher.summary(result)
         label = "gloo (kernel TCP)" if args.backend == "gloo" else f"ethplus over {args.transport}"
+        if args.backend == "ethplus":
+            label += (", all-reduce in the switches" if result["algo"] == "in-network"
+                      else f", all-reduce {result['algo']}")  # fmt: skip
         if rows:
             print(f"\ncommunication, {label}, {len(nodes)} ranks (nominal; each call the"
                   " slowest rank's):")  # fmt: skip

@@ -153,20 +153,29 @@ def _collectives(lab: str, out: Path, *args: str) -> subprocess.CompletedProcess
 
 @pytest.mark.root
 @pytest.mark.parametrize(
-    "lab, nodes, transports",
-    [("erack", None, TRANSPORTS), ("clos", "h0,h1,h4,h6,h9,h14", ("ethplus",))],
+    "lab, nodes, runs",
+    [
+        ("erack", None, ("ethplus", "ethplus --algo ring", "roce", "tcp")),
+        ("clos", "h0,h1,h4,h6,h9,h14", ("ethplus", "ethplus --algo halving-doubling")),
+    ],
 )
-def test_every_collective_matches_gloo(lab, nodes, transports, request, tmp_path):
+def test_every_collective_matches_gloo(lab, nodes, runs, request, tmp_path):
     """all_reduce (sum, max, min, avg; every type), all_gather (both forms),
     reduce_scatter (both), all_to_all_single (even, uneven), all_to_all,
     broadcast, barrier, send/recv, async: the same results as stock gloo's,
-    exactly (the inputs are small integers, exact in any order)."""
+    exactly (the inputs are small integers, exact in any order).  Both labs
+    reduce in the switches: ethplus's all-reduces go there by default (int64
+    stays on the hosts), and on the hosts with --algo."""
     name = request.getfixturevalue(lab)
     sel = ("--nodes", nodes) if nodes else ()
     _collectives(name, tmp_path / "gloo", *sel, "--backend", "gloo")
     world = len(nodes.split(",")) if nodes else 8
-    for t in transports:
-        r = _collectives(name, tmp_path / t, *sel, "--transport", t)
+    for spec in runs:
+        transport, *algo = spec.split()
+        t = spec.replace(" ", "_")  # its results' directory
+        r = _collectives(name, tmp_path / t, *sel, "--transport", transport, *algo)
+        if spec == "ethplus":
+            assert "all-reduce in the switches" in r.stdout
         assert len(rank_lines(r.stdout, r"(uneven all_to_all exact)")) == world
         assert len(rank_lines(r.stdout, r"refused (dtype): .*float64.*")) == world
         assert len(rank_lines(r.stdout, r"refused (contiguous): .*not contiguous.*")) == world

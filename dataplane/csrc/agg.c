@@ -4,7 +4,8 @@
  * members of a group cut their buffer into chunks of one packet and send
  * each to an aggregator; chunk psn of a group takes slot psn mod window
  * there.  The slot adds up the members' payloads (element-wise, in the
- * group's type and operator) in arrival order, remembers who has
+ * chunk's type and operator: a group's calls may differ, a chunk's members
+ * may not) in arrival order, remembers who has
  * contributed, and when the last member's part is in, the switch sends the
  * result to every member.  A member reuses a slot (psn + window) only once it
  * has that slot's result, so the aggregator keeps just the previous result
@@ -53,6 +54,7 @@ struct agg_slot {
     uint32_t offset, prev_offset;
     uint16_t len, prev_len;
     uint8_t used, complete, has_prev;
+    uint8_t dtype, op; /* the chunk's (one call's): calls of a group may differ */
     uint8_t up_sent; /* an inner node: the partial went up, the result is awaited */
     uint8_t *acc;  /* 2 x payload cap: a float32 accumulator for 16-bit types */
     uint8_t *res;  /* the current chunk's result, once complete */
@@ -77,7 +79,7 @@ struct agg_reg {
 struct agg_group {
     uint32_t id, members, window;
     uint32_t quota, held; /* slots it may hold, and holds */
-    uint8_t dtype, op, live;
+    uint8_t live;
     struct agg_uplink up; /* up.live: an inner node of this group's tree */
     uint64_t touched_ns;
     struct ethp_agg_member *member;
@@ -317,7 +319,7 @@ static int from_member(const struct ethp_parsed *ps, const struct ethp_agg_membe
  * of the frame is believed), or its fields are not the group's. */
 static struct agg_group *group_of(struct ethp_agg *a, const struct ethp_parsed *ps,
                                   uint32_t members, uint32_t index, uint32_t window,
-                                  uint8_t dtype, uint8_t op, uint64_t now, int *action)
+                                  uint64_t now, int *action)
 {
     uint32_t id = ps->hdr.msg_id;
     struct agg_group *g = find_group(a, id);
@@ -330,7 +332,7 @@ static struct agg_group *group_of(struct ethp_agg *a, const struct ethp_parsed *
             *action = ETHP_AGG_FOREIGN;
             return NULL;
         }
-        if (g->window != window || g->dtype != dtype || g->op != op) {
+        if (g->window != window) {
             *action = ETHP_AGG_BAD;
             return NULL;
         }
@@ -359,8 +361,8 @@ static struct agg_group *group_of(struct ethp_agg *a, const struct ethp_parsed *
             *action = ETHP_AGG_FULL;
             return NULL;
         }
-        *g = (struct agg_group){.id = id, .members = members, .window = window, .dtype = dtype,
-                                .op = op, .live = 1, .member = member, .slot = g->slot,
+        *g = (struct agg_group){.id = id, .members = members, .window = window,
+                                .live = 1, .member = member, .slot = g->slot,
                                 .quota = quota, .up = uplink_of(a, id)};
     }
     g->touched_ns = now;
@@ -560,7 +562,7 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
         len % ethp_agg_elem_bytes(dtype) || ps->payload_bytes != len || (h->flags & ETHP_F_TRIMMED))
         return ETHP_AGG_BAD;
     int action = ETHP_AGG_ABSORBED;
-    struct agg_group *g = group_of(a, ps, members, index, window, dtype, op, now, &action);
+    struct agg_group *g = group_of(a, ps, members, index, window, now, &action);
     if (!g)
         return action;
     g->member[index].ev = h->entropy;
@@ -609,9 +611,11 @@ int ethp_agg_add(struct ethp_agg *a, const struct ethp_parsed *ps, const uint8_t
         s->psn = h->psn;
         s->len = (uint16_t)len;
         s->offset = h->offset_bytes;
+        s->dtype = dtype;
+        s->op = op;
         memset(s->seen, 0, sizeof(s->seen));
-    } else if (len != s->len) {
-        return ETHP_AGG_BAD;
+    } else if (len != s->len || dtype != s->dtype || op != s->op) {
+        return ETHP_AGG_BAD; /* the members disagree on the chunk */
     }
     uint64_t bit = 1ull << (index % 64);
     out->payload = s->res;

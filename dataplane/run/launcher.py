@@ -196,7 +196,9 @@ class Launch:
                 with open(os.path.join(run_dir, INC_FILE), "w") as f:
                     json.dump(plan_inc, f)
                 job.join_in_network(self.rec["name"], plan_inc)
-            return uvloop.run(self._main(run_dir))
+            res = uvloop.run(self._main(run_dir))
+            res["algo"] = "in-network" if plan_inc is not None else self.algo
+            return res
         finally:
             if plan_inc is not None:
                 job.leave_in_network(self.rec["name"], plan_inc)
