@@ -179,6 +179,7 @@ def test_every_collective_matches_gloo(lab, nodes, runs, request, tmp_path):
         assert len(rank_lines(r.stdout, r"(uneven all_to_all exact)")) == world
         assert len(rank_lines(r.stdout, r"refused (dtype): .*float64.*")) == world
         assert len(rank_lines(r.stdout, r"refused (contiguous): .*not contiguous.*")) == world
+        assert len(rank_lines(r.stdout, r"refused (tag): .*tag 999: expected 0 to 255")) == world
         for rank in range(world):
             ours = torch.load(tmp_path / t / f"rank-{rank}.pt")
             base = torch.load(tmp_path / "gloo" / f"rank-{rank}.pt")

@@ -190,6 +190,9 @@ class _Engine:
             n0 = self.calls.now_s()
             try:
                 h = fn()
+            except (TypeError, ValueError) as e:  # refused before anything moved
+                fut.set_exception(e)
+                continue
             except BaseException as e:  # noqa: BLE001 - to the caller's work
                 self._fail(e, fut)
                 continue

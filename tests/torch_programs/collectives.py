@@ -91,6 +91,11 @@ def main() -> None:
                 dist.all_reduce(bad)
             except TypeError as e:
                 print(f"refused {why}: {e}", flush=True)
+        try:
+            dist.send(torch.zeros(4), (r + 1) % n, tag=999)
+        except ValueError as e:
+            print(f"refused tag: {e}", flush=True)
+        dist.barrier()  # a refused call leaves the group working
     dist.destroy_process_group()
 
 
