@@ -26,7 +26,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dataplane.run import launcher
+
 ROOT = Path(__file__).resolve().parent.parent
+
 ETHPLUS = [sys.executable, "-m", "cli.main"]
 LOOP = ROOT / "scripts" / "torch_loop.py"
 WARMUP = 3
@@ -45,14 +48,9 @@ def run_json(lab: str, out: Path, *args: str) -> dict:
 
 
 def per_call(result: dict, name: str, skip: int = 0) -> list[tuple[int, float]]:
-    """(bytes, nominal s) of each call of collective name, each at its
-    slowest rank, the first skip left out."""
-    ranks = [r["calls"] for r in result["ranks"]]
-    out = []
-    for i in range(min(len(c) for c in ranks)):
-        if ranks[0][i][0] == name:
-            out.append((max(c[i][1] for c in ranks), max(c[i][2] for c in ranks)))
-    return out[skip:]
+    """(bytes, nominal s) of each call of collective name (launcher.call_times),
+    the first skip left out."""
+    return [(b, t) for n, b, t in launcher.call_times(result) if n == name][skip:]
 
 
 def verdict(result: dict) -> str:

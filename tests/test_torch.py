@@ -68,19 +68,22 @@ def test_a_rank_outside_ethplus_run_is_told_how_to_start():
         )
 
 
-def test_the_summary_takes_each_call_at_its_slowest_rank():
+def test_a_call_counts_from_the_last_rank_in_to_the_last_rank_out():
+    """Rank 0 came to the all-reduce at 1.0 s and waited for rank 1, still
+    computing until 1.5 s: the call took 0.003 s, not 0.503."""
     ranks = [
-        {"calls": [["all-reduce", 1 << 20, 0.001], ["all-to-all", 300, 0.002]],
+        {"calls": [["all-reduce", 1 << 20, 1.0, 1.502], ["all-to-all", 300, 2.0, 2.004]],
          "p2p": {"send": [1, 10, 0.5], "recv": [0, 0, 0.0]}},
-        {"calls": [["all-reduce", 1 << 20, 0.003], ["all-to-all", 500, 0.001]],
+        {"calls": [["all-reduce", 1 << 20, 1.5, 1.503], ["all-to-all", 500, 2.001, 2.003]],
          "p2p": {"send": [0, 0, 0.0], "recv": [1, 10, 0.25]}},
     ]  # fmt: skip
     rows = {r["collective"]: r for r in launcher.summary({"ranks": ranks})}
     ar = rows["all-reduce"]
-    assert ar["calls"] == 1 and ar["time_s"] == 0.003
+    assert ar["calls"] == 1 and ar["time_s"] == pytest.approx(0.003)
     assert ar["busbw_GBps"] == pytest.approx((1 << 20) / 0.003 / 1e9 * 1.0)  # 2(n-1)/n = 1
-    a2a = rows["all-to-all"]  # uneven: the larger rank's bytes, the slower rank's time
-    assert a2a["size_bytes"] == 500 and a2a["min_bytes"] == 500 and a2a["time_s"] == 0.002
+    a2a = rows["all-to-all"]  # uneven: the larger rank's bytes
+    assert a2a["size_bytes"] == 500 and a2a["min_bytes"] == 500
+    assert a2a["time_s"] == pytest.approx(0.003)
     assert rows["send"]["calls"] == 1 and rows["recv"]["bytes"] == 10
 
 

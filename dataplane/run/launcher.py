@@ -312,9 +312,25 @@ def _read_report(run_dir: str, r: Rank) -> dict:
     return rep if isinstance(rep, dict) else {}
 
 
+def call_times(result: dict) -> list[tuple[str, int, float]]:
+    """Each collective call of a run: its name, size (the largest of its
+    ranks': an uneven all-to-all's differ) and nominal seconds from the last
+    rank's start to the last rank's end (the fabric clock is the lab's, one
+    for every rank)."""
+    ranks = [r["calls"] for r in result["ranks"] if r.get("calls") is not None]
+    if not ranks:
+        return []
+    out = []
+    for i in range(min(len(c) for c in ranks)):
+        start = max(c[i][2] for c in ranks)
+        end = max(c[i][3] for c in ranks)
+        out.append((ranks[0][i][0], max(c[i][1] for c in ranks), max(end - start, 0.0)))
+    return out
+
+
 def summary(result: dict) -> list[dict]:
-    """Per collective and size: calls, bytes, nominal seconds (each call the
-    slowest rank's), busbw (nccl-tests' factors, GB/s).  A call's size is the
+    """Per collective and size: calls, bytes, nominal seconds (call_times),
+    busbw (nccl-tests' factors, GB/s).  A call's size is the
     largest of its ranks' (an uneven all-to-all's differ); calls whose sizes
     differ but round up to the same power of two share a row, which gives
     their range."""
@@ -323,10 +339,7 @@ def summary(result: dict) -> list[dict]:
         return []
     world = len(result["ranks"])
     rows: dict[tuple[str, int], dict] = {}
-    for i in range(min(len(r["calls"]) for r in ranks)):
-        name = ranks[0]["calls"][i][0]
-        nbytes = max(r["calls"][i][1] for r in ranks)
-        t = max(r["calls"][i][2] for r in ranks)
+    for name, nbytes, t in call_times(result):
         bucket = 1 << max(nbytes - 1, 0).bit_length()
         row = rows.setdefault((name, bucket), {"collective": name, "min_bytes": nbytes,
                                                "size_bytes": nbytes, "calls": 0,

@@ -99,7 +99,11 @@ def _divide(a: np.ndarray, n: int, dtype: str) -> None:
 
 class Calls:
     """This rank's record: each collective call's name, bytes (nccl-tests'
-    size) and nominal seconds, in call order; point-to-point calls summed."""
+    size) and its start and end on the fabric clock (nominal seconds, one
+    clock for the lab: ethplus run takes each call from the last rank's start
+    to the last rank's end, so a rank that came early and waited for a peer
+    still computing, in real time, does not count its wait), in call order;
+    point-to-point calls summed."""
 
     def __init__(self, lab: str | None, k: float):
         from dataplane.run.worker import Timer
@@ -113,13 +117,13 @@ class Calls:
         return self.timer.now()[1]
 
     def add(self, name: str, nbytes: int, n0: float) -> None:
-        dt = self.now_s() - n0
+        n1 = self.now_s()
         with self.lock:
             if name in self.p2p:
                 c = self.p2p[name]
-                c[0], c[1], c[2] = c[0] + 1, c[1] + nbytes, c[2] + dt
+                c[0], c[1], c[2] = c[0] + 1, c[1] + nbytes, c[2] + n1 - n0
             else:
-                self.calls.append([name, nbytes, dt])
+                self.calls.append([name, nbytes, n0, n1])
 
 
 class Work(dist.Work):
