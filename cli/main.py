@@ -419,8 +419,8 @@ def cmd_run(args) -> int:
             label += (", all-reduce in the switches" if result["algo"] == "in-network"
                       else f", all-reduce {result['algo']}")  # fmt: skip
         if rows:
-            print(f"\ncommunication, {label}, {len(nodes)} ranks (nominal; each call the"
-                  " slowest rank's):")  # fmt: skip
+            print(f"\ncommunication, {label}, {len(nodes)} ranks (nominal; each call from"
+                  " the last rank in to the last rank out):")  # fmt: skip
             print(table(
                 [[r["collective"], _size_range(r["min_bytes"], r["size_bytes"]),
                   str(r["calls"]), size_text(r["bytes"]), f"{r['time_s'] * 1e3:.3f}",
