@@ -205,7 +205,6 @@ class Launch:
             shutil.rmtree(run_dir, ignore_errors=True)
 
     async def _main(self, run_dir: str) -> dict:
-        from dataplane.lab.fabric_client import request  # noqa: F401 - fails early if absent
         from dataplane.run.job import _compact, fabric_stats
 
         loop = asyncio.get_running_loop()
