@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dataplane.model.catalog import bus_factor
 from dataplane.run import launcher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def job(lab: str, tmp: Path, script: str, steps: int, main: str, backend: str) -
     big = max(b for b, _ in calls)
     top = [t for b, t in calls if b == big]
     world = len(res["ranks"])
-    factor = {"all-reduce": 2 * (world - 1) / world, "all-to-all": (world - 1) / world}[main]
+    factor = bus_factor(main, world)
     busbw = big / statistics.median(top) / 1e9 * factor
     return {"comm_us_per_step": comm_s / steps * 1e6, "size": big, "busbw": busbw,
             "verdict": verdict(res)}  # fmt: skip
