@@ -117,10 +117,6 @@ def _ports(rec: dict, node: str) -> list[dict]:
     return sorted(n["ports"], key=lambda p: p.get("plane", 0))
 
 
-def _host_port(rec: dict, node: str) -> dict:
-    return _ports(rec, node)[0]
-
-
 def command(cmd: list[str]) -> list[str]:
     """The user's command, `python` meaning the Python ethplus runs on (as
     torchrun runs a script with its own)."""
@@ -139,7 +135,7 @@ def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank),
-        "MASTER_ADDR": _host_port(rec, nodes[0])["ip"], "MASTER_PORT": str(master_port),
+        "MASTER_ADDR": _ports(rec, nodes[0])[0]["ip"], "MASTER_PORT": str(master_port),
         "PYTHONUNBUFFERED": "1",
         ENV_LAB: rec["name"], ENV_NODES: ",".join(nodes),
         ENV_TRANSPORT: "gloo" if backend == "gloo" else transport,
@@ -218,7 +214,7 @@ class Launch:
             while True:
                 st = await loop.run_in_executor(None, fabric_stats, lab)
                 s = _compact(st)
-                s["workers_cpu_s"] = 0.0
+                s["workers_cpu_s"] = sum(cpu.process_s(r.proc.pid) for r in self.ranks if r.proc)
                 samples.append(s)
                 await asyncio.sleep(SAMPLE_S)
 
