@@ -17,7 +17,7 @@ import pytest
 from conftest import RUN_ID, ethplus, fabric_pids
 from labtools import module_lab
 
-from dataplane.lab import governor, registry
+from dataplane.lab import governor, labs, registry
 from dataplane.model import catalog
 from dataplane.model.catalog import COLLECTIVES, bus_factor
 from dataplane.run import bench
@@ -405,6 +405,22 @@ def test_a_size_pinned_where_it_saturates_is_behind_and_governed_is_not(governed
     raised = [e for e in g["events"] if e["k_to"] > e["k_from"]]
     assert raised and all(e["why"] for e in raised)
     assert "governed time scale" in r.stdout
+
+
+def test_no_govern_leaves_a_k_pinned_by_hand_pinned(governed_lab):
+    """`ethplus lab scale` pinned k; a bench with --no-govern runs at it and
+    leaves it pinned there (it used to hand k back to the governor)."""
+    name = governed_lab
+    floor = json.loads(ethplus("lab", "show", name, "--json", check=True).stdout)["time_scale"]
+    ethplus("lab", "scale", name, f"{floor * 2:g}", check=True)
+    try:
+        r = ethplus("bench", "all-reduce", "--lab", name, "--sizes", "64K", "--iters", "1",
+                    "--warmup", "0", "--no-govern")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        g = labs.control(name, {"op": "governor"})["governor"]
+        assert not g["on"] and g["k"] == floor * 2, g
+    finally:
+        ethplus("lab", "scale", name, "auto", check=True)
 
 
 # longer than a hold (after raises that did not help, the governor holds for

@@ -20,7 +20,12 @@ from dataplane.run import bench
 
 @contextlib.contextmanager
 def held(rec: dict):
-    """A governed lab's k held where it is for a with block (--no-govern)."""
+    """A governed lab's k held where it is for a with block (--no-govern);
+    handed back to the governor after only if it was governing before (a k
+    pinned with `ethplus lab scale` stays pinned)."""
+    if not fabric_governor(rec)["on"]:
+        yield
+        return
     labs.control(rec["name"], {"op": "scale", "k": "hold"})
     try:
         yield
