@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import ethplus, fabric_pids, lab_namespaces, netns_names
 
-from dataplane.lab import registry
+from dataplane.lab import kernel, registry
+from dataplane.model import labfile
 
 pytestmark = pytest.mark.root
 
@@ -335,3 +336,23 @@ def test_a_module_planted_in_the_working_directory_is_never_run(lab_name, tmp_pa
     sock = Path(f"/run/ethplus/labs/{lab_name}/fabric.sock")
     assert sock.stat().st_uid == 0 and sock.stat().st_mode & 0o077 == 0  # root's alone
     assert Path(f"/run/ethplus/labs/{lab_name}/job").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_tcp_congestion_control_the_kernel_lacks_is_refused_before_building(lab_name, tmp_path):
+    """[tcp] congestion_control names one this kernel does not have: one
+    line naming the file and key, and no namespace made."""
+    missing = [
+        c for c in labfile.TCP_CONGESTION_CONTROLS if c not in kernel.tcp_congestion_controls()
+    ]
+    if not missing:
+        pytest.skip("this kernel has every congestion control a lab file may name")
+    lab_file = tmp_path / "lab.toml"
+    text = (
+        Path(ERACK).read_text().replace("[tcp]\n", f'[tcp]\ncongestion_control = "{missing[0]}"\n')
+    )
+    lab_file.write_text(text)
+    r = ethplus("lab", "up", str(lab_file), "--name", lab_name)
+    assert r.returncode == 2, r.stderr
+    assert f"{lab_file}: [tcp] congestion_control:" in r.stderr and missing[0] in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not lab_namespaces(lab_name)

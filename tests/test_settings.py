@@ -11,6 +11,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from conftest import RUN_ID, ethplus
@@ -135,7 +136,8 @@ def test_a_jobs_workers_run_with_every_nic_setting(settings_lab, transport, tmp_
 
 
 def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
-    """[tcp] rto_min_us x k on every route of every accelerator's namespace."""
+    """[tcp] rto_min_us x k, congestion_control and ecn on every route of
+    every accelerator's namespace."""
     rec = registry.load_lab(settings_lab)
     want_ms = min(round(DECLARED["tcp"]["rto_min_us"] * K / 1000), 120_000)
     hosts = [n for n in rec["topology"]["nodes"] if n["role"] == "host"]
@@ -150,6 +152,52 @@ def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
             assert m, (node["name"], line)
             got_ms = int(m.group(1)) * (1000 if m.group(2) == "s" else 1)
             assert got_ms == want_ms, (node["name"], line, want_ms)
+            assert f"congctl {DECLARED['tcp']['congestion_control']} " in line + " ", line
+            assert ("features ecn" in line) == DECLARED["tcp"]["ecn"], line
+
+
+_SIDE = """
+import socket, sys
+TCPI_OPT_ECN = 8
+if sys.argv[1] == "serve":
+    ls = socket.create_server((sys.argv[2], 5999))
+    print("listening", flush=True)
+    c, _ = ls.accept()
+else:
+    c = socket.create_connection((sys.argv[2], 5999))
+cc = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode()
+info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+print(cc, bool(info[5] & TCPI_OPT_ECN), flush=True)
+c.sendall(b"x")
+c.recv(1)
+"""
+
+
+def test_a_labs_tcp_connections_use_its_congestion_control_not_the_hosts(settings_lab):
+    """A real connection between two accelerators, both ends, runs the lab
+    file's congestion control with ECN agreed, whatever the host's sysctl
+    (this machine's default is bbr; the lab asks for another)."""
+    rec = registry.load_lab(settings_lab)
+    hosts = sorted((n for n in rec["topology"]["nodes"] if n["role"] == "host"),
+                   key=lambda n: n["index"])  # fmt: skip
+    ns = [os.path.basename(rec["namespaces"][h["name"]]) for h in hosts[:2]]
+    ip = hosts[1]["ports"][0]["ip"]
+    py = [sys.executable, "-I", "-c", _SIDE]
+    sides = []
+    try:
+        for netns, role in ((ns[1], "serve"), (ns[0], "connect")):
+            sides.append(subprocess.Popen(["ip", "netns", "exec", netns, *py, role, ip],
+                                          stdout=subprocess.PIPE, text=True))  # fmt: skip
+            if role == "serve":
+                assert sides[0].stdout.readline().strip() == "listening"
+        want = f"{DECLARED['tcp']['congestion_control']} {DECLARED['tcp']['ecn']}"
+        for side in sides:
+            out, _ = side.communicate(timeout=60)
+            assert side.returncode == 0 and out.split("\n")[-2] == want, (out, want)
+    finally:
+        for side in sides:
+            side.kill()
+            side.wait()
 
 
 def test_lab_show_settings_lists_every_declared_key_with_its_value(settings_lab):

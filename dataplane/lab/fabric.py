@@ -157,7 +157,7 @@ class Fabric:
             for name in self.links:
                 self.apply_link(name)
             self.shape_hosts()
-            kernel.tcp_timers(self.rec, self.k)
+            kernel.tcp_routes(self.rec, self.k)
         return {"time_scale": self.k}
 
     def scale(self, req: dict) -> dict:
@@ -440,7 +440,7 @@ async def _main(name: str) -> int:
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             await loop.run_in_executor(pool, fabric.shape_hosts)
-            await loop.run_in_executor(pool, kernel.tcp_timers, rec, fabric.k)
+            await loop.run_in_executor(pool, kernel.tcp_routes, rec, fabric.k)
         fabric.build()
         halt = threading.Event()
         gov = threading.Thread(target=fabric.govern, args=(halt,), name="ethp-governor")

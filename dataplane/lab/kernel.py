@@ -218,11 +218,15 @@ def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
         ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, latency="100ms")
 
 
-# Linux's TCP timers against the lab's clock.  A route can set one of them:
-# the minimum retransmit timeout (RTAX_RTO_MIN, in ms, honoured only when
-# locked).  The others are fixed in the kernel, in real time, and so do not
-# dilate with k (listed in every fidelity report: fidelity.TCP_UNSCALED).
+# Kernel TCP on a lab's routes.  A route can set the minimum retransmit
+# timeout (RTAX_RTO_MIN, in ms, honoured only when locked), the congestion
+# control (RTAX_CC_ALGO: a lab's TCP is Linux's default, cubic, not whatever
+# the host's sysctl chose; a namespace may not set that sysctl to a module
+# the host has not allowed, a route may) and ECN (RTAX_FEATURES).  The other
+# timers are fixed in the kernel, in real time, and so do not dilate with k
+# (listed in every report: tcp_timer_notes).
 RTAX_RTO_MIN = 13
+RTAX_FEATURE_ECN = 1
 TCP_RTO_MAX_MS = 120_000  # the kernel caps every RTO here
 
 
@@ -231,14 +235,30 @@ def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
     return max(1, min(TCP_RTO_MAX_MS, round(Scale(k).real_ns(rto_min_us * 1000) / 1e6)))
 
 
-def tcp_timers(rec: dict, k: float) -> None:
-    """Set every accelerator's routes' rto_min to the lab's nominal
-    [tcp] rto_min_us at k: the connections pick it up at their next route
-    lookup (a replaced route invalidates the cached one)."""
+def tcp_settings(rec: dict) -> tuple[float, str, bool]:
+    """A lab's [tcp]: nominal rto_min in us, congestion control, ECN asked."""
+    tcp = rec.get("tcp", {})
+    return (
+        tcp.get("rto_min_us", 200_000.0),
+        tcp.get("congestion_control", "cubic"),
+        tcp.get("ecn", False),
+    )
+
+
+def tcp_routes(rec: dict, k: float) -> None:
+    """Set every accelerator's routes from the lab's [tcp] at k: the
+    congestion control, ECN, and rto_min (nominal x k).  Connections pick a
+    change up at their next route lookup (a replaced route invalidates the
+    cached one)."""
     from dataplane.model.topology import gateway_ip, plane_subnet
 
-    rto_ms = tcp_rto_min_ms(rec.get("tcp", {}).get("rto_min_us", 200_000.0), k)
-    metrics = {"RTAX_LOCK": 1 << RTAX_RTO_MIN, "RTAX_RTO_MIN": rto_ms}
+    rto_min_us, cc, ecn = tcp_settings(rec)
+    metrics = {
+        "RTAX_LOCK": 1 << RTAX_RTO_MIN,
+        "RTAX_RTO_MIN": tcp_rto_min_ms(rto_min_us, k),
+        "RTAX_CC_ALGO": cc,
+        "RTAX_FEATURES": RTAX_FEATURE_ECN if ecn else 0,
+    }
     for node in rec["topology"]["nodes"]:
         if node["role"] != "host":
             continue
@@ -251,9 +271,34 @@ def tcp_timers(rec: dict, k: float) -> None:
                 )  # fmt: skip
 
 
+def tcp_congestion_controls() -> list[str]:
+    """The congestion controls this kernel has now (built in or loaded)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def check_tcp(spec) -> None:
+    """Before lab up builds anything: this kernel has the lab file's
+    [tcp] congestion_control (a LabFileError naming file and key if not)."""
+    from dataplane.model.labfile import LabFileError
+
+    cc = spec.tcp.get("congestion_control", "cubic")
+    have = tcp_congestion_controls()
+    if cc not in have:
+        raise LabFileError(
+            spec.path, "[tcp] congestion_control",
+            f"one this kernel has ({', '.join(have) or 'none listed'})", cc,
+            detail=f"a module may add it: modprobe tcp_{cc}",
+        )  # fmt: skip
+
+
 def tcp_timer_notes(rec: dict) -> list[str]:
-    """What a report says of kernel TCP's timers at the lab's k now."""
-    nominal_us = rec.get("tcp", {}).get("rto_min_us", 200_000.0)
+    """What a report says of kernel TCP (its routes' settings, its timers)
+    at the lab's k now."""
+    nominal_us, cc, ecn = tcp_settings(rec)
     k = rec.get("time_scale")
     if k is None:
         now = ""
@@ -261,7 +306,10 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         real_ms = tcp_rto_min_ms(nominal_us, float(k))
         capped = " (the kernel's cap: less than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
         now = f", {real_ms} ms real at k={float(k):g}{capped}"
-    return [
+    notes = [
+        f"kernel TCP: congestion control {cc} and ECN "
+        + ("asked for" if ecn else "only answered (Linux's default)")
+        + " on every connection, set on every host route (the host's sysctls do not count)",
         f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal{now},"
         " set on every host route",
         "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
@@ -269,3 +317,9 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         " the 120 s RTO cap, keepalive and TIME-WAIT; its RTT-driven timers follow the scaled"
         " RTT by themselves; a change of k reaches a connection at its next route lookup",
     ]
+    if cc == "bbr":
+        notes.append(
+            "bbr's own timers are real time, not time-scaled: its min-RTT window (10 s) and"
+            " ProbeRTT (every 10 s, 200 ms at least) come k times as often in nominal time"
+        )
+    return notes

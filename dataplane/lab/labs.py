@@ -203,6 +203,7 @@ async def _realise(plan: Plan, spec: LabSpec, timings: dict[str, float]) -> None
 def up(spec: LabSpec) -> dict:
     """Build the lab; returns its record (what `lab show --json` prints)."""
     require_root("ethplus lab up")
+    kernel.check_tcp(spec)
     t_start = time.perf_counter()
     journal = _start(spec)
     timings: dict[str, float] = {}

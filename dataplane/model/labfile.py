@@ -350,13 +350,27 @@ NIC_ETHP_FIELDS = {
 NIC_FIELDS = {**NIC_ETHP_FIELDS, **NIC_ROCE_FIELDS}
 
 
-# Kernel TCP's timers that a route can set, nominal (defaults: Linux's own);
-# real = nominal x k, kept right as k changes (kernel.tcp_timers).
+# What a route can set of kernel TCP (defaults: Linux's own), on every host
+# route at lab up (kernel.tcp_routes): the congestion control and ECN, so that
+# a lab's TCP never depends on the host's sysctls, and the minimum RTO,
+# nominal: real = nominal x k, kept right as k changes.
+TCP_CONGESTION_CONTROLS = ("cubic", "reno", "bbr", "dctcp")
 _TCP_SCHEMA = {
     "rto_min_us": pos_num(
         200_000.0,
         "minimum retransmit timeout (Linux's TCP_RTO_MIN, 200 ms); real = this x time_scale,"
         " at most the kernel's 120 s",
+    ),
+    "congestion_control": one_of(
+        TCP_CONGESTION_CONTROLS,
+        "cubic",
+        "every connection's congestion control (Linux's default: cubic), whatever the host's"
+        " sysctl says; lab up checks that this kernel has it",
+    ),
+    "ecn": boolean(
+        False,
+        "connections ask for ECN (the route feature ecn); false: Linux's default, they only"
+        " answer a peer that asks",
     ),
 }
 

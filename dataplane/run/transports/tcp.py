@@ -80,14 +80,6 @@ class _Conn:
         self.writing = False
 
 
-def _sysctl(key: str) -> str:
-    try:
-        with open(f"/proc/sys/net/ipv4/{key}") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
 class TcpTransport(Transport):
     name = "tcp"
 
@@ -108,7 +100,6 @@ class TcpTransport(Transport):
         self.notes = (
             f"{self.streams} TCP connection(s) per pair of ranks, a message striped over them",
             *kernel.tcp_timer_notes(rec),
-            f"congestion control {_sysctl('tcp_congestion_control')}, tcp_ecn={_sysctl('tcp_ecn')}",
         )
         self._sel = selectors.DefaultSelector()
         members = set(opts.members) if opts.members is not None else set(ips)
