@@ -795,18 +795,32 @@ def _available() -> list[str]:
     return catalog.available()
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("ethplus")
+    except metadata.PackageNotFoundError:  # a checkout run without an install
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ethplus",
         description="ETH+ lab: AI-cluster fabrics in network namespaces on one machine",
     )
+    p.add_argument("--version", action="version", version=f"ethplus {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     lab = sub.add_parser("lab", help="build, list, show and remove labs")
     lsub = lab.add_subparsers(dest="lab_command", required=True, metavar="LAB_COMMAND")
 
-    up = lsub.add_parser("up", help="build a lab from a lab file (or a name in netns-labs/)")
-    up.add_argument("file", metavar="FILE", help="lab file, e.g. netns-labs/erack-8x4.toml")
+    up = lsub.add_parser(
+        "up",
+        help="build a lab from a lab file, or a name ($ETHPLUS_LABS, ./netns-labs/, then"
+        " the labs ethplus ships)",
+    )
+    up.add_argument("file", metavar="FILE", help="lab file or name, e.g. erack-8x4")
     up.add_argument("--name", help="lab name (default: the file's lab.name or its stem)")
     up.add_argument("--time-scale", type=float, help="override the file's time_scale (>= 1)")
     up.add_argument(
@@ -979,7 +993,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("scenario", help="reproducible experiments: a lab, jobs, timed faults")
     sc_sub = sc.add_subparsers(dest="scenario_command", required=True, metavar="SCENARIO_COMMAND")
-    sl = sc_sub.add_parser("list", help="the scenarios in netns-labs/scenarios/")
+    sl = sc_sub.add_parser(
+        "list",
+        help="every scenario by name ($ETHPLUS_LABS/scenarios/, ./netns-labs/scenarios/,"
+        " then the shipped ones)",
+    )
     sl.set_defaults(func=cmd_scenario_list)
     sr = sc_sub.add_parser("run", help="run a scenario over each of its transports")
     sr.add_argument("scenario", metavar="NAME|FILE")

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from dataplane.lab import labs
-from dataplane.model import labfile
+from dataplane.model import library
 from dataplane.run import bench
 
 
@@ -51,7 +51,7 @@ def _one(rec: dict, transport: str, algo: str, size: int, iters: int) -> dict:
 
 
 def _clos_file(directory: str, name: str, tree: bool, oversubscription: float) -> str:
-    text = (labfile.LABS_DIR / "clos-16.toml").read_text()
+    text = library.find("clos-16").read_text()
     text = re.sub(r"(?m)^oversubscription = .*$", f"oversubscription = {oversubscription}", text)
     text = text.replace("inc = true", f"inc = true\ninc_tree = {str(tree).lower()}")
     path = Path(directory) / f"{name}.toml"

@@ -13,7 +13,7 @@ from conftest import ethplus
 from labtools import Lab, if_stats, module_lab, shipped_lab
 
 from dataplane.lab import core, registry
-from dataplane.model import labfile, routing
+from dataplane.model import labfile, library, routing
 from dataplane.report import stats
 from dataplane.run import bench
 from dataplane.run.job import Job, JobError, Plan
@@ -434,9 +434,7 @@ def test_results_pause_no_member_of_a_lossless_fabric(tmp_path, lab_name):
     charged, the switches sent 14 pauses in this test)."""
     f = tmp_path / "lossless.toml"
     f.write_text(
-        (labfile.LABS_DIR / "erack-8x4.toml")
-        .read_text()
-        .replace("inc = true", "inc = true\nlossless = true")
+        library.find("erack-8x4").read_text().replace("inc = true", "inc = true\nlossless = true")
     )
     ethplus("lab", "up", str(f), "--name", lab_name, check=True)
     lab = Lab(lab_name)

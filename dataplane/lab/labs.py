@@ -503,7 +503,7 @@ def node_ns(name: str, node: str) -> str:
 def session(lab_arg: str, time_scale: float | None = None, announce=None) -> Iterator[dict]:
     """A running lab named lab_arg, or a lab file (or netns-labs/ name) brought
     up for the duration of the block and removed after it, even on error."""
-    from dataplane.model import labfile
+    from dataplane.model import labfile, library
 
     if registry.load_lab(lab_arg) is not None:
         if time_scale is not None:
@@ -515,7 +515,7 @@ def session(lab_arg: str, time_scale: float | None = None, announce=None) -> Ite
     except labfile.LabFileError as exc:
         if not os.path.exists(lab_arg) and "/" not in lab_arg and not lab_arg.endswith(".toml"):
             known = ", ".join(registry.names()) or "none are running"
-            files = ", ".join(sorted(x.stem for x in labfile.LABS_DIR.glob("*.toml")))
+            files = ", ".join(library.names())
             raise LabError(
                 f"--lab {lab_arg!r} is neither a running lab ({known}) nor a lab file "
                 f"(a path, or one of: {files})"

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from dataplane.errors import UsageError
+from dataplane.model import library
 from dataplane.model import topology as topo_mod
 from dataplane.model.topology import LinkParams, Topology, TopologyError
 from dataplane.scale import Scale
 
-LABS_DIR = Path(__file__).resolve().parents[2] / "netns-labs"
 FAMILIES = ("erack", "upn", "clos", "hpn")
 
 
@@ -437,17 +437,17 @@ class LabSpec:
         }
 
 
-def resolve_path(file_or_name: str, directory: Path = LABS_DIR, what: str = "lab file") -> Path:
-    """A file path, or the name of one in directory (netns-labs/ by default),
-    with or without .toml."""
-    p = Path(file_or_name)
-    if p.exists():
+def resolve_path(file_or_name: str, what: str = "lab file") -> Path:
+    """A file path, or the name of a lab file (what: or scenario file) in
+    the library (library.py: the user's directories, then the package's)."""
+    p = library.find(file_or_name, what)
+    if p is not None:
         return p
-    for cand in (directory / file_or_name, directory / f"{file_or_name}.toml"):
-        if cand.exists():
-            return cand
-    known = ", ".join(sorted(x.stem for x in directory.glob("*.toml")))
-    raise LabFileError(file_or_name, "file", f"an existing {what} or one of: {known}")
+    known = ", ".join(library.names(what)) or "none"
+    raise LabFileError(
+        file_or_name, "file", f"an existing {what} or one of: {known}",
+        detail=f"looked in {library.looked_in(what)}",
+    )  # fmt: skip
 
 
 def read_table(path: str, raw: Any, where: str, fields: dict[str, Field]) -> dict[str, Any]:

@@ -9,13 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataplane.errors import UsageError
-from dataplane.model import catalog, changes
+from dataplane.model import catalog, changes, library
 from dataplane.model import labfile as lf
 from dataplane.model.catalog import ALGORITHMS, COLLECTIVES, canonical
-from dataplane.model.labfile import CC_NAMES, LABS_DIR, LabFileError, resolve_path
+from dataplane.model.labfile import CC_NAMES, LabFileError, resolve_path
 from dataplane.units import parse_size
 
-SCENARIO_DIR = LABS_DIR / "scenarios"
 METRICS = ("jct", "slowdown", "busbw", "phases")
 METRIC_UNITS = {
     "jct": "job completion time, nominal us (lower is better)",
@@ -94,7 +93,7 @@ def _err(path: str, key: str, expected: str, value=None) -> LabFileError:
 
 
 def resolve(name_or_path: str) -> Path:
-    return resolve_path(name_or_path, SCENARIO_DIR, "scenario file")
+    return resolve_path(name_or_path, "scenario file")
 
 
 def _is_collective(v) -> bool:
@@ -274,4 +273,5 @@ def _fault(path: str, i: int, f, scale: float, rng: random.Random) -> Fault:
 
 
 def listing() -> list[Scenario]:
-    return [load(str(p)) for p in sorted(SCENARIO_DIR.glob("*.toml"))]
+    """Every scenario in the library (library.py), by name."""
+    return [load(str(p)) for p in library.files("scenario file").values()]

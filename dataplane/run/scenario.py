@@ -50,7 +50,6 @@ from dataplane.model.labfile import LabFileError
 from dataplane.model.scenario_file import (  # noqa: F401 - scenario.load and the rest, as callers use them
     METRIC_UNITS,
     METRICS,
-    SCENARIO_DIR,
     Fault,
     JobSpec,
     Scenario,
