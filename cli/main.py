@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from dataplane.errors import EthplusError
+from dataplane.errors import EthplusError, UsageError
 from dataplane.lab.labs import LabError
 from dataplane.report.stats import table
 from dataplane.run.bench import BenchError
@@ -329,6 +329,24 @@ def cmd_lab_stats(args) -> int:
         else:
             print(stats.render_rates(r, now - t0), flush=True)
         st, prev_t, n = cur, now, n + 1
+    return 0
+
+
+def cmd_wireshark(args) -> int:
+    from pathlib import Path
+
+    from dataplane.report import wireshark
+
+    if args.plugin_dir and not args.install:
+        raise UsageError("wireshark: --plugin-dir goes with --install")
+    if not args.install:
+        print(wireshark.usage())
+        return 0
+    try:
+        dest = wireshark.install(Path(args.plugin_dir) if args.plugin_dir else None)
+    except OSError as exc:
+        raise UsageError(f"wireshark --install: cannot write the dissector: {exc}") from None
+    print(f"installed {dest}; Wireshark loads it at its next start")
     return 0
 
 
@@ -906,6 +924,17 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("-c", "--count", type=int, default=0, help="stop after N frames")
     cp.add_argument("--seconds", type=float, default=0.0, help="stop after S seconds")
     cp.set_defaults(func=cmd_capture)
+
+    ws = sub.add_parser(
+        "wireshark", help="where the ETH+ Wireshark dissector is, and how to load it"
+    )
+    ws.add_argument(
+        "--install", action="store_true", help="copy it into your Wireshark plugin folder"
+    )
+    ws.add_argument(
+        "--plugin-dir", metavar="DIR", help="--install into DIR instead (made if missing)"
+    )
+    ws.set_defaults(func=cmd_wireshark)
 
     ex = sub.add_parser("exec", help="run a command inside a node's namespace")
     ex.add_argument("lab", metavar="NAME")
