@@ -47,6 +47,9 @@ def test_the_wheel_runs_a_lab_by_name_from_an_empty_directory(tmp_path):
         r = _run([cli, "bench", "all-reduce", "--lab", name, "--sizes", "64K", "--iters", "1",
                   "--warmup", "0", "--no-govern"], empty)  # fmt: skip
         assert "65536" in r.stdout or "64K" in r.stdout, r.stdout
+        r = _run([cli, "wireshark"], empty)  # the dissector is package data too
+        lua = r.stdout.split("dissector: ", 1)[1].split()[0]
+        assert lua.startswith(str(env)) and lua.endswith("ethplus.lua"), r.stdout
         r = _run([cli, "scenario", "list"], empty)
         shipped = {p.stem for p in (library.SHIPPED / "scenarios").glob("*.toml")}
         listed = {line.split()[0] for line in r.stdout.splitlines()[1:] if line.strip()}
