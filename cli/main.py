@@ -38,6 +38,8 @@ def cmd_lab_up(args) -> int:
         f"{len(t.switches())} switches ({rec['timings_s']['total_s']:.2f} s)"
     )
     print(f"  time scale {spec.time_scale:g}: {_scale_reason(spec)}")
+    for note in rec.get("rootless_notes", []):
+        print(f"  rootless: {note}")
     print(f"  ethplus lab show {spec.name}    ethplus exec {spec.name} h0 -- ip addr")
     print(f"  ethplus lab down {spec.name}")
     return 0
@@ -1061,8 +1063,21 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+def _labs_exist() -> bool:
+    from dataplane.lab import registry
+
+    try:
+        return bool(os.listdir(registry.labs_dir())) or any(
+            n.startswith("ethp") for n in os.listdir(registry.NETNS_DIR)
+        )
+    except FileNotFoundError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    from dataplane.lab import userns
+
     try:
         return args.func(args)
     except EthplusError as exc:
@@ -1075,6 +1090,8 @@ def main(argv: list[str] | None = None) -> int:
         # and keep the interpreter's final flush from failing again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a shell reports death by SIGPIPE
+    finally:
+        userns.leave_if_idle(_labs_exist)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,14 @@ def fabric_pids(prefix: str, module: str = "dataplane.lab.fabric") -> dict[int, 
 
 
 @pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory):
+    """The wheel `python -m build` makes of this checkout (via its sdist)."""
+    from wheeltools import build
+
+    return build(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="session")
 def traffic_erack():
     from labtools import running_lab
 

@@ -151,7 +151,7 @@ def test_no_frame_of_a_lab_run_is_marked_malformed(lab_pcap):
     assert r.stdout == "", r.stdout[:2000]
 
 
-IPV4 = bytes.fromhex("45000000000040004011" "0000" "c6120001" "c6120002")
+IPV4 = bytes.fromhex("450000000000400040110000c6120001c6120002")
 
 
 def _wrap(kind: str, body: bytes, src: bytes) -> bytes:
@@ -225,7 +225,7 @@ def test_ten_thousand_fuzzed_frames_never_raise_a_lua_error(lab_pcap, tmp_path):
 def test_roce_frames_that_are_not_ours_go_to_wiresharks_own_dissector(tmp_path):
     """A real RoCEv2 frame on 4791 (a BTH: RC SEND ONLY, then an ICRC) is
     Wireshark's InfiniBand; ours on the same port is ours."""
-    eth_ip = bytes.fromhex("020000000001" "020000000002" "0800") + IPV4
+    eth_ip = bytes.fromhex("0200000000010200000000020800") + IPV4
     bth = bytes([0x04, 0x40, 0xFF, 0xFF, 0, 0, 0, 0x11, 0x80, 0, 0, 0x05])
     foreign = _wrap("roce", bth + bytes(16) + bytes(4), eth_ip)
     ours_hdr = bytearray(40)

@@ -815,6 +815,16 @@ int ethp_netns_join(const char *path);
 /* Move the calling thread alone into the network namespace at path (sockets
  * it opens from then on are there); for a thread of a many-threaded process. */
 int ethp_netns_move_thread(const char *path);
+/* ---------------------------------------------------------------- userns */
+
+/* Make the calling (single-threaded) process the keeper of a user namespace
+ * mapping uid/gid to root, with its own mount namespace (a tmpfs on /run)
+ * and network namespace.  0 or negative errno. */
+int ethp_userns_unshare(uint32_t uid, uint32_t gid);
+/* Join the user, mount and network namespaces of the keeper pid (a
+ * single-threaded caller of the same user); chdir to /.  0 or negative errno. */
+int ethp_userns_join(int pid);
+
 /* Switch off TSO, GSO, GRO, scatter-gather and checksum offloads of ifname,
  * through sock (a socket in the interface's namespace).  0 or negative errno. */
 int ethp_if_offloads_off(int sock, const char *ifname);

@@ -149,6 +149,19 @@ const char *ethp_port_counter_help(uint32_t i)
  * Its own socket: every sent skb, when freed, wakes whoever sleeps on its
  * socket, and the receive socket always has a sleeper (the thread's epoll).
  * Bound with protocol 0, it receives nothing. */
+
+/* A socket buffer of bytes: forced past net.core.{r,w}mem_max where the
+ * caller may (CAP_NET_ADMIN over the host); without root (a user
+ * namespace: EPERM) as large as those limits allow. */
+static int set_buf(int fd, int force_opt, int opt, int bytes)
+{
+    if (setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof(bytes)) == 0)
+        return 0;
+    if (errno != EPERM)
+        return -1;
+    return setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof(bytes));
+}
+
 static int setup_tx_socket(struct ethp_port *p, const struct ethp_port_cfg *cfg)
 {
     int one = 1, v2 = TPACKET_V2;
@@ -165,7 +178,7 @@ static int setup_tx_socket(struct ethp_port *p, const struct ethp_port_cfg *cfg)
         return -errno;
     if (cfg->sndbuf_bytes) {
         int b = (int)cfg->sndbuf_bytes;
-        if (setsockopt(p->tx_fd, SOL_SOCKET, SO_SNDBUFFORCE, &b, sizeof(b)) < 0)
+        if (set_buf(p->tx_fd, SO_SNDBUFFORCE, SO_SNDBUF, b) < 0)
             return -errno;
     }
     struct tpacket_req req = {
@@ -232,6 +245,11 @@ static int ring_open(struct ethp_port *p, int join)
         goto fail;
     ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_LOCKED | MAP_POPULATE,
                 fd, 0);
+    /* Past the memory-lock limit (without root: RLIMIT_MEMLOCK, often 8 MiB
+     * a process), a ring that is not locked: it could be paged out under
+     * memory pressure, which a lab machine does not have. */
+    if (ring == MAP_FAILED && (errno == EAGAIN || errno == EPERM || errno == ENOMEM))
+        ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (ring == MAP_FAILED) {
         ring = NULL;
         goto fail;
@@ -312,7 +330,7 @@ static int one_by_one_open(struct ethp_port *p)
     };
     int v = fanout_arg(p, 1), id = 0;
     socklen_t sl = sizeof(id);
-    if (setsockopt(p->one_fd, SOL_SOCKET, SO_RCVBUFFORCE, &b, sizeof(b)) < 0 ||
+    if (set_buf(p->one_fd, SO_RCVBUFFORCE, SO_RCVBUF, b) < 0 ||
         setsockopt(p->one_fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0 ||
         bind(p->one_fd, (struct sockaddr *)&sll, sizeof(sll)) < 0 ||
         setsockopt(p->one_fd, SOL_PACKET, PACKET_FANOUT, &v, sizeof(v)) < 0 ||

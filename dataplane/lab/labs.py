@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import uvloop
 
 from dataplane.errors import EthplusError
-from dataplane.lab import fabric_client, kernel, registry
+from dataplane.lab import fabric_client, kernel, registry, userns
 from dataplane.model.labfile import LabSpec
 from dataplane.model.topology import IF_PREFIX, Topology, plane_subnet, valid_name
 
@@ -34,7 +34,10 @@ class LabError(EthplusError, RuntimeError):
 
 def require_root(what: str) -> None:
     if os.geteuid() != 0:
-        raise LabError(f"{what} needs root (network namespaces, veth, AF_PACKET): run it with sudo")
+        raise LabError(
+            f"{what} needs root, or the `ethplus` command, which runs it without root in a"
+            " user namespace of your own"
+        )
 
 
 # ---------------------------------------------------------------- the plan
@@ -310,6 +313,8 @@ def _record(spec: LabSpec, plan: Plan, timings: dict) -> dict:
         namespaces=dict(plan.ns),
         timings_s=dict(timings),
     )
+    if userns.rootless():
+        rec["rootless_notes"] = userns.rootless_notes()
     for node in rec["topology"]["nodes"]:
         for port in node["ports"]:
             key = (node["name"], port["index"])

@@ -1,0 +1,132 @@
+"""Labs without root: an unprivileged user (nobody, 65534) with ethplus
+installed from the wheel runs a lab in a user namespace of its own: lab up,
+ping, iperf3, an ETH+ all-reduce checked byte for byte, a capture, lab down,
+and nothing of it is left; root's labs and the user's do not see or remove
+each other."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RUN_ID, ethplus, lab_namespaces
+from wheeltools import install, run, world_python
+
+pytestmark = pytest.mark.root
+
+NOBODY = 65534
+
+
+def _procs(uid: int) -> list[str]:
+    """Live (not zombie) processes of uid: their command lines."""
+    out = []
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit():
+            continue
+        try:
+            if os.stat(e.path).st_uid != uid:
+                continue
+            status = Path(e.path, "status").read_text()
+            if "\nState:\tZ" in status:
+                continue
+            out.append(Path(e.path, "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def user_env(built_wheel):
+    """A virtual environment the user may run (the wheel in it), and a home."""
+    base = Path(tempfile.mkdtemp(prefix="ethp-rootless-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        bin_dir = install(built_wheel, base / "venv", python=world_python())
+        subprocess.run(["chmod", "-R", "a+rX", str(base / "venv")], check=True)
+        home = base / "home"
+        home.mkdir()
+        os.chown(home, NOBODY, NOBODY)
+        yield bin_dir / "ethplus", home
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_user_without_root_runs_a_whole_lab(user_env):
+    cli, home = user_env
+    env = {"HOME": str(home)}
+    name = f"{RUN_ID}-rl"
+
+    def user(*args, timeout=300):
+        return run([cli, *args], home, timeout=timeout, user=NOBODY, env=env)
+
+    def user_bg(*args):
+        base = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "env",
+                "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={home}"]  # fmt: skip
+        return subprocess.Popen([*base, str(cli), *args], cwd=home, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    try:
+        r = user("lab", "up", "erack-8x4", "--name", name)
+        assert "rootless:" in r.stdout  # what differs is said once, at lab up
+        assert not lab_namespaces(name)  # not among root's namespaces
+        r = user("exec", name, "h0", "--", "ping", "-c", "2", "-W", "5", "198.18.0.2")
+        assert " 0% packet loss" in r.stdout
+        server = user_bg("exec", name, "h1", "--", "iperf3", "-s", "-1")
+        time.sleep(1.0)
+        r = user("exec", name, "h0", "--", "iperf3", "-c", "198.18.0.2", "-t", "1", "-J")
+        assert json.loads(r.stdout)["end"]["sum_received"]["bytes"] > 0
+        assert server.wait(timeout=60) == 0
+        out = home / "ar.json"
+        user(
+            "bench",
+            "all-reduce",
+            "--lab",
+            name,
+            "--transport",
+            "ethplus",
+            "--sizes",
+            "256K",
+            "--iters",
+            "1",
+            "--warmup",
+            "1",
+            "--check",
+            "all",
+            "--no-govern",
+            "--json",
+            out,
+        )
+        rows = json.loads(out.read_text())["rows"]
+        assert rows and all(r["wrong"] == 0 for r in rows)
+        cap = user_bg("capture", name, "h0-plane0", "-c", "4", "--seconds", "60")
+        time.sleep(2.0)
+        user("exec", name, "h0", "--", "ping", "-c", "3", "-W", "5", "198.18.0.2")
+        lines, err = cap.communicate(timeout=90)
+        assert cap.returncode == 0 and lines.count("ICMP 198.18.0.") == 4, (lines, err)
+
+        # root's labs and the user's: the same name, neither sees nor removes the other
+        ethplus("lab", "up", "netns-labs/erack-8x4.toml", "--name", name, check=True)
+        try:
+            assert name in ethplus("lab", "ls", check=True).stdout
+            ethplus("clean", name)  # root's clean: its own lab is live, so nothing goes
+            assert name in user("lab", "ls").stdout
+        finally:
+            ethplus("lab", "down", name, check=True)
+        assert name in user("lab", "ls").stdout
+
+        user("lab", "down", name)
+        assert not _procs(NOBODY), _procs(NOBODY)  # no keeper, fabric or worker left
+    finally:
+        subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                        "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={home}",
+                        str(cli), "lab", "down", name], cwd=home, capture_output=True)  # fmt: skip
+        for pid_cmd in _procs(NOBODY):
+            if "dataplane.lab" in pid_cmd:
+                subprocess.run(["pkill", "-u", str(NOBODY), "-f", "dataplane.lab"])
+                break
