@@ -6,15 +6,25 @@ off, links up, host addresses, neighbours and routes) the way a shell script
 or an early Mininet would: one `ip`/`ethtool` process per object.  Both run
 in this invocation, one after the other, so machine noise hits both.
 
+With --rootless, also ethplus without root (an unprivileged user, its labs
+in a user namespace of its own): this checkout installed into a virtual
+environment that user may run, and the same environment's `ethplus` run by
+root, one after the other, so that the only difference is root.
+
     sudo python3 scripts/bench_lab.py [--labs erack-64x8,upn-512] [--no-baseline]
+        [--rootless [--runs N]]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import statistics
 import subprocess
 import sys
 import time
+
+import userenv
 
 from dataplane.lab import labs, registry
 from dataplane.model import labfile
@@ -153,17 +163,44 @@ def baseline_down(spec) -> float:
     return time.perf_counter() - t0
 
 
-def ethplus_cli(*args: str) -> float:
+def ethplus_cli(*args: str, cmd: list[str] | None = None) -> float:
     """Time the real command, interpreter start-up included."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cli.main", *args], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([*(cmd or [sys.executable, "-m", "cli.main"]), *args], check=True,
+                   stdout=subprocess.DEVNULL, cwd="/")  # fmt: skip
     return time.perf_counter() - t0
+
+
+def rootless(names: list[str], runs: int) -> None:
+    """Bring-up and teardown without root against root, the same install."""
+    base = userenv.make()
+    cli = str(base / "venv/bin/ethplus")
+    try:
+        for name in names:
+            times: dict[str, list[float]] = {"root up": [], "root down": [],
+                                             "rootless up": [], "rootless down": []}  # fmt: skip
+            for _ in range(runs):
+                for who, cmd in (("root", [cli]), ("rootless", userenv.as_user(base, [cli]))):
+                    run_name = f"rl-{name}"
+                    times[f"{who} up"].append(ethplus_cli("lab", "up", name, "--name", run_name,
+                                                          cmd=cmd))  # fmt: skip
+                    times[f"{who} down"].append(ethplus_cli("lab", "down", run_name, cmd=cmd))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            print(f"{name} rootless (median of {runs}, the same install for both):")
+            for what in ("up", "down"):
+                r, u = med[f"root {what}"], med[f"rootless {what}"]
+                print(f"  {what:5s} root {r:6.2f} s   rootless {u:6.2f} s   rootless / root "
+                      f"{u / r:.2f} (target <= 1.10)", flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--labs", default="erack-64x8,upn-512")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--rootless", action="store_true", help="also without root, against root")
+    ap.add_argument("--runs", type=int, default=3, help="--rootless: runs each (median)")
     args = ap.parse_args()
     labs.require_root("scripts/bench_lab.py")
     rows = []
@@ -197,6 +234,8 @@ def main() -> int:
             print(f"  target up < {up_t:g} s: {'met' if up_s < up_t else 'MISSED'}")
         if down_t:
             print(f"  target down < {down_t:g} s: {'met' if down_s < down_t else 'MISSED'}")
+    if args.rootless:
+        rootless(args.labs.split(","), args.runs)
     return 0
 
 

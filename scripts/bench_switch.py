@@ -18,7 +18,13 @@ against the same without the lab), as shipped and with the switches' RX
 rings kept up; and what the emulator adds to ping's RTT on erack-8x4, both
 ways.
 
+With --rootless, only the ethplus switch, saturated, as root and without
+root (an unprivileged user in a user namespace of its own, as ethplus runs
+labs for users who are not root), alternately --runs times, from the same
+install (this checkout in a virtual environment that user may run).
+
     sudo python3 scripts/bench_switch.py [--seconds 3] [--runs N] [--no-idle] [--json FILE]
+    sudo python3 scripts/bench_switch.py --rootless [--runs 3] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -239,6 +245,55 @@ def ping_rtt(ring_idle_ms: int | None = None, count: int = 100) -> dict:
     return {"avg_ms": avg_ms, "shaped_ms": shaped_ms, "added_ms": avg_ms - shaped_ms}
 
 
+def forward_only(seconds: float) -> dict[str, float]:
+    """The ethplus switch alone, saturated: frames/s at each size."""
+    teardown()
+    build()
+    try:
+        out = {}
+        for size in SIZES:
+            f = bytearray(frame(size))
+            f[0] = 0x06  # to the switch port's wire MAC
+            out[str(size)] = with_ethplus(lambda bridge, f=bytes(f): measure_frame(f, seconds))[
+                "fps"
+            ]
+        return out
+    finally:
+        teardown()
+
+
+def rootless(runs: int, seconds: float) -> None:
+    """forward_only as root and as an unprivileged user, alternately."""
+    import shutil
+
+    import userenv
+
+    base = userenv.make()
+    py, me = str(base / "venv/bin/python"), os.path.abspath(__file__)
+    inner = [py, "-I", me, "--forward-only", "--seconds", str(seconds)]
+    # the user's namespaces: its own /run (for /run/netns), as ethplus makes them
+    in_userns = ["unshare", "-Urmn", "sh", "-c", 'mount -t tmpfs ethp-run /run && exec "$@"', "-"]
+    got: dict[str, list[dict]] = {"root": [], "rootless": []}
+    try:
+        for _ in range(runs):
+            for who, cmd in (
+                ("root", inner),
+                ("rootless", userenv.as_user(base, [*in_userns, *inner])),
+            ):
+                r = subprocess.run(cmd, capture_output=True, text=True, cwd="/")
+                if r.returncode:
+                    sys.exit(f"{who}: {r.stderr[-2000:]}")
+                got[who].append(json.loads(r.stdout.splitlines()[-1]))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"ethplus switch, saturated, median of {runs} (alternating; the same install):")
+    for size in SIZES:
+        root = statistics.median(x[str(size)] for x in got["root"])
+        user = statistics.median(x[str(size)] for x in got["rootless"])
+        print(f"  {size:5d} B  root {root / 1e6:.3f} Mpps  rootless {user / 1e6:.3f} Mpps"
+              f"  rootless / root {user / root:.2f} (target >= 0.90)")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -253,7 +308,16 @@ def main() -> int:
         metavar="MS",
         help="the switch's ring_idle_ms (default as labs ship it; 0: a ring alone, no fanout)",
     )
+    ap.add_argument("--rootless", action="store_true", help="the switch without root, vs root")
+    ap.add_argument("--forward-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.forward_only:  # one side of --rootless: JSON on the last line
+        print(json.dumps(forward_only(args.seconds)))
+        return 0
+    if args.rootless:
+        labs.require_root("scripts/bench_switch.py --rootless")
+        rootless(args.runs if args.runs > 1 else 3, args.seconds)
+        return 0
     if args.runs < 1 or args.seconds <= 0 or (args.ring_idle_ms or 0) < 0:
         ap.error("--runs must be at least 1, --seconds above 0, --ring-idle-ms at least 0")
     labs.require_root("scripts/bench_switch.py")
