@@ -20,6 +20,7 @@ from labtools import module_lab
 from dataplane.lab import governor, labs, registry
 from dataplane.model import catalog
 from dataplane.model.catalog import COLLECTIVES, bus_factor
+from dataplane.report import fidelity
 from dataplane.run import bench
 from dataplane.run.job import Job, JobError, Plan
 
@@ -514,6 +515,35 @@ def test_a_collective_longer_than_the_stall_limit_is_not_a_stall_while_frames_mo
     res = _job(erack, "ethplus", "all-reduce", [64 * MiB], stall_s=1.5)
     assert res["rows"][0]["wrong"] == 0
     assert res["rows"][0]["time_real_s"] > 1.5  # longer than the limit: it was tested
+
+
+def test_a_rank_kept_off_the_cpu_shows_as_its_engines_rx_backlog(erack):
+    """A rank's process frozen (SIGSTOP) for a moment mid-collective, as a
+    machine too busy to run it would: the frames that came meanwhile waited
+    in its engine's RX ring, and its rx_wait_max says how long (the kernel's
+    arrival stamps); the other engines, which kept running, show less."""
+    plan = Plan(lab=erack, transport="ethplus", collective="all-reduce", sizes=[64 * MiB],
+                iters=2, warmup=0)  # fmt: skip
+    job = Job(plan, registry.load_lab(erack))
+    frozen_s = 0.6
+
+    def freeze():
+        victim = _mid_run_worker(erack, 8, "h3")
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(frozen_s)
+        os.kill(victim, signal.SIGCONT)
+
+    t = threading.Thread(target=freeze)
+    t.start()
+    try:
+        res = job.run()
+    finally:
+        t.join()
+    engines = {e["node"]: e for e in fidelity.engines(res)}
+    assert engines["h3"]["rx_wait_max_ns"] >= 0.5 * frozen_s * 1e9, engines["h3"]
+    others = max(e["rx_wait_max_ns"] for n, e in engines.items() if n != "h3")
+    assert others < engines["h3"]["rx_wait_max_ns"], engines
+    assert all(e["rx_wait_ns"] > 0 for e in engines.values())  # measured on every engine
 
 
 def test_a_job_whose_ranks_stop_and_whose_frames_stop_is_a_stall(erack):

@@ -4,8 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ethplus
 
+from cli import entry
 from cli import main as cli_main
 
 
@@ -20,14 +22,29 @@ def test_help_lists_the_commands():
 
 
 def test_not_root_gets_a_clear_message(monkeypatch, capsys):
+    """Not root and not through the `ethplus` command (which would join the
+    user's namespace first): one line saying what to do."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     rc = cli_main.main(["lab", "up", "erack-8x4", "--name", "never-built"])
     err = capsys.readouterr().err
     assert rc == 1
     assert err.strip() == (
-        "ethplus: error: ethplus lab up needs root (network namespaces, veth, AF_PACKET): "
-        "run it with sudo"
+        "ethplus: error: ethplus lab up needs root, or the `ethplus` command, which runs it"
+        " without root in a user namespace of your own"
     )
+
+
+@pytest.mark.parametrize(
+    "argv, joins",
+    [
+        ([], False), (["--version"], False), (["lab", "up", "x", "--help"], False),
+        (["wireshark"], False), (["lab", "keys"], False), (["scenario", "list"], False),
+        (["lab", "up", "x"], True), (["lab", "ls"], True), (["scenario", "run", "x"], True),
+        (["bench", "all-reduce", "--lab", "x"], True), (["clean"], True),
+    ],
+)  # fmt: skip
+def test_which_commands_join_the_users_namespace_without_root(argv, joins):
+    assert entry._needs_labs(argv) == joins
 
 
 def test_unknown_command_is_a_usage_error():

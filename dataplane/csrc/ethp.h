@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 33
+#define ETHP_ABI_VERSION 34
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -571,6 +571,9 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(eng_lost_ns, "engine lateness beyond the pacers' catch-up: link time its ports lost (real ns)") \
     X(rescales, "changes of the lab's time scale the engine followed (fabric clock)") \
     X(rx_ring_drops, "frames the kernel dropped before the engine read them: its RX ring was full") \
+    X(rx_wait_sum_ns, "how long frames waited in the RX ring before the engine read them, summed (real ns, from the kernel's arrival stamps)") \
+    X(rx_wait_frames, "frames whose wait in the RX ring was measured") \
+    X(rx_wait_max_ns, "the longest wait of a frame in the RX ring (real ns)") \
     X(credit_bytes, "rccc: what the receivers let this sender have in flight now (sum over peers)") \
     X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)")
 
@@ -770,6 +773,8 @@ enum {
     ETHP_CLOCK_PER_ENGINE,       /* the reports above are also kept per engine */
     ETHP_CLOCK_R_LATE_WAKEUPS = ETHP_CLOCK_PER_ENGINE, /* engines' late wake-ups */
     ETHP_CLOCK_R_RING_DROPS,     /* frames the kernel dropped at an engine's ring */
+    ETHP_CLOCK_R_RX_WAIT_SUM_NS, /* how long frames waited in engines' rings (rx_wait_sum_ns) */
+    ETHP_CLOCK_R_RX_WAIT_FRAMES, /* the frames those waits were measured on */
     ETHP_CLOCK_R_ENGINES,        /* engines attached to the clock now */
     ETHP_CLOCK_NREPORTS,
     ETHP_CLOCK_MAX_ENGINES = 1792, /* engines with a lost-time slot of their own (they wrap) */

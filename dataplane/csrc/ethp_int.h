@@ -132,6 +132,9 @@ void ethp_netns_leave(int saved);
  * port also makes its mode changes here. */
 typedef void (*ethp_frame_fn)(void *ctx, const uint8_t *data, uint32_t len, int ifindex);
 uint32_t ethp_port_rx_each(struct ethp_port *port, uint32_t n, ethp_frame_fn fn, void *ctx);
+/* While ethp_port_rx_each visits a frame: when the kernel received it
+ * (CLOCK_REALTIME ns; for a frame read one by one, when the port read it). */
+uint64_t ethp_port_rx_stamp_ns(const struct ethp_port *port);
 
 /* A 64-bit mixer (MurmurHash3's finaliser): hashes and seeds. */
 static inline uint64_t ethp_mix64(uint64_t x)
@@ -272,6 +275,9 @@ struct ethp_nic_io {
     uint32_t (*tx)(void *ctx, struct ethp_pkt **pkts, uint32_t n, int ifindex);
     void (*wait_tx)(void *ctx, int timeout_ms);
     uint32_t (*rx_each)(void *ctx, uint32_t n, ethp_frame_fn fn, void *arg);
+    /* while rx_each visits a frame: when the kernel received it (CLOCK_REALTIME
+     * ns), or 0 if not known; NULL: never known */
+    uint64_t (*rx_stamp_ns)(void *ctx);
     /* when the engine must look again with no event (UINT64_MAX: never) */
     uint64_t (*due_ns)(void *ctx);
     int (*watch)(void *ctx, int epfd, uint32_t tag);

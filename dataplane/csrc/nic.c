@@ -60,6 +60,9 @@ const char *ethp_nic_counter_name(uint32_t i)
 struct rx_ctx {
     struct ethp_nic *n;
     uint64_t now;
+    uint64_t wall_ns;      /* CLOCK_REALTIME when this round of reading began */
+    uint64_t wait_sum_ns;  /* frames' waits in the ring before it (rx_wait_*) */
+    uint64_t wait_frames;
 };
 
 /* ---------------------------------------------------------------- connection epochs
@@ -235,6 +238,16 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     struct rx_ctx *c = arg;
     struct ethp_nic *n = c->n;
     struct ethp_parsed ps;
+    if (c->wall_ns) {
+        uint64_t stamp = n->io.rx_stamp_ns(n->io.ctx);
+        if (stamp && stamp < c->wall_ns) { /* (a frame that came in since: no wait) */
+            uint64_t wait = c->wall_ns - stamp;
+            c->wait_sum_ns += wait;
+            if (wait > n->c[ETHP_NC_rx_wait_max_ns])
+                n->c[ETHP_NC_rx_wait_max_ns] = wait;
+        }
+        c->wait_frames += stamp != 0;
+    }
     int kind = ethp_parse(data, len, &ps);
     if (kind == ETHP_KIND_MACCTL) {
         nic_on_pause(n, data, len, ifindex, c->now);
@@ -312,11 +325,28 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     }
 }
 
+/* Read every frame waiting; how long they waited in the ring (the kernel's
+ * arrival stamps against the time reading began) is the engine's RX
+ * backlog: time an engine kept from running by the machine adds to every
+ * frame's delay, even when nothing it had to send was late. */
 static void rx(struct ethp_nic *n, uint64_t now)
 {
     struct rx_ctx c = {.n = n, .now = now};
+    if (n->io.rx_stamp_ns) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        c.wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    }
     while (n->io.rx_each(n->io.ctx, NIC_BURST, on_frame, &c) == NIC_BURST)
         ;
+    if (!c.wait_frames)
+        return;
+    n->c[ETHP_NC_rx_wait_sum_ns] += c.wait_sum_ns;
+    n->c[ETHP_NC_rx_wait_frames] += c.wait_frames;
+    if (n->clock) {
+        ethp_clock_report(n->clock, ETHP_CLOCK_R_RX_WAIT_SUM_NS, c.wait_sum_ns);
+        ethp_clock_report(n->clock, ETHP_CLOCK_R_RX_WAIT_FRAMES, c.wait_frames);
+    }
 }
 
 /* ---------------------------------------------------------------- timers, loop */
@@ -830,6 +860,11 @@ static uint32_t pio_rx_each(void *ctx, uint32_t k, ethp_frame_fn fn, void *arg)
     return ethp_port_rx_each(((struct nic_port_io *)ctx)->port, k, fn, arg);
 }
 
+static uint64_t pio_rx_stamp_ns(void *ctx)
+{
+    return ethp_port_rx_stamp_ns(((struct nic_port_io *)ctx)->port);
+}
+
 static uint64_t pio_due_ns(void *ctx)
 {
     return ethp_port_due_ns(((struct nic_port_io *)ctx)->port);
@@ -936,6 +971,7 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     }
     struct ethp_nic_io io = {.ctx = pio, .ifindex = pio_ifindex, .tx = pio_tx,
                              .wait_tx = pio_wait_tx, .rx_each = pio_rx_each,
+                             .rx_stamp_ns = pio_rx_stamp_ns,
                              .due_ns = pio_due_ns, .watch = pio_watch, .event = pio_event,
                              .counters = pio_counters, .close = pio_close};
     struct ethp_nic *n = ethp_nic_new_io(cfg, &io, max_peers, err);

@@ -862,6 +862,13 @@ uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, vo
     return p->one_fd >= 0 ? rx_mixed(p, n, fn, ctx) : ring_each(p, n, fn, ctx);
 }
 
+uint64_t ethp_port_rx_stamp_ns(const struct ethp_port *p)
+{
+    if (p->one_wall_ns)
+        return p->one_wall_ns;
+    return p->next ? (uint64_t)p->next->tp_sec * 1000000000ull + p->next->tp_nsec : 0;
+}
+
 uint32_t ethp_port_rx_burst_stamped(struct ethp_port *p, struct ethp_pool *pool,
                                     struct ethp_pkt **pkts, uint64_t *wall_ns, uint32_t n)
 {

@@ -18,7 +18,10 @@ from dataplane.errors import EthplusError
 from dataplane.lab import registry
 from dataplane.lab.core import ffi, lib
 
-REPORTS = ("lost_ns", "late_sum_ns", "late_wakeups", "ring_drops", "engines")
+REPORTS = (
+    "lost_ns", "late_sum_ns", "late_wakeups", "ring_drops", "rx_wait_sum_ns", "rx_wait_frames",
+    "engines",
+)  # fmt: skip
 PER_ENGINE = REPORTS[: lib.ETHP_CLOCK_PER_ENGINE]
 
 

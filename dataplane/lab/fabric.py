@@ -251,6 +251,11 @@ class Fabric:
             if tx
             else 0.0,
             ring_drops=cb["ring_drops"] - ca["ring_drops"],
+            engine_rx_delay_share=fidelity.rx_wait_ns(
+                cb["rx_wait_sum_ns"] - ca["rx_wait_sum_ns"],
+                cb["rx_wait_frames"] - ca["rx_wait_frames"],
+            )
+            / base_rtt_real_ns,
             busy_share=(b["busy"] - a["busy"]) / total if total > 0 else 0.0,
         )
 

@@ -64,6 +64,7 @@ class Observation:
     engine_lost_share: float = 0.0  # NIC engines: the worst one's lost link time
     engine_added_delay_share: float = 0.0  # NIC engines: the worst one's delay / base RTT
     ring_drops: int = 0  # NIC engines: frames their RX rings dropped
+    engine_rx_delay_share: float = 0.0  # NIC engines: frames' mean wait in their rings / base RTT
     waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
     busy_share: float = 0.0  # the machine
 
@@ -82,6 +83,9 @@ class Observation:
             return f"a NIC engine ran late by {share:.1%} of a base RTT on average"
         if self.ring_drops:
             return f"NIC engines' rings dropped {self.ring_drops} frames"
+        if self.engine_rx_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
+            share = self.engine_rx_delay_share
+            return f"frames waited in NIC engines' rings {share:.1%} of a base RTT on average"
         if self.waited_share > fidelity.WAITED_SHARE_MAX * RAISE_AT:
             return f"a rank waited for a CPU {self.waited_share:.0%} of the time"
         return None
@@ -93,6 +97,7 @@ class Observation:
             self.added_delay_share / fidelity.ADDED_DELAY_MAX,
             self.engine_lost_share / fidelity.LOST_SHARE_MAX,
             self.engine_added_delay_share / fidelity.ADDED_DELAY_MAX,
+            self.engine_rx_delay_share / fidelity.ADDED_DELAY_MAX,
             self.waited_share / fidelity.WAITED_SHARE_MAX,
         )
 
@@ -103,6 +108,7 @@ class Observation:
             or self.added_delay_share > fidelity.ADDED_DELAY_MAX
             or self.engine_lost_share > fidelity.LOST_SHARE_MAX
             or self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX
+            or self.engine_rx_delay_share > fidelity.ADDED_DELAY_MAX
             or self.waited_share > 2 * fidelity.WAITED_SHARE_MAX
         )
 
@@ -112,6 +118,7 @@ class Observation:
             and self.added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
             and self.engine_lost_share < fidelity.LOST_SHARE_MAX * CALM_AT
             and self.engine_added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
+            and self.engine_rx_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
             and not self.ring_drops
             and self.waited_share < fidelity.WAITED_SHARE_MAX * CALM_AT
             and self.busy_share < CALM_BUSY_MAX

@@ -85,6 +85,14 @@ def engine_added_delay(behind_share: float, late_sum_ns: float, late_wakeups: fl
     return behind_share * late_sum_ns / late_wakeups / 2
 
 
+def rx_wait_ns(rx_wait_sum_ns: float, rx_wait_frames: float) -> float:
+    """How long a frame waited in an engine's RX ring before the engine read
+    it, on average (real ns): the delay an engine kept from running adds to
+    every frame it receives, acks included, even when nothing it had to send
+    was late."""
+    return rx_wait_sum_ns / rx_wait_frames if rx_wait_frames else 0.0
+
+
 def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
     """The endpoints over a row's timed window: did any fall behind?  A NIC
     engine that ran later than its pacers' catch-up allows lost link time
@@ -93,7 +101,9 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
     real base RTT on average, as a late delay line; engine_added_delay), one
     whose RX ring overflowed lost frames a NIC would not have; a rank whose
     threads waited for a CPU for WAITED_SHARE_MAX of it was paced by the
-    machine (kernel TCP's ranks too).  None without the ranks' figures."""
+    machine (kernel TCP's ranks too); one whose frames waited in its RX ring
+    (rx_wait_ns) for more than ADDED_DELAY_MAX of the base RTT on average
+    delayed every frame it received.  None without the ranks' figures."""
     engines = row.get("engines") or []
     if not engines:
         return None
@@ -108,6 +118,8 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
         for e in engines
     )  # fmt: skip
     waited = max(engines, key=lambda e: e.get("waited_s", 0.0))
+    rx_wait = max(rx_wait_ns(e.get("rx_wait_sum_ns", 0), e.get("rx_wait_frames", 0))
+                  for e in engines)  # fmt: skip
     out = {
         "late_wakeups": sum(e.get("eng_late_wakeups", 0) for e in engines),
         "late_sum_ns": sum(e.get("eng_late_sum_ns", 0) for e in engines),
@@ -117,12 +129,14 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
         "lost_share_rank": worst["rank"],
         "waited_share_max": waited.get("waited_s", 0.0) * 1e9 / span_ns,
         "rx_ring_drops": sum(e.get("rx_ring_drops", 0) for e in engines),
+        "rx_delay_share": rx_wait / base_rtt_real_ns,
     }
     out["fell_behind"] = (
         out["lost_share_max"] > LOST_SHARE_MAX
         or out["added_delay_share"] > ADDED_DELAY_MAX
         or out["waited_share_max"] > WAITED_SHARE_MAX
         or out["rx_ring_drops"] > 0
+        or out["rx_delay_share"] > ADDED_DELAY_MAX
     )
     return out
 
@@ -195,6 +209,8 @@ def engines(result: dict) -> list[dict]:
             "rank": r["rank"], "node": r["node"], "late_wakeups": c["eng_late_wakeups"],
             "late_sum_ns": c["eng_late_sum_ns"], "late_max_ns": c["eng_late_max_ns"],
             "lost_ns": c["eng_lost_ns"], "rx_ring_drops": c.get("rx_ring_drops", 0),
+            "rx_wait_ns": rx_wait_ns(c.get("rx_wait_sum_ns", 0), c.get("rx_wait_frames", 0)),
+            "rx_wait_max_ns": c.get("rx_wait_max_ns", 0),
         })  # fmt: skip
     return out
 
@@ -336,6 +352,12 @@ def render(f: dict) -> str:
             f"  endpoints: {len(engs)} NIC engines; worst lateness {worst['late_max_ns'] / 1e6:.1f}"
             f" ms ({worst['node']}); {sum(e['late_wakeups'] for e in engs)} late passes;"
             f" {len(lost)} lost link time beyond catch-up or RX frames"
+        )
+        slow = max(engs, key=lambda e: e.get("rx_wait_ns", 0))
+        lines.append(
+            f"  RX backlog: frames waited {slow.get('rx_wait_ns', 0) / 1e6:.2f} ms in"
+            f" {slow['node']}'s ring on average (the most of any engine; longest"
+            f" {slow.get('rx_wait_max_ns', 0) / 1e6:.1f} ms), real time"
         )
         for e in lost[:8]:
             lines.append(

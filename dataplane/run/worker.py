@@ -93,7 +93,10 @@ def _peak_rss_bytes() -> int:
 
 
 # The NIC engine's own fidelity counters, taken over each timed window.
-ENGINE_KEYS = ("eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops")
+ENGINE_KEYS = (
+    "eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops", "rx_wait_sum_ns",
+    "rx_wait_frames",
+)  # fmt: skip
 
 
 class Timer:

@@ -95,7 +95,9 @@ def main() -> None:
             dist.send(torch.zeros(4), (r + 1) % n, tag=999)
         except ValueError as e:
             print(f"refused tag: {e}", flush=True)
-        dist.barrier()  # a refused call leaves the group working
+    # a refused call leaves the group working; and every rank is done before
+    # any tears down (gloo fails a rank whose peer closed its pairs first)
+    dist.barrier()
     dist.destroy_process_group()
 
 
