@@ -16,11 +16,11 @@ PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _world_python() -> str:
-    for cand in (sys.executable, f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"):
-        p = Path(os.path.realpath(cand))
-        if p.exists() and all(os.stat(a).st_mode & 0o001 for a in (p, *p.parents)):
-            return str(p)
-    sys.exit("no Python of this version that other users may run (Debian's python3 has one)")
+    from dataplane.lab import userns
+
+    return userns.python_for_users() or sys.exit(
+        "no Python of this version that other users may run (Debian's python3 has one)"
+    )
 
 
 def make() -> Path:

@@ -4,7 +4,6 @@ environments it goes into."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import venv
@@ -37,16 +36,12 @@ def build(out: Path) -> Path:
 
 
 def world_python() -> str:
-    """A Python of this one's version that every user may run (this one may
-    sit under a home only its owner can enter)."""
-    for cand in (sys.executable, f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"):
-        p = Path(os.path.realpath(cand))
-        if p.exists() and all(os.stat(a).st_mode & 0o001 for a in (p, *p.parents)):
-            return str(p)
-    raise AssertionError(
-        f"no Python {sys.version_info[0]}.{sys.version_info[1]} that other users may run"
-        " (the Debian python3 package has one)"
-    )
+    """A Python of this version that the user of the tests without root may run."""
+    from dataplane.lab import userns
+
+    py = userns.python_for_users()
+    assert py, f"no Python {sys.version_info[0]}.{sys.version_info[1]} that other users may run"
+    return py
 
 
 def install(wheel: Path, env: Path, python: str = sys.executable) -> Path:

@@ -200,6 +200,18 @@ def rootless_notes() -> list[str]:
     return notes
 
 
+def python_for_users() -> str | None:
+    """A Python of this one's version that every user may run (this one may
+    sit under a home only its owner can enter): for a user's own virtual
+    environment, e.g. in the tests without root.  None if there is none."""
+    v = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for cand in (sys.executable, f"/usr/bin/python{v}"):
+        p = Path(os.path.realpath(cand))
+        if p.exists() and all(os.stat(a).st_mode & 0o001 for a in (p, *p.parents)):
+            return str(p)
+    return None
+
+
 def _keep(fd: int) -> int:
     from dataplane.lab import core
 
