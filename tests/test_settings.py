@@ -136,8 +136,8 @@ def test_a_jobs_workers_run_with_every_nic_setting(settings_lab, transport, tmp_
 
 
 def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
-    """[tcp] rto_min_us x k, congestion_control and ecn on every route of
-    every accelerator's namespace."""
+    """[tcp] rto_min_us x k, congestion_control, ecn and quickack on every
+    route of every accelerator's namespace."""
     rec = registry.load_lab(settings_lab)
     want_ms = min(round(DECLARED["tcp"]["rto_min_us"] * K / 1000), 120_000)
     hosts = [n for n in rec["topology"]["nodes"] if n["role"] == "host"]
@@ -154,6 +154,7 @@ def test_kernel_tcps_timers_reach_every_accelerators_routes(settings_lab):
             assert got_ms == want_ms, (node["name"], line, want_ms)
             assert f"congctl {DECLARED['tcp']['congestion_control']} " in line + " ", line
             assert ("features ecn" in line) == DECLARED["tcp"]["ecn"], line
+            assert ("quickack 1" in line) == DECLARED["tcp"]["quickack"], line
 
 
 _SIDE = """

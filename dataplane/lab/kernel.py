@@ -235,13 +235,15 @@ def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
     return max(1, min(TCP_RTO_MAX_MS, round(Scale(k).real_ns(rto_min_us * 1000) / 1e6)))
 
 
-def tcp_settings(rec: dict) -> tuple[float, str, bool]:
-    """A lab's [tcp]: nominal rto_min in us, congestion control, ECN asked."""
+def tcp_settings(rec: dict) -> tuple[float, str, bool, bool]:
+    """A lab's [tcp]: nominal rto_min in us, congestion control, ECN asked,
+    quick acks."""
     tcp = rec.get("tcp", {})
     return (
         tcp.get("rto_min_us", 200_000.0),
         tcp.get("congestion_control", "cubic"),
         tcp.get("ecn", False),
+        tcp.get("quickack", False),
     )
 
 
@@ -252,12 +254,13 @@ def tcp_routes(rec: dict, k: float) -> None:
     cached one)."""
     from dataplane.model.topology import gateway_ip, plane_subnet
 
-    rto_min_us, cc, ecn = tcp_settings(rec)
+    rto_min_us, cc, ecn, quickack = tcp_settings(rec)
     metrics = {
         "RTAX_LOCK": 1 << RTAX_RTO_MIN,
         "RTAX_RTO_MIN": tcp_rto_min_ms(rto_min_us, k),
         "RTAX_CC_ALGO": cc,
         "RTAX_FEATURES": RTAX_FEATURE_ECN if ecn else 0,
+        "RTAX_QUICKACK": int(quickack),
     }
     for node in rec["topology"]["nodes"]:
         if node["role"] != "host":
@@ -298,7 +301,7 @@ def check_tcp(spec) -> None:
 def tcp_timer_notes(rec: dict) -> list[str]:
     """What a report says of kernel TCP (its routes' settings, its timers)
     at the lab's k now."""
-    nominal_us, cc, ecn = tcp_settings(rec)
+    nominal_us, cc, ecn, quickack = tcp_settings(rec)
     k = rec.get("time_scale")
     if k is None:
         now = ""
@@ -313,9 +316,16 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal{now},"
         " set on every host route",
         "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
-        " (1 s), the delayed-ACK timer (40 ms at least), the tail-loss probe (10 ms at least),"
-        " the 120 s RTO cap, keepalive and TIME-WAIT; its RTT-driven timers follow the scaled"
-        " RTT by themselves; a change of k reaches a connection at its next route lookup",
+        " (1 s), "
+        + ("" if quickack else "the delayed-ACK timer (40 ms at least), ")
+        + "the tail-loss probe (10 ms at least), the 120 s RTO cap, keepalive and TIME-WAIT;"
+        " its RTT-driven timers follow the scaled RTT by themselves; a change of k reaches a"
+        " connection at its next route lookup",
+        "kernel TCP acks every segment at once (route quickack): no delayed-ACK timer"
+        if quickack
+        else "kernel TCP delays acks as Linux does: where its 40 ms (real) timer fires, it is"
+        " 40 ms / k nominal, shorter than a real one and shorter at a larger k (`[tcp]"
+        " quickack = true` removes it)",
     ]
     if cc == "bbr":
         notes.append(

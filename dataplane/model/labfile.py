@@ -372,6 +372,11 @@ _TCP_SCHEMA = {
         "connections ask for ECN (the route feature ecn); false: Linux's default, they only"
         " answer a peer that asks",
     ),
+    "quickack": boolean(
+        False,
+        "ack every segment at once (the route's quickack): no delayed-ACK timer, whose 40 ms"
+        " minimum is real time and so 40 ms / k nominal; false: Linux's delayed acks",
+    ),
 }
 
 
