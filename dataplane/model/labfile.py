@@ -256,7 +256,7 @@ def switch_fields(family: str) -> dict[str, Field]:
         "pfc_headroom_bytes": nonneg_int(
             0,
             "lossless: what a port may have buffered past XOFF (its frames are never"
-            " tail-dropped at an egress); 0: its link's rate x (two delays + 5 ms of"
+            " tail-dropped at an egress); 0: its link's rate x (two delays + 50 ms of"
             " emulator response), plus two frames",
         ).into(),
         "hosts_may_pause": boolean(
