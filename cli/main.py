@@ -1064,12 +1064,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _labs_exist() -> bool:
+    """A lab recorded, or a namespace of one left (the user namespace's keeper
+    stays while either does)."""
     from dataplane.lab import registry
 
+    if registry.names():
+        return True
     try:
-        return bool(os.listdir(registry.labs_dir())) or any(
-            n.startswith("ethp") for n in os.listdir(registry.NETNS_DIR)
-        )
+        return any(n.startswith("ethp") for n in os.listdir(registry.NETNS_DIR))
     except FileNotFoundError:
         return False
 
