@@ -132,8 +132,9 @@ void ethp_netns_leave(int saved);
  * port also makes its mode changes here. */
 typedef void (*ethp_frame_fn)(void *ctx, const uint8_t *data, uint32_t len, int ifindex);
 uint32_t ethp_port_rx_each(struct ethp_port *port, uint32_t n, ethp_frame_fn fn, void *ctx);
-/* While ethp_port_rx_each visits a frame: when the kernel received it
- * (CLOCK_REALTIME ns; for a frame read one by one, when the port read it). */
+/* While ethp_port_rx_each visits a frame from the ring: when the kernel
+ * received it (CLOCK_REALTIME ns); 0 for a frame read one by one (its
+ * arrival is not known, and its wait is not counted as none). */
 uint64_t ethp_port_rx_stamp_ns(const struct ethp_port *port);
 
 /* A 64-bit mixer (MurmurHash3's finaliser): hashes and seeds. */

@@ -864,8 +864,8 @@ uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, vo
 
 uint64_t ethp_port_rx_stamp_ns(const struct ethp_port *p)
 {
-    if (p->one_wall_ns)
-        return p->one_wall_ns;
+    if (p->one_wall_ns) /* read one by one: when the port read it, not when it came */
+        return 0;
     return p->next ? (uint64_t)p->next->tp_sec * 1000000000ull + p->next->tp_nsec : 0;
 }
 
