@@ -77,19 +77,34 @@ def _amplitude(dtype: str, world: int) -> int:
     return int(max(1, min(8, exact // max(world, 1) - (BLOCK_VALUES - 1))))
 
 
+@functools.lru_cache(maxsize=8)
 def _table(dtype: str, seed: int, world: int) -> np.ndarray:
+    """One period of the seeded table (one per process; read-only): a rank
+    host's ranks, and a check that reads from every rank, share it."""
     amp = _amplitude(dtype, world)
     rng = np.random.default_rng(seed)
-    return rng.integers(-amp, amp + 1, PERIOD).astype(DTYPES[dtype][1])
+    t = rng.integers(-amp, amp + 1, PERIOD).astype(DTYPES[dtype][1])
+    t.flags.writeable = False
+    return t
 
 
 def _shift(rank: int) -> int:
     return (rank * 7919 + 13) % PERIOD
 
 
-def _tile(period: np.ndarray, start: int, count: int, block_scale: int) -> np.ndarray:
-    """Elements [start, start+count) of period repeated, plus the per-period term."""
-    out = np.resize(np.roll(period, -(start % PERIOD)), count)
+def _tile(
+    period: np.ndarray, start: int, count: int, block_scale: int, shift: int = 0
+) -> np.ndarray:
+    """Elements [start, start+count) of period (rolled left by shift) repeated,
+    plus the per-period term.  Copied slice by slice: memory for count
+    elements only, however small count is (an uneven all-to-all's check
+    takes world pieces of a few hundred elements)."""
+    out = np.empty(count, period.dtype)
+    i, at = 0, (start + shift) % PERIOD
+    while i < count:
+        n = min(count - i, PERIOD - at)
+        out[i : i + n] = period[at : at + n]
+        i, at = i + n, 0
     i = 0
     while i < count:
         blk = (start + i) // PERIOD
@@ -103,8 +118,7 @@ def _tile(period: np.ndarray, start: int, count: int, block_scale: int) -> np.nd
 
 def pattern(rank: int, count: int, dtype: str, seed: int, world: int, start: int = 0) -> np.ndarray:
     """Rank's input: elements [start, start+count) of its pattern."""
-    per = np.roll(_table(dtype, seed, world), -_shift(rank))
-    return _to_storage(_tile(per, start, count, 1), dtype)
+    return _to_storage(_tile(_table(dtype, seed, world), start, count, 1, _shift(rank)), dtype)
 
 
 @functools.lru_cache(maxsize=8)
