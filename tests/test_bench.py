@@ -21,7 +21,7 @@ from dataplane.lab import governor, labs, registry
 from dataplane.model import catalog
 from dataplane.model.catalog import COLLECTIVES, bus_factor
 from dataplane.report import fidelity
-from dataplane.run import bench
+from dataplane.run import bench, job
 from dataplane.run.job import Job, JobError, Plan
 
 pytestmark = pytest.mark.root
@@ -134,6 +134,27 @@ def test_bench_output_json_and_csv(erack, tmp_path):
     assert [int(t["size"]) for t in table] == [4096, 16384, 65536]
     assert result["fidelity"]["links"] and "not_time_scaled" in result["fidelity"]
     assert any("not time-scaled" in n for n in result["fidelity"]["not_time_scaled"])
+
+
+def test_a_sample_is_the_stats_counters_of_every_port(erack):
+    """A job's samples (one C call per switch) read the same counters as the
+    full stats, for every port, after traffic."""
+    _job(erack, "ethplus", "all-reduce", [MiB])
+    s = job.fabric_sample(erack)
+    st = job.fabric_stats(erack)  # after: counters only grow (but the queue)
+    want = {
+        f"{sw}:{c['peer']}": [c[f] for f in fidelity.SAMPLE_FIELDS]
+        for sw, x in st["switches"].items()
+        for c in x["ports"].values()
+    }
+    assert set(s["ports"]) == set(want) and len(want) == 64
+    moving = [i for i, f in enumerate(fidelity.SAMPLE_FIELDS) if f != "q_bytes"]
+    for port, row in want.items():
+        assert all(s["ports"][port][i] <= row[i] for i in moving), port
+    assert sum(row[0] for row in s["ports"].values()) > 8 * MiB  # tx_bytes: the all-reduce
+    again = job.fabric_sample(erack, s)
+    assert again["ports"]._index is s["ports"]._index  # the names, once per job
+    assert again["k"] == st["time_scale"] and again["t"] > s["t"]
 
 
 def test_bench_qps_reaches_the_roce_engines(erack, tmp_path):

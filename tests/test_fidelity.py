@@ -74,3 +74,30 @@ def test_a_rank_hosts_cpu_counts_once_however_many_ranks_it_ran():
         {"cpu_s": 1.0},  # an older worker's report, without its pid
     ]
     assert fidelity.workers_cpu_s(ranks) == pytest.approx(8.5)
+
+
+def test_samples_pack_their_ports_and_share_the_names():
+    a = fidelity.PortRows({"s0:h0": [1, 2, 3, 4, 5, 6], "s0:h1": [7, 8, 9, 10, 11, 1 << 62]})
+    assert a["s0:h1"] == (7, 8, 9, 10, 11, 1 << 62) and "s0:h0" in a and "s9:h0" not in a
+    assert list(a) == ["s0:h0", "s0:h1"] and len(a) == 2
+    b = fidelity.PortRows({"s0:h0": [2] * 6, "s0:h1": [3] * 6}, a)
+    assert b._index is a._index and dict(b) == {"s0:h0": (2,) * 6, "s0:h1": (3,) * 6}
+    c = fidelity.PortRows({"s0:h1": [3] * 6}, a)  # another set of ports: names of its own
+    assert c._index is not a._index and list(c) == ["s0:h1"]
+    with pytest.raises(KeyError):
+        a["s9:h0"]
+    # the verdict reads packed samples as it reads plain ones
+    w = fidelity.window([{"t": 0.0, "ports": fidelity.PortRows({"p": [0] * 6})},
+                         {"t": 1.0, "ports": fidelity.PortRows({"p": [4000, 0, 0, 0, 1, 80_000_000]})}],
+                        0.1, 0.9, 10e6)  # fmt: skip
+    assert w["fell_behind"] and w["lost_link_share"] == 0.08
+
+
+def test_a_large_lab_is_sampled_less_often():
+    def lab(ports: int) -> dict:
+        return {"topology": {"nodes": [{"role": "switch", "ports": [{}] * ports},
+                                       {"role": "host", "ports": [{}] * 9999}]}}  # fmt: skip
+
+    assert fidelity.sample_interval_s(lab(64)) == fidelity.SAMPLE_S
+    assert fidelity.sample_interval_s(lab(512)) == fidelity.SAMPLE_S
+    assert fidelity.sample_interval_s(lab(4096)) == pytest.approx(8 * fidelity.SAMPLE_S)

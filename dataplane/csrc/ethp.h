@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 34
+#define ETHP_ABI_VERSION 35
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -481,6 +481,13 @@ void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out);
  * ETHP_NCLASSES x ETHP_SW_NCLASS_COUNTERS into cls_out. */
 void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out,
                           uint64_t *cls_out);
+/* A few counters of every port in one call: for port p, counter which[i]
+ * (an index below ETHP_SW_NCOUNTERS) into out[p * n_which + i]; out holds
+ * n_ports x n_which values.  Returns n_ports, or -EINVAL for an index out
+ * of range.  (The fabric samples thousands of ports several times a
+ * second: one port's whole set, classes included, per call cost too much.) */
+int ethp_switch_counters_of_all(struct ethp_switch *sw, const uint32_t *which, uint32_t n_which,
+                                uint64_t *out, uint32_t n_ports);
 /* Loop iterations and wake-ups of the thread (for idle-CPU checks). */
 uint64_t ethp_switch_wakeups(const struct ethp_switch *sw);
 /* Bytes in all the switch's egress queues now, and their high-water mark. */

@@ -1211,6 +1211,21 @@ void ethp_switch_counters(struct ethp_switch *sw, uint32_t port, uint64_t *out, 
             cls_out[c * ETHP_SW_NCLASS_COUNTERS + i] = __atomic_load_n(&e->cc[c][i], __ATOMIC_RELAXED);
 }
 
+int ethp_switch_counters_of_all(struct ethp_switch *sw, const uint32_t *which, uint32_t n_which,
+                                uint64_t *out, uint32_t n_ports)
+{
+    if (n_ports != sw->n_ports)
+        return -EINVAL;
+    for (uint32_t i = 0; i < n_which; i++)
+        if (which[i] >= ETHP_SW_NCOUNTERS)
+            return -EINVAL;
+    for (uint32_t p = 0; p < sw->n_ports; p++)
+        for (uint32_t i = 0; i < n_which; i++)
+            out[(size_t)p * n_which + i] = __atomic_load_n(&sw->ports[p].c[which[i]],
+                                                           __ATOMIC_RELAXED);
+    return (int)sw->n_ports;
+}
+
 void ethp_switch_config(const struct ethp_switch *sw, struct ethp_switch_cfg *out)
 {
     *out = sw->cfg;

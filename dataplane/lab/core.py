@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 34
+ABI_VERSION = 35
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -614,6 +614,19 @@ class Switch:
         used, hwm = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         lib.ethp_switch_buffer(self._live(), used, hwm)
         return {"used_bytes": used[0], "hwm_bytes": hwm[0]}
+
+    def counter_rows(self, names: tuple[str, ...], n_ports: int) -> list[list[int]]:
+        """Counters names of every port (all n_ports of them added), one row
+        per port in port order, read in one call."""
+        which = ffi.new("uint32_t[]", [SW_COUNTERS.index(x) for x in names])
+        k = len(names)
+        out = ffi.new("uint64_t[]", n_ports * k)
+        _check(
+            lib.ethp_switch_counters_of_all(self._live(), which, k, out, n_ports),
+            f"cannot read the counters of {n_ports} ports",
+        )
+        flat = ffi.unpack(out, n_ports * k)
+        return [flat[i : i + k] for i in range(0, n_ports * k, k)]
 
     def counters(self, port: int) -> dict:
         out = ffi.new("uint64_t[]", len(SW_COUNTERS))

@@ -19,6 +19,10 @@ what is not time-scaled.
 
 from __future__ import annotations
 
+import itertools
+from array import array
+from collections.abc import Mapping
+
 from dataplane.report import stats
 from dataplane.scale import Scale
 from dataplane.units import rate_text
@@ -35,7 +39,46 @@ BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
 # kernel TCP's 16 MiB all-reduce on erack-8x4 waited 0.87 of the window at
 # k=6400, 151 GB/s, and 0.19 at k=25600, 183)
 WAITED_SHARE_MAX = 0.25
-_TX_BYTES, _Q_BYTES, _LATE_FRAMES, _LATE_SUM_NS, _TX_FRAMES, _LOST_NS = range(6)
+# A job's samples of the fabric (Fabric.sample): these counters of every
+# switch port, several times a second
+SAMPLE_FIELDS = ("tx_bytes", "q_bytes", "late_frames", "late_sum_ns", "tx_frames", "lost_link_ns")
+_TX_BYTES, _Q_BYTES, _LATE_FRAMES, _LATE_SUM_NS, _TX_FRAMES, _LOST_NS = range(len(SAMPLE_FIELDS))
+SAMPLE_S = 0.2  # how often a job samples a lab of up to SAMPLE_PORTS switch ports ...
+SAMPLE_PORTS = 512  # ... and a larger lab less often, in proportion (upn-512: 4096, 1.6 s)
+
+
+def sample_interval_s(rec: dict) -> float:
+    """How often a job on this lab samples the fabric: a sample's cost
+    (the fabric reads and sends, the job keeps) grows with the ports."""
+    ports = sum(len(n["ports"]) for n in rec["topology"]["nodes"] if n["role"] == "switch")
+    return SAMPLE_S * max(1.0, ports / SAMPLE_PORTS)
+
+
+class PortRows(Mapping):
+    """One sample's SAMPLE_FIELDS per switch port ("switch:peer" -> a tuple
+    of ints).  The names are shared by a job's samples and the values packed
+    (a 4096-port lab's sample: 200 KB, not 1.6 MB of Python objects; a long
+    job keeps thousands)."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, ports: dict[str, list[int]], prev: PortRows | None = None):
+        same = prev is not None and prev._index.keys() == ports.keys()
+        self._index = prev._index if same else {name: i for i, name in enumerate(ports)}
+        self._values = array("q", itertools.chain.from_iterable(ports.values()))
+
+    def __getitem__(self, name: str) -> tuple[int, ...]:
+        i = self._index[name] * len(SAMPLE_FIELDS)
+        return tuple(self._values[i : i + len(SAMPLE_FIELDS)])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 def _around(samples: list[dict], t0: float, t1: float) -> tuple[dict, dict] | None:

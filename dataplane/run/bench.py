@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import datetime
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -412,8 +413,14 @@ def series(res: dict, rec: dict) -> dict:
     return out
 
 
+def _jsonable(o: object) -> object:
+    if isinstance(o, Mapping):  # a sample's packed ports (fidelity.PortRows)
+        return dict(o)
+    raise TypeError(f"{type(o).__name__} is not JSON")
+
+
 def write_json(result: dict, path: str) -> None:
-    Path(path).write_text(json.dumps(result, indent=1) + "\n")
+    Path(path).write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
 
 
 def write_csv(result: dict, path: str) -> None:

@@ -30,10 +30,10 @@ import uvloop
 from dataplane.errors import EthplusError
 from dataplane.lab import cpu, fabric_client, registry
 from dataplane.lab.labs import python_module
+from dataplane.report import fidelity
 from dataplane.run import inc, transport
 
 GRACE_S = 2.0
-SAMPLE_S = 0.2
 _serial = 0  # jobs started by this process: each gets its own socket
 # uvloop refuses two loops (concurrent jobs, one per thread) spawning at once
 _spawn_lock = threading.Lock()
@@ -184,19 +184,14 @@ def _fabric_inc(lab: str, req: dict) -> None:
         raise JobError(f"cannot set up in-network aggregation: {resp.get('error')}")
 
 
-def _compact(st: dict) -> dict:
-    """What the plots and the fidelity report need from one stats snapshot."""
-    ports = {}
-    for sw, s in st["switches"].items():
-        for c in s["ports"].values():
-            ports[f"{sw}:{c['peer']}"] = [
-                c["tx_bytes"],
-                c["q_bytes"],
-                c["late_frames"],
-                c["late_sum_ns"],
-                c["tx_frames"],
-                c["lost_link_ns"],
-            ]
+def fabric_sample(lab: str, prev: dict | None = None) -> dict:
+    """One sample of the fabric (Fabric.sample), its ports packed
+    (fidelity.PortRows, sharing prev's names), taken now (monotonic t)."""
+    resp = fabric_client.request(lab, {"op": "sample"})
+    if not resp.get("ok"):
+        raise ValueError(resp.get("error", "sample failed"))
+    st = resp["sample"]
+    ports = fidelity.PortRows(st["ports"], prev["ports"] if prev else None)
     return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports}
 
 
@@ -244,6 +239,7 @@ class Job:
         self.results: list[list[dict | None]] = [[None] * self.world for _ in plan.sizes]
         self.rows: list[dict] = []
         self.samples: list[dict] = []
+        self.sample_s = fidelity.sample_interval_s(rec)
         self.barriers: dict[str, set[int]] = {}
         self.failed: asyncio.Future | None = None
         self.handlers: set[asyncio.Task] = set()
@@ -438,21 +434,21 @@ class Job:
     async def _sample(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            prev = self.samples[-1] if self.samples else None
             try:
-                st = await loop.run_in_executor(None, fabric_stats, self.plan.lab)
+                s = await loop.run_in_executor(None, fabric_sample, self.plan.lab, prev)
             except (OSError, ValueError) as e:
                 self._fail(f"the fabric of lab {self.plan.lab!r} stopped answering: {e}")
                 return
             except Exception as e:  # noqa: BLE001 - a bug here must not pass silently
                 self._fail(f"sampling the fabric failed: {type(e).__name__}: {e}")
                 return
-            s = _compact(st)
             moved = sum(p[4] for p in s["ports"].values())  # frames sent by every port
             if moved != self._frames_moved:
                 self._frames_moved, self.last_msg = moved, time.monotonic()
             s["workers_cpu_s"] = sum(cpu.process_s(h.proc.pid) for h in self.hosts if h.proc)
             self.samples.append(s)
-            await asyncio.sleep(SAMPLE_S)
+            await asyncio.sleep(self.sample_s)
 
     async def _stall_guard(self) -> None:
         while True:

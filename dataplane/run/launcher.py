@@ -28,6 +28,7 @@ from dataplane.errors import EthplusError, UsageError
 from dataplane.lab import cpu
 from dataplane.lab.labs import python_module
 from dataplane.model.catalog import ALGORITHMS, bus_factor
+from dataplane.report import fidelity
 
 ENV_LAB = "ETHPLUS_LAB"
 ENV_NODES = "ETHPLUS_NODES"  # the job's accelerators, in rank order, comma-separated
@@ -201,7 +202,7 @@ class Launch:
             shutil.rmtree(run_dir, ignore_errors=True)
 
     async def _main(self, run_dir: str) -> dict:
-        from dataplane.run.job import _compact, fabric_stats
+        from dataplane.run.job import fabric_sample, fabric_stats
 
         loop = asyncio.get_running_loop()
         lab = self.rec["name"]
@@ -212,11 +213,11 @@ class Launch:
 
         async def sample() -> None:
             while True:
-                st = await loop.run_in_executor(None, fabric_stats, lab)
-                s = _compact(st)
+                prev = samples[-1] if samples else None
+                s = await loop.run_in_executor(None, fabric_sample, lab, prev)
                 s["workers_cpu_s"] = sum(cpu.process_s(r.proc.pid) for r in self.ranks if r.proc)
                 samples.append(s)
-                await asyncio.sleep(SAMPLE_S)
+                await asyncio.sleep(max(SAMPLE_S, fidelity.sample_interval_s(self.rec)))
 
         sampler = asyncio.create_task(sample())
         try:
