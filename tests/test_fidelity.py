@@ -87,9 +87,9 @@ def test_samples_pack_their_ports_and_share_the_names():
     with pytest.raises(KeyError):
         a["s9:h0"]
     # the verdict reads packed samples as it reads plain ones
-    w = fidelity.window([{"t": 0.0, "ports": fidelity.PortRows({"p": [0] * 6})},
-                         {"t": 1.0, "ports": fidelity.PortRows({"p": [4000, 0, 0, 0, 1, 80_000_000]})}],
-                        0.1, 0.9, 10e6)  # fmt: skip
+    lost = fidelity.PortRows({"p": [4000, 0, 0, 0, 1, 80_000_000]})
+    samples = [{"t": 0.0, "ports": fidelity.PortRows({"p": [0] * 6})}, {"t": 1.0, "ports": lost}]
+    w = fidelity.window(samples, 0.1, 0.9, 10e6)
     assert w["fell_behind"] and w["lost_link_share"] == 0.08
 
 
