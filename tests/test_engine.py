@@ -96,6 +96,19 @@ def total(eps: dict, name: str) -> int:
     return sum(ep.counters()[name] for ep in eps.values())
 
 
+def test_peers_that_wait_only_for_their_ack_are_left_alone(make):
+    """One engine sends a packet to each of 63 others over a 4 ms round
+    trip: once a peer's packet is out, its engine's passes leave it asleep
+    until the ack (a 512-rank all-to-all has 511 such peers a rank, and every
+    pass visited them all: about 34 a pass here)."""
+    fab, eps = make(64, planes=2, delay_ns=2_000_000)
+    exchange(fab, eps, [(0, d, 1 * KiB) for d in range(1, 64)])
+    c = eps[0].counters()
+    assert c["eng_peer_visits"] >= 63  # each served
+    assert c["eng_peer_visits"] < 8 * c["eng_passes"]
+    assert total(eps, "retx_pkts") == 0
+
+
 def test_a_clean_fabric_moves_every_byte_with_no_retransmission(make):
     fab, eps = make(2, planes=1)
     exchange(fab, eps, [(0, 1, 4 * MiB), (1, 0, 4 * MiB)])

@@ -300,6 +300,8 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     }
     if (!epoch_ok(n, p, &ps.hdr, c->now))
         return;
+    if (p->asleep)
+        nic_wake(n, p); /* what it waited for, or news of it */
     const uint8_t *payload = data + ps.payload_off;
     switch (ps.hdr.opcode) {
     case ETHP_OP_DATA:
@@ -407,6 +409,8 @@ static uint64_t next_due(struct ethp_nic *n)
 {
     uint64_t t = n->io.due_ns(n->io.ctx); /* an idle ring to take down, a frame due */
     uint64_t now = ethp_now_ns();
+    if (n->n_sleeping && n->sleep_due < t)
+        t = n->sleep_due;
     for (uint32_t k = 0; k < n->n_active; k++) {
         struct nic_peer *p = &n->peers[n->active[k]];
         if (p->rto_deadline && p->rto_deadline < t)
@@ -516,6 +520,7 @@ static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
         if (n->inc.agg[i].deadline_ns)
             n->inc.agg[i].deadline_ns = now + c->rto_ns;
     }
+    nic_wake_all(n); /* their deadlines moved */
     n->c[ETHP_NC_rescales]++;
 }
 
@@ -556,6 +561,63 @@ static uint64_t nic_due(struct ethp_nic *n, int *idle_wait)
     return *idle_wait ? clock_due : due;
 }
 
+/* Off the active list until a frame from the peer, a message for it or
+ * its retransmit timer (nic_activate, wake_due). */
+static void nic_sleep(struct ethp_nic *n, struct nic_peer *p)
+{
+    p->active = 0;
+    p->asleep = 1;
+    p->sleep_idx = n->n_sleeping;
+    n->sleeping[n->n_sleeping++] = (uint32_t)(p - n->peers);
+    if (n->n_sleeping == 1 || p->rto_deadline < n->sleep_due)
+        n->sleep_due = p->rto_deadline;
+}
+
+void nic_wake(struct ethp_nic *n, struct nic_peer *p)
+{
+    uint32_t last = n->sleeping[--n->n_sleeping];
+    n->sleeping[p->sleep_idx] = last;
+    n->peers[last].sleep_idx = p->sleep_idx;
+    p->asleep = 0;
+    nic_activate(n, p);
+}
+
+/* Every sleeping peer back on the active list: the clock changed their
+ * deadlines, or a plane failed under their packets in flight. */
+void nic_wake_all(struct ethp_nic *n)
+{
+    while (n->n_sleeping)
+        nic_wake(n, &n->peers[n->sleeping[n->n_sleeping - 1]]);
+}
+
+/* Wake the sleepers whose deadline has come; sleep_due becomes the
+ * earliest of the others'. */
+static void wake_due(struct ethp_nic *n, uint64_t now)
+{
+    if (!n->n_sleeping || now < n->sleep_due)
+        return;
+    uint64_t next = UINT64_MAX;
+    for (uint32_t i = 0; i < n->n_sleeping;) {
+        struct nic_peer *p = &n->peers[n->sleeping[i]];
+        if (p->rto_deadline <= now) {
+            nic_wake(n, p); /* the last moved into slot i */
+            continue;
+        }
+        next = p->rto_deadline < next ? p->rto_deadline : next;
+        i++;
+    }
+    n->sleep_due = next;
+}
+
+/* May a busy peer sleep: it waits for nothing but a frame from its peer or
+ * its retransmit timer.  Not in a mode with per-pass timers (RoCE's
+ * DCQCN). */
+static int may_sleep(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
+{
+    return !n->mode->tick && !p->ack_pending && !p->n_lost && p->rto_deadline &&
+           n->mode->due(n, p, now) == UINT64_MAX;
+}
+
 /* One pass of the engine, after its epoll set gave k events (evs): the
  * ports' events, commands, the clock, frames in, then every active peer. */
 static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, uint64_t due,
@@ -576,10 +638,13 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
     if (n->clock)
         follow_clock(n, now);
     rx(n, now);
+    wake_due(n, now);
     /* Peers take turns: the one served first moves on every pass, so a
      * port's free slots are shared among its peers (as a NIC's QP
      * scheduler shares them) rather than going to the first in the list. */
     uint32_t na = n->n_active, first = na ? n->rr++ % na : 0;
+    n->c[ETHP_NC_eng_passes]++;
+    n->c[ETHP_NC_eng_peer_visits] += na;
     for (uint32_t i = 0; i < na; i++) {
         struct nic_peer *p = &n->peers[n->active[(first + i) % na]];
         if (p->ack_pending)
@@ -592,10 +657,12 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
     uint32_t kept = 0;
     for (uint32_t j = 0; j < n->n_active; j++) {
         struct nic_peer *p = &n->peers[n->active[j]];
-        if (nic_peer_busy(p))
-            n->active[kept++] = n->active[j];
-        else
+        if (!nic_peer_busy(p))
             p->active = 0;
+        else if (may_sleep(n, p, now))
+            nic_sleep(n, p);
+        else
+            n->active[kept++] = n->active[j];
     }
     n->n_active = kept;
     nic_inc_timers(n, now);
@@ -930,12 +997,13 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     pthread_cond_init(&n->done, NULL);
     n->peers = calloc(max_peers, sizeof(*n->peers));
     n->active = calloc(max_peers, sizeof(*n->active));
+    n->sleeping = calloc(max_peers, sizeof(*n->sleeping));
     /* frames are built into the pool only to wait in a port's TX queue */
     n->pool = ethp_pool_new(ETHP_NIC_MAX_PLANES * NIC_BURST, cfg->payload_bytes + 256);
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int rc = 0;
-    if (!n->peers || !n->active || !n->pool || n->epfd < 0 || n->evfd < 0)
+    if (!n->peers || !n->active || !n->sleeping || !n->pool || n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_EVFD_TAG};
@@ -1100,6 +1168,7 @@ void ethp_nic_free(struct ethp_nic *n)
     free(n->msgs);
     free(n->peers);
     free(n->active);
+    free(n->sleeping);
     if (n->io.close)
         n->io.close(n->io.ctx);
     ethp_pool_free(n->pool);

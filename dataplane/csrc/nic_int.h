@@ -95,6 +95,8 @@ struct nic_peer {
     uint32_t ip[ETHP_NIC_MAX_PLANES];
     int known;
     int active; /* on the engine's active list */
+    int asleep; /* on its sleeping list instead (nic_sleep), at sleep_idx */
+    uint32_t sleep_idx;
     /* send */
     struct tx_pkt *win;
     uint32_t snd_una, snd_nxt, high_sack;
@@ -200,6 +202,15 @@ struct ethp_nic {
      * the loop and the wake-up deadline look at these only. */
     uint32_t *active;
     uint32_t n_active;
+    /* Busy peers that wait only for a frame from their peer or their
+     * retransmit timer (everything sent, nothing to resend or ack): passes
+     * leave them alone, a frame from the peer, a new message or the
+     * earliest of their deadlines (sleep_due, never later than it) wakes
+     * them.  A 512-rank all-to-all keeps 511 peers busy per rank for a
+     * round trip, and every pass visited all of them. */
+    uint32_t *sleeping;
+    uint32_t n_sleeping;
+    uint64_t sleep_due;
     uint32_t rr; /* which active peer is served first on the next pass */
     uint64_t rng;
     pthread_t thread;
@@ -263,8 +274,13 @@ static inline void nic_count(struct ethp_nic *n, struct nic_peer *p, int c, uint
 
 static inline uint64_t nic_rnd64(struct ethp_nic *n) { return ethp_rng_next(&n->rng); }
 
+void nic_wake(struct ethp_nic *n, struct nic_peer *p);
+void nic_wake_all(struct ethp_nic *n);
+
 static inline void nic_activate(struct ethp_nic *n, struct nic_peer *p)
 {
+    if (p->asleep)
+        nic_wake(n, p);
     if (!p->active) {
         p->active = 1;
         n->active[n->n_active++] = (uint32_t)(p - n->peers);

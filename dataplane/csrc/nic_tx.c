@@ -56,6 +56,7 @@ void nic_plane_lost(struct ethp_nic *n, uint32_t plane, uint64_t now)
     if (pt->fails < 2)
         return;
     n->c[ETHP_NC_plane_failures]++;
+    nic_wake_all(n); /* their packets on it are lost too */
     for (uint32_t k = 0; k < n->n_active; k++) {
         struct nic_peer *p = &n->peers[n->active[k]];
         for (uint32_t psn = p->snd_una; p->win && psn != p->snd_nxt; psn++)
