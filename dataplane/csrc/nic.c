@@ -361,9 +361,11 @@ static void take_commands(struct ethp_nic *n)
     pthread_mutex_unlock(&n->lock);
     while (m) {
         struct nic_msg *next = m->next;
-        struct nic_peer *p = &n->peers[m->peer];
+        struct nic_peer *p = m->inc ? NULL : nic_peer_of(n, m->peer);
         m->next = NULL;
-        if (m->inc) {
+        if (!m->inc && !p) {
+            nic_complete(n, m, -ENOMEM); /* known when posted: no memory for it */
+        } else if (m->inc) {
             struct nic_inc *g = &n->inc;
             if (m->status != ETHP_NIC_PENDING) { /* empty: done at once */
                 m = next;
@@ -995,7 +997,9 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     n->rng = ethp_rng_seed(cfg->seed);
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->done, NULL);
-    n->peers = calloc(max_peers, sizeof(*n->peers));
+    n->peers = calloc(max_peers, sizeof(*n->peers)); /* large: mapped, zero pages */
+    n->peer_known = calloc(max_peers, 1);
+    n->peer_ips = calloc((size_t)max_peers * ETHP_NIC_MAX_PLANES, sizeof(uint32_t));
     n->active = calloc(max_peers, sizeof(*n->active));
     n->sleeping = calloc(max_peers, sizeof(*n->sleeping));
     /* frames are built into the pool only to wait in a port's TX queue */
@@ -1003,7 +1007,8 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int rc = 0;
-    if (!n->peers || !n->active || !n->sleeping || !n->pool || n->epfd < 0 || n->evfd < 0)
+    if (!n->peers || !n->peer_known || !n->peer_ips || !n->active || !n->sleeping || !n->pool ||
+        n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_EVFD_TAG};
@@ -1075,18 +1080,28 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
 {
     if (n->started || ep >= n->max_peers || ep == n->cfg.ep || count_ips != n->n_ports)
         return -EINVAL;
+    memcpy(&n->peer_ips[(size_t)ep * ETHP_NIC_MAX_PLANES], ips, count_ips * sizeof(uint32_t));
+    n->n_known += !n->peer_known[ep];
+    n->peer_known[ep] = 1;
+    return 0;
+}
+
+struct nic_peer *nic_peer_make(struct ethp_nic *n, uint32_t ep)
+{
     struct nic_peer *p = &n->peers[ep];
-    p->ep = ep;
-    memcpy(p->ip, ips, count_ips * sizeof(uint32_t));
     p->rbits = calloc(NIC_RWIN / 8, 1);
     if (!p->rbits)
-        return -ENOMEM;
+        return NULL;
+    p->ep = ep;
+    memcpy(p->ip, &n->peer_ips[(size_t)ep * ETHP_NIC_MAX_PLANES], sizeof(p->ip));
     if (n->mode->add_peer)
         n->mode->add_peer(n, p);
     peer_fresh(n, p);
     p->reo_ns = nic_reorder_window_ns(&n->cfg);
+    p->credit_sub_bytes = UINT64_MAX;
+    nic_set_credit(n, p, n->first_credit_bytes);
     p->known = 1;
-    return 0;
+    return p;
 }
 
 int ethp_nic_set_clock(struct ethp_nic *n, struct ethp_clock *clock)
@@ -1111,14 +1126,7 @@ static int nic_ready(struct ethp_nic *n)
      * that receiver too: a fan-in of all of them starts within its budget. */
     n->bdp_bytes = (uint64_t)((unsigned __int128)n->cfg.rate_bps * n->n_ports *
                               n->cfg.base_rtt_ns / 8 / 1000000000u);
-    uint32_t known = 0;
-    for (uint32_t i = 0; i < n->max_peers; i++)
-        known += n->peers[i].known;
-    for (uint32_t i = 0; i < n->max_peers; i++) {
-        n->peers[i].credit_sub_bytes = UINT64_MAX;
-        if (n->peers[i].known)
-            nic_set_credit(n, &n->peers[i], n->bdp_bytes / (known ? known : 1));
-    }
+    n->first_credit_bytes = n->bdp_bytes / (n->n_known ? n->n_known : 1);
     return 0;
 }
 
@@ -1167,6 +1175,8 @@ void ethp_nic_free(struct ethp_nic *n)
         free(n->inc.agg[i].chunk);
     free(n->msgs);
     free(n->peers);
+    free(n->peer_known);
+    free(n->peer_ips);
     free(n->active);
     free(n->sleeping);
     if (n->io.close)
@@ -1188,7 +1198,7 @@ static int64_t queue_msg(struct ethp_nic *n, struct nic_msg *m);
 static int64_t post(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint8_t *buf, uint64_t len,
                     int is_send)
 {
-    if (!nic_peer_of(n, peer))
+    if (!nic_peer_known(n, peer))
         return ETHP_NIC_ERR_NO_SUCH;
     if (len > 0xffffffffull || (len && !buf))
         return -EINVAL;
@@ -1313,7 +1323,7 @@ int ethp_nic_wait(struct ethp_nic *n, int64_t handle, int timeout_ms, uint64_t *
 void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
 {
     const uint64_t *c =
-        peer < 0 ? n->c : (nic_peer_of(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
+        peer < 0 ? n->c : (nic_peer_known(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
     for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
     /* the window and the rate are state, not counters: summed here, on read */

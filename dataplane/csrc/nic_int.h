@@ -196,7 +196,16 @@ struct ethp_nic {
     int epfd, evfd, udp_fd;
     struct nic_port ports[ETHP_NIC_MAX_PLANES];
     uint32_t n_ports;
+    /* Peers by endpoint.  ethp_nic_add_peer records one (peer_known, its
+     * addresses in peer_ips); its state in peers is made on first use, by
+     * the engine's thread (nic_peer_of): a 512-rank job's rank talks to a
+     * few peers in a ring or in-network all-reduce, and the untouched
+     * entries (6.7 KB each, and a 2 KiB receive bitmap) stay zero pages. */
     struct nic_peer *peers;
+    uint8_t *peer_known;
+    uint32_t *peer_ips; /* max_peers x ETHP_NIC_MAX_PLANES */
+    uint32_t n_known;
+    uint64_t first_credit_bytes; /* rccc: a new peer's credit until its first grant */
     uint32_t max_peers;
     /* Peers with something to send, to resend, to ack or a timer running:
      * the loop and the wake-up deadline look at these only. */
@@ -287,9 +296,20 @@ static inline void nic_activate(struct ethp_nic *n, struct nic_peer *p)
     }
 }
 
+static inline int nic_peer_known(const struct ethp_nic *n, uint32_t ep)
+{
+    return ep < n->max_peers && n->peer_known[ep];
+}
+
+struct nic_peer *nic_peer_make(struct ethp_nic *n, uint32_t ep);
+
+/* A known peer's state, made now if this is its first use (the engine's
+ * thread only; NULL: unknown, or no memory for it). */
 static inline struct nic_peer *nic_peer_of(struct ethp_nic *n, uint32_t ep)
 {
-    return ep < n->max_peers && n->peers[ep].known ? &n->peers[ep] : NULL;
+    if (!nic_peer_known(n, ep))
+        return NULL;
+    return n->peers[ep].known ? &n->peers[ep] : nic_peer_make(n, ep);
 }
 
 static inline uint64_t nic_ser_ns(const struct ethp_nic *n, uint32_t frame_bytes)
