@@ -5,13 +5,15 @@ in them).  The full-size runs are `slow` (scripts/test --all); the suite
 runs UPN 512 with a 64-rank job and ERack+ 64 with two all-reduces (a
 64-rank uneven all-to-all over tcp alone took 5 minutes here)."""
 
+import contextlib
+
 import pytest
 from labtools import module_lab
 
 from dataplane.lab import registry
 from dataplane.model import catalog
 from dataplane.model.catalog import COLLECTIVES
-from dataplane.run import bench
+from dataplane.run import bench, trials
 
 pytestmark = pytest.mark.root
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -49,20 +51,19 @@ def test_upn512_collectives_on_64_of_its_ranks(upn):
     _exact(res, 64)
 
 
-# Not yet: a 512-rank all-to-all grows each rank host past 11 GB (about 43
-# MB a rank: peer tables sized for every peer, 3.4 MB, windows, and more not
-# yet found) and the kernel kills it.
-A2A_512 = pytest.mark.xfail(reason="upn-512 all-to-all runs out of memory", strict=False)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "collective,algo,uneven",
     [("all-reduce", "in-network", False), ("all-reduce", "auto", False),
-     pytest.param("all-to-all", "ring", True, marks=A2A_512)],
+     ("all-to-all", "ring", True)],
 )  # fmt: skip
 def test_upn512_every_rank(upn, collective, algo, uneven):
-    res = _bench(upn, collective, 256 * KiB, transport="ethplus", algo=algo, uneven=uneven)
+    # The all-to-all at the lab's k, held: 256 ranks a process wait for the
+    # CPU at any k, and a governor raising k for it stretched one run past
+    # 20 minutes (it is checked for bytes here, not timed).
+    hold = trials.held(registry.load_lab(upn)) if uneven else contextlib.nullcontext()
+    with hold:
+        res = _bench(upn, collective, 256 * KiB, transport="ethplus", algo=algo, uneven=uneven)
     _exact(res, 512)
 
 
