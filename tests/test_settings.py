@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import RUN_ID, ethplus
 
-from dataplane.lab import labs, registry
+from dataplane.lab import kernel, labs, registry
 from dataplane.lab.nic import RTO_FLOOR_NS, Endpoint
 from dataplane.model import labfile
 
@@ -230,3 +230,12 @@ def test_every_link_setting_reaches_the_fabric_and_the_interfaces(settings_lab):
             out = subprocess.run(["ip", "-n", ns, "link", "show", port["ifname"]],
                                  capture_output=True, text=True, check=True).stdout  # fmt: skip
             assert f" mtu {want['mtu_bytes']} " in out, out
+
+
+def test_the_report_says_how_far_tcp_can_back_off_at_this_k():
+    """The kernel caps an RTO at 120 s real: at a larger k fewer doublings of
+    the (scaled) minimum fit under it, which the report states."""
+    rec = {"tcp": {"rto_min_us": 1000.0}}
+    notes = {k: " ".join(kernel.tcp_timer_notes({**rec, "time_scale": k})) for k in (6400, 122880)}
+    assert "18750 us nominal at this k: 4 doublings" in notes[6400]
+    assert "976.562 us nominal at this k: 0 doublings" in notes[122880]

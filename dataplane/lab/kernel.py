@@ -235,6 +235,25 @@ def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
     return max(1, min(TCP_RTO_MAX_MS, round(Scale(k).real_ns(rto_min_us * 1000) / 1e6)))
 
 
+def rto_backoff_doublings(rto_min_real_ms: int) -> int:
+    """How often an RTO can double from the minimum before the kernel's
+    120 s cap (real time, so fewer at a larger k)."""
+    n = 0
+    while rto_min_real_ms << (n + 1) <= TCP_RTO_MAX_MS:
+        n += 1
+    return n
+
+
+def rto_backoff_note(rto_min_real_ms: int, k: float) -> str:
+    n = rto_backoff_doublings(rto_min_real_ms)
+    cap_us = Scale(float(k)).nominal_ns(TCP_RTO_MAX_MS * 1e6) / 1e3
+    return (
+        f"its backoff stops at the kernel's 120 s (real) cap, {cap_us:g} us nominal at this k:"
+        f" {n} doubling{'' if n == 1 else 's'} of the minimum, fewer at a larger k (repeated"
+        " timeouts, as in an incast, come sooner in nominal time there)"
+    )
+
+
 def tcp_settings(rec: dict) -> tuple[float, str, bool, bool]:
     """A lab's [tcp]: nominal rto_min in us, congestion control, ECN asked,
     quick acks."""
@@ -308,7 +327,7 @@ def tcp_timer_notes(rec: dict) -> list[str]:
     else:
         real_ms = tcp_rto_min_ms(nominal_us, float(k))
         capped = " (the kernel's cap: less than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
-        now = f", {real_ms} ms real at k={float(k):g}{capped}"
+        now = f", {real_ms} ms real at k={float(k):g}{capped}; " + rto_backoff_note(real_ms, k)
     notes = [
         f"kernel TCP: congestion control {cc} and ECN "
         + ("asked for" if ecn else "only answered (Linux's default)")
