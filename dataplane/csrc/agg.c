@@ -539,6 +539,40 @@ static void finish(uint8_t *out, const uint8_t *acc, uint32_t n, int dtype)
 }
 
 
+int ethp_reduce_into(uint8_t *dst, const uint8_t *src, uint64_t count, uint32_t dtype,
+                     uint32_t op)
+{
+    if (op > ETHP_AGG_MIN || dtype > ETHP_AGG_I64)
+        return -EINVAL;
+    if (dtype == ETHP_AGG_I64) {
+        for (uint64_t i = 0; i < count; i++) {
+            int64_t a, b;
+            memcpy(&a, dst + 8 * i, 8);
+            memcpy(&b, src + 8 * i, 8);
+            int64_t r = op == ETHP_AGG_SUM   ? (int64_t)((uint64_t)a + (uint64_t)b) /* wraps */
+                        : op == ETHP_AGG_MAX ? (a > b ? a : b)
+                                             : (a < b ? a : b);
+            memcpy(dst + 8 * i, &r, 8);
+        }
+        return 0;
+    }
+    uint32_t item = ethp_agg_elem_bytes((int)dtype);
+    float acc[AGG_MAX_ELEMS];
+    for (uint64_t at = 0; at < count;) {
+        uint32_t n = count - at < AGG_MAX_ELEMS ? (uint32_t)(count - at) : AGG_MAX_ELEMS;
+        uint8_t *d = dst + at * item;
+        if (dtype == ETHP_AGG_I32 || dtype == ETHP_AGG_F32) {
+            combine(d, src + at * item, n, (int)dtype, (int)op, 0); /* in place */
+        } else { /* widen dst, combine src in float32, round back once */
+            combine((uint8_t *)acc, d, n, (int)dtype, (int)op, 1);
+            combine((uint8_t *)acc, src + at * item, n, (int)dtype, (int)op, 0);
+            finish(d, (const uint8_t *)acc, n, (int)dtype);
+        }
+        at += n;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- contributions */
 
 /* out (payload, psn, ...) goes up the tree: where, and as which member. */

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 35
+#define ETHP_ABI_VERSION 36
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -62,6 +62,7 @@ enum ethp_agg_dtype {
     ETHP_AGG_I32 = 1,
     ETHP_AGG_F16 = 2,
     ETHP_AGG_BF16 = 3,
+    ETHP_AGG_I64 = 4, /* ethp_reduce_into only: the switches do not reduce it */
 };
 enum ethp_agg_op { ETHP_AGG_SUM = 0, ETHP_AGG_MAX = 1, ETHP_AGG_MIN = 2 };
 
@@ -716,6 +717,37 @@ int ethp_nic_inc_setup(struct ethp_nic *nic, const struct ethp_nic_agg *aggs, ui
  * same calls in the same order.  Returns a handle for ethp_nic_wait. */
 int64_t ethp_nic_post_allreduce(struct ethp_nic *nic, uint8_t *buf, uint64_t count,
                                 uint32_t dtype, uint32_t op);
+
+/* A pipelined ring the engine runs by itself (collectives.Comm._ring):
+ * steps x slices entries, step-major.  Every receive is posted at once
+ * (from left, tag tag0 + step * slices + slice); slice j of step 0 goes
+ * right at once (or once right's "ready" came, with ready_tag); when
+ * receive (s, j) is in, red_dst = red_dst (op) red_src over red_count
+ * elements (none if 0), then slice j of step s+1 goes right, with no return
+ * to Python per step.  The rendezvous (ready_flags): ETHP_RING_TELL_READY
+ * tells left "ready" (1 byte, tag ready_tag) once the receives are posted;
+ * ETHP_RING_WAIT_READY holds step 0 until right's "ready" came.  The
+ * buffers must stay valid until completion.  Returns a handle for
+ * ethp_nic_wait (its status: the first error of any of its messages). */
+struct ethp_ring_step {
+    uint8_t *recv_buf;
+    uint64_t recv_bytes;
+    const uint8_t *send_buf;
+    uint64_t send_bytes;
+    uint8_t *red_dst;
+    const uint8_t *red_src;
+    uint64_t red_count;
+};
+enum { ETHP_RING_TELL_READY = 1, ETHP_RING_WAIT_READY = 2 };
+int64_t ethp_nic_post_ring(struct ethp_nic *nic, uint32_t left, uint32_t right, uint32_t tag0,
+                           uint32_t steps, uint32_t slices, const struct ethp_ring_step *plan,
+                           uint32_t dtype, uint32_t op, uint32_t ready_tag, uint32_t ready_flags);
+/* dst = dst (op) src over count elements of dtype (enum ethp_agg_dtype, or
+ * ETHP_AGG_I64), in the type's own arithmetic, as numpy does it
+ * (reference.reduce_into): 16-bit floats through float32, rounded to
+ * nearest even.  -EINVAL for an unknown type or operator. */
+int ethp_reduce_into(uint8_t *dst, const uint8_t *src, uint64_t count, uint32_t dtype,
+                     uint32_t op);
 
 /* --------------------------------------------------------------- memfab */
 

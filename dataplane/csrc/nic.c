@@ -100,23 +100,6 @@ static void peer_fresh(struct ethp_nic *n, struct nic_peer *p)
     p->rto_ns = n->cfg.rto_ns;
 }
 
-/* A peer's send window (NIC_WIN packets, 640 KiB) is mapped, not
- * allocated: its pages stay untouched zero pages until packets use them, so
- * a rank sending to all 511 others of a 512-rank all-to-all holds a few
- * pages per peer, not 327 MiB (calloc from a heap zeroes every byte). */
-static struct tx_pkt *win_alloc(void)
-{
-    void *w = mmap(NULL, NIC_WIN * sizeof(struct tx_pkt), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return w == MAP_FAILED ? NULL : w;
-}
-
-static void win_free(struct tx_pkt *w)
-{
-    if (w)
-        munmap(w, NIC_WIN * sizeof(struct tx_pkt));
-}
-
 /* Unfinished messages to and from p start over: sends from their first
  * byte (new message ids, from 0, in their order), receives unbound and
  * first in line again; sequence numbers, windows and timers as new. */
@@ -361,45 +344,22 @@ static void take_commands(struct ethp_nic *n)
     pthread_mutex_unlock(&n->lock);
     while (m) {
         struct nic_msg *next = m->next;
-        struct nic_peer *p = m->inc ? NULL : nic_peer_of(n, m->peer);
         m->next = NULL;
-        if (!m->inc && !p) {
-            nic_complete(n, m, -ENOMEM); /* known when posted: no memory for it */
+        if (m->sched_role == NIC_SCHED_WHOLE) {
+            nic_sched_start(n, m);
         } else if (m->inc) {
             struct nic_inc *g = &n->inc;
-            if (m->status != ETHP_NIC_PENDING) { /* empty: done at once */
-                m = next;
-                continue;
-            }
-            if (g->tail) {
-                g->tail->next = m;
-            } else {
-                g->head = m;
-                nic_inc_start(n, m);
-            }
-            g->tail = m;
-        } else if (m->is_send) {
-            if (!p->win) {
-                p->win = win_alloc();
-                if (!p->win) {
-                    nic_complete(n, m, -ENOMEM);
-                    m = next;
-                    continue;
+            if (m->status == ETHP_NIC_PENDING) { /* empty: done at once */
+                if (g->tail) {
+                    g->tail->next = m;
+                } else {
+                    g->head = m;
+                    nic_inc_start(n, m);
                 }
+                g->tail = m;
             }
-            m->msg_id = p->msg_id_next++;
-            if (p->sq_tail)
-                p->sq_tail->next = m;
-            else
-                p->sq_head = m;
-            p->sq_tail = m;
-            nic_activate(n, p);
-        } else if (!nic_take_eager(n, p, m)) {
-            if (p->rq_tail)
-                p->rq_tail->next = m;
-            else
-                p->rq_head = m;
-            p->rq_tail = m;
+        } else {
+            nic_bind(n, m);
         }
         m = next;
     }
@@ -575,23 +535,6 @@ static void nic_sleep(struct ethp_nic *n, struct nic_peer *p)
         n->sleep_due = p->rto_deadline;
 }
 
-void nic_wake(struct ethp_nic *n, struct nic_peer *p)
-{
-    uint32_t last = n->sleeping[--n->n_sleeping];
-    n->sleeping[p->sleep_idx] = last;
-    n->peers[last].sleep_idx = p->sleep_idx;
-    p->asleep = 0;
-    nic_activate(n, p);
-}
-
-/* Every sleeping peer back on the active list: the clock changed their
- * deadlines, or a plane failed under their packets in flight. */
-void nic_wake_all(struct ethp_nic *n)
-{
-    while (n->n_sleeping)
-        nic_wake(n, &n->peers[n->sleeping[n->n_sleeping - 1]]);
-}
-
 /* Wake the sleepers whose deadline has come; sleep_due becomes the
  * earliest of the others'. */
 static void wake_due(struct ethp_nic *n, uint64_t now)
@@ -640,6 +583,7 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
     if (n->clock)
         follow_clock(n, now);
     rx(n, now);
+    nic_sched_pump(n); /* rings: reductions and next sends for what came in */
     wake_due(n, now);
     /* Peers take turns: the one served first moves on every pass, so a
      * port's free slots are shared among its peers (as a NIC's QP
@@ -667,6 +611,7 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
             n->active[kept++] = n->active[j];
     }
     n->n_active = kept;
+    nic_sched_pump(n);
     nic_inc_timers(n, now);
     nic_pump_inc(n, now);
     for (uint32_t i = 0; i < n->n_ports; i++)
@@ -997,7 +942,12 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     n->rng = ethp_rng_seed(cfg->seed);
     pthread_mutex_init(&n->lock, NULL);
     pthread_cond_init(&n->done, NULL);
-    n->peers = calloc(max_peers, sizeof(*n->peers)); /* large: mapped, zero pages */
+    /* mapped, not calloc'd: its untouched entries stay zero pages (a heap
+     * that had large blocks freed would hand back memory calloc zeroes) */
+    n->peers = mmap(NULL, (size_t)max_peers * sizeof(*n->peers), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (n->peers == MAP_FAILED)
+        n->peers = NULL;
     n->peer_known = calloc(max_peers, 1);
     n->peer_ips = calloc((size_t)max_peers * ETHP_NIC_MAX_PLANES, sizeof(uint32_t));
     n->active = calloc(max_peers, sizeof(*n->active));
@@ -1166,15 +1116,19 @@ void ethp_nic_free(struct ethp_nic *n)
         pthread_join(n->thread, NULL);
     }
     for (uint32_t i = 0; n->peers && i < n->max_peers; i++) {
-        win_free(n->peers[i].win);
+        nic_win_free(n->peers[i].win);
         free(n->peers[i].rbits);
     }
-    for (uint64_t i = 0; i < n->n_msgs; i++)
+    for (uint64_t i = 0; i < n->n_msgs; i++) {
+        if (n->msgs[i]->sched_role == NIC_SCHED_WHOLE)
+            nic_sched_free(n->msgs[i]->sched);
         free(n->msgs[i]);
+    }
     for (uint32_t i = 0; i < n->inc.n_aggs; i++)
         free(n->inc.agg[i].chunk);
     free(n->msgs);
-    free(n->peers);
+    if (n->peers)
+        munmap(n->peers, (size_t)n->max_peers * sizeof(*n->peers));
     free(n->peer_known);
     free(n->peer_ips);
     free(n->active);
@@ -1259,19 +1213,11 @@ int ethp_nic_inc_setup(struct ethp_nic *n, const struct ethp_nic_agg *aggs, uint
 static int64_t queue_msg(struct ethp_nic *n, struct nic_msg *m)
 {
     pthread_mutex_lock(&n->lock);
-    if (n->n_msgs == n->cap_msgs) {
-        uint64_t cap = n->cap_msgs ? n->cap_msgs * 2 : 1024;
-        struct nic_msg **a = realloc(n->msgs, cap * sizeof(*a));
-        if (!a) {
-            pthread_mutex_unlock(&n->lock);
-            free(m);
-            return -ENOMEM;
-        }
-        n->msgs = a;
-        n->cap_msgs = cap;
+    int64_t h = nic_msg_register_locked(n, m);
+    if (h < 0) {
+        pthread_mutex_unlock(&n->lock);
+        return h;
     }
-    n->msgs[n->n_msgs++] = m;
-    m->handle = (int64_t)n->n_msgs;
     if (n->cmd_tail)
         n->cmd_tail->next = m;
     else
@@ -1280,6 +1226,29 @@ static int64_t queue_msg(struct ethp_nic *n, struct nic_msg *m)
     pthread_mutex_unlock(&n->lock);
     ethp_kick(n->evfd);
     return m->handle;
+}
+
+int64_t ethp_nic_post_ring(struct ethp_nic *n, uint32_t left, uint32_t right, uint32_t tag0,
+                           uint32_t steps, uint32_t slices, const struct ethp_ring_step *plan,
+                           uint32_t dtype, uint32_t op, uint32_t ready_tag, uint32_t ready_flags)
+{
+    if (!nic_peer_known(n, left) || !nic_peer_known(n, right))
+        return ETHP_NIC_ERR_NO_SUCH;
+    if (!steps || !slices || !plan || (uint64_t)steps * slices > (1u << 20) ||
+        dtype > ETHP_AGG_I64 || op > ETHP_AGG_MIN ||
+        (ready_flags & ~(ETHP_RING_TELL_READY | ETHP_RING_WAIT_READY)))
+        return -EINVAL;
+    struct nic_msg *m = calloc(1, sizeof(*m));
+    struct nic_sched *sc = nic_sched_new(left, right, tag0, steps, slices, plan, dtype, op,
+                                         ready_tag, ready_flags);
+    if (!m || !sc) {
+        free(m);
+        nic_sched_free(sc);
+        return -ENOMEM;
+    }
+    *m = (struct nic_msg){.peer = right, .status = ETHP_NIC_PENDING, .is_send = 1,
+                          .sched = sc, .sched_role = NIC_SCHED_WHOLE};
+    return queue_msg(n, m);
 }
 
 int64_t ethp_nic_post_send(struct ethp_nic *n, uint32_t peer, uint32_t tag, const uint8_t *buf,

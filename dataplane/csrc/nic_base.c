@@ -13,8 +13,19 @@ void nic_complete(struct ethp_nic *n, struct nic_msg *m, int status)
     m->status = status;
     pthread_cond_broadcast(&n->done);
     pthread_mutex_unlock(&n->lock);
-    if (status == ETHP_NIC_OK && !m->inc)
+    if (status == ETHP_NIC_OK && !m->inc && m->sched_role != NIC_SCHED_WHOLE)
         n->c[m->is_send ? ETHP_NC_msgs_sent : ETHP_NC_msgs_received]++;
+    /* a ring's message: its ring goes on at the pass's next safe point
+     * (nic_sched_pump), once per message (a receive may complete twice) */
+    if (m->sched && m->sched_role != NIC_SCHED_WHOLE && !m->sched_finished) {
+        m->sched_finished = 1;
+        m->done_next = NULL;
+        if (n->sched_done_tail)
+            n->sched_done_tail->done_next = m;
+        else
+            n->sched_done_head = m;
+        n->sched_done_tail = m;
+    }
 }
 
 void nic_flush_port(struct ethp_nic *n, struct nic_port *pt)
@@ -181,4 +192,22 @@ uint64_t nic_free_at(const struct ethp_nic *n, uint32_t plane)
     const struct nic_port *pt = &n->ports[plane];
     uint64_t t = pt->next_tx_ns > NIC_LOOKAHEAD_NS ? pt->next_tx_ns - NIC_LOOKAHEAD_NS : 0;
     return t > pt->paused_until ? t : pt->paused_until;
+}
+
+/* A sleeping peer (nic.c, nic_sleep) back on the active list. */
+void nic_wake(struct ethp_nic *n, struct nic_peer *p)
+{
+    uint32_t last = n->sleeping[--n->n_sleeping];
+    n->sleeping[p->sleep_idx] = last;
+    n->peers[last].sleep_idx = p->sleep_idx;
+    p->asleep = 0;
+    nic_activate(n, p);
+}
+
+/* Every sleeping peer back on the active list: the clock changed their
+ * deadlines, or a plane failed under their packets in flight. */
+void nic_wake_all(struct ethp_nic *n)
+{
+    while (n->n_sleeping)
+        nic_wake(n, &n->peers[n->sleeping[n->n_sleeping - 1]]);
 }

@@ -58,7 +58,16 @@ struct nic_msg {
     int inc;                 /* an in-network all-reduce: dtype and op below */
     uint8_t dtype, op;
     struct nic_msg *next;
+    /* a ring the engine runs (nic_sched.c): the ring's own handle (role
+     * NIC_SCHED_WHOLE, posted as a command), or one of its messages */
+    struct nic_sched *sched;
+    uint32_t sched_role, sched_idx;
+    int sched_finished; /* counted by its ring once (a receive may complete twice) */
+    struct nic_msg *done_next; /* on the engine's list of finished ring messages */
 };
+
+enum { NIC_SCHED_NONE = 0, NIC_SCHED_WHOLE, NIC_SCHED_RECV, NIC_SCHED_SEND, NIC_SCHED_READY,
+       NIC_SCHED_TOLD };
 
 struct tx_pkt {
     struct nic_msg *m;
@@ -231,6 +240,7 @@ struct ethp_nic {
     pthread_mutex_t lock;
     pthread_cond_t done;
     struct nic_msg *cmd_head, *cmd_tail;
+    struct nic_msg *sched_done_head, *sched_done_tail; /* engine thread only */
     struct nic_msg **msgs;
     uint64_t n_msgs, cap_msgs;
     uint64_t c[ETHP_NIC_NCOUNTERS];
@@ -409,5 +419,22 @@ void nic_inc_timers(struct ethp_nic *n, uint64_t now);
 void nic_on_agg_result(struct ethp_nic *n, const struct ethp_parsed *ps, const uint8_t *payload,
                        uint32_t plane, uint64_t now);
 void nic_pump_inc(struct ethp_nic *n, uint64_t now);
+
+
+/* nic_msg.c: messages */
+struct tx_pkt *nic_win_alloc(void);
+void nic_win_free(struct tx_pkt *w);
+int64_t nic_msg_register_locked(struct ethp_nic *n, struct nic_msg *m); /* under n->lock */
+int64_t nic_msg_register(struct ethp_nic *n, struct nic_msg *m);
+void nic_bind(struct ethp_nic *n, struct nic_msg *m);
+
+/* nic_sched.c: the rings the engine runs */
+void nic_sched_start(struct ethp_nic *n, struct nic_msg *whole);
+void nic_sched_pump(struct ethp_nic *n);
+struct nic_sched *nic_sched_new(uint32_t left, uint32_t right, uint32_t tag0, uint32_t steps,
+                                uint32_t slices, const struct ethp_ring_step *plan,
+                                uint32_t dtype, uint32_t op, uint32_t ready_tag,
+                                uint32_t ready_flags);
+void nic_sched_free(struct nic_sched *sc);
 
 #endif

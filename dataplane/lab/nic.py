@@ -102,6 +102,8 @@ _ERRORS = {
 INC_DTYPES = {"float32": (lib.ETHP_AGG_F32, 4), "int32": (lib.ETHP_AGG_I32, 4),
               "float16": (lib.ETHP_AGG_F16, 2), "bfloat16": (lib.ETHP_AGG_BF16, 2)}  # fmt: skip
 INC_OPS = {"sum": lib.ETHP_AGG_SUM, "max": lib.ETHP_AGG_MAX, "min": lib.ETHP_AGG_MIN}
+# what the engine reduces in a ring it runs (ethp_reduce_into), by element type
+RING_DTYPES = {**{k: v[0] for k, v in INC_DTYPES.items()}, "int64": lib.ETHP_AGG_I64}
 INC_WINDOW_BDPS = 4  # chunks in flight per aggregator: this many BDPs of one plane
 INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
 
@@ -393,6 +395,46 @@ class Endpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def post_ring(
+        self,
+        left: int,
+        right: int,
+        tag0: int,
+        steps: int,
+        slices: int,
+        plan,
+        dtype: str,
+        op: str,
+        ready_tag: int = 0,
+        ready_flags: int = 0,
+    ) -> int:
+        """Post a pipelined ring the engine runs by itself (ethp_nic_post_ring):
+        plan is steps x slices entries (recv, send, reduce destination,
+        reduce source; the last two None for no reduction), step-major;
+        wait() on the handle.  The buffers must outlive it."""
+        keep = []
+
+        def ptr(buf, writable: bool):
+            if buf is None or memoryview(buf).nbytes == 0:
+                return ffi.NULL, 0
+            c = ffi.from_buffer(buf, require_writable=writable)
+            keep.append(c)
+            return c, len(c)
+
+        c_plan = ffi.new("struct ethp_ring_step[]", len(plan))
+        for e, (recv, send, dst, src) in zip(c_plan, plan, strict=True):
+            e.recv_buf, e.recv_bytes = ptr(recv, True)
+            e.send_buf, e.send_bytes = ptr(send, False)
+            e.red_dst, _ = ptr(dst, True)
+            e.red_src, _ = ptr(src, False)
+            if dst is not None:
+                e.red_count = memoryview(dst).nbytes // memoryview(dst).itemsize
+        h = lib.ethp_nic_post_ring(
+            self._nic, left, right, tag0, steps, slices, c_plan, RING_DTYPES[dtype], INC_OPS[op],
+            ready_tag, ready_flags,
+        )  # fmt: skip
+        return self._posted(h, keep)
 
     def post_send(self, peer: int, tag: int, buf) -> int:
         c = ffi.from_buffer(buf)

@@ -25,6 +25,7 @@ _SEQ_MASK = 0x7FFFF  # collective calls' tags: bit 31 clear
 P2P_TAG = 1 << 31  # point-to-point messages' tags: bit 31, the user's tag, a count
 P2P_USER_TAGS = 256
 _ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
+TELL_READY, WAIT_READY = 1, 2  # a ring's rendezvous (Transport.ring; ethp.h's ETHP_RING_*)
 
 
 class Comm:
@@ -69,12 +70,16 @@ class Comm:
     def _slices(self, nbytes: int, unit: int = SLICE_BYTES, most: int = MAX_SLICES) -> int:
         return max(1, min(most, nbytes // unit))
 
-    def _ring(self, steps: int, slices: int, send_of, recv_of, arrived=None, members=None) -> None:
+    def _ring(self, steps: int, slices: int, send_of, recv_of, reduce_of=None, members=None,
+              op: str = "sum") -> None:  # fmt: skip
         """A pipelined ring over members (every rank, in rank order, by
         default): at step t send send_of(t) right, receive recv_of(t) from
         the left.  Slice j of step t+1's send leaves once slice j of step
-        t's receive is in and arrived(t, lo, hi) has run on it, so
-        send_of(t+1) may be (or be computed from) recv_of(t)."""
+        t's receive is in and, where reduce_of(t) gives (dst, src) (arrays
+        as long as recv_of(t)), dst = dst op src has run on that slice, so
+        send_of(t+1) may be (or be computed from) recv_of(t).  A transport
+        with an engine runs the whole schedule itself (Transport.ring): no
+        return to Python per step."""
         t = self.t
         tag = self._tags(steps * slices + 1)
         members = range(self.world) if members is None else members
@@ -85,42 +90,41 @@ class Comm:
             b = bounds(len(a), slices)
             return [(b[j], b[j + 1]) for j in range(slices)]
 
-        recvs = []
-        for s in range(steps):
-            dst = recv_of(s)
-            recvs.append(
-                [
-                    t.irecv(left, tag(s * slices + j), dst[lo:hi])
-                    for j, (lo, hi) in enumerate(cut(dst))
-                ]
-            )
         # Rendezvous, as all_to_all's: a big first chunk leaves once the
         # right neighbour says its receives are posted.  A rank still busy
         # with the last collective would otherwise turn the data away (RNR),
         # and RoCE's go-back-N resends all that was in flight behind it: how
         # often depends on the workers' real CPU time, so on k.  Both ends
         # judge by the same chunk (what r sends at step 0, r+1 receives).
-        ready = self._ready_from(right, tag(steps * slices), send_of(0).nbytes)
-        told = self._tell_ready(left, tag(steps * slices), recv_of(0).nbytes)
+        wait_ready = send_of(0).nbytes >= RENDEZVOUS_BYTES
+        tell_ready = recv_of(0).nbytes >= RENDEZVOUS_BYTES
+        plan = []
+        for s in range(steps):
+            dst, src = reduce_of(s) if reduce_of else (None, None)
+            recv, send = recv_of(s), send_of(s)
+            for (lo, hi), (slo, shi) in zip(cut(recv), cut(send), strict=True):
+                red = (dst[lo:hi], src[lo:hi]) if dst is not None else (None, None)
+                plan.append((recv[lo:hi], send[slo:shi], *red))
+        flags = (TELL_READY if tell_ready else 0) | (WAIT_READY if wait_ready else 0)
+        h = t.ring(left, right, tag(0), steps, slices, plan, self.dtype, op,
+                   tag(steps * slices), flags)  # fmt: skip
+        if h is not None:
+            t.wait(h)
+            return
+        recvs = [t.irecv(left, tag(k), e[0]) for k, e in enumerate(plan)]
+        ready = t.irecv(right, tag(steps * slices), np.zeros(1, np.uint8)) if wait_ready else None
+        told = t.isend(left, tag(steps * slices), _ONE) if tell_ready else None
         sends = []
-
-        def send(s: int, j: int) -> None:
-            src = send_of(s)
-            lo, hi = cut(src)[j]
-            sends.append(t.isend(right, tag(s * slices + j), src[lo:hi]))
-
         if ready is not None:
             t.wait(ready)
         for j in range(slices):
-            send(0, j)
-        for s in range(steps):
-            dst = recv_of(s)
-            for j, (lo, hi) in enumerate(cut(dst)):
-                t.wait(recvs[s][j])
-                if arrived:
-                    arrived(s, lo, hi)
-                if s + 1 < steps:
-                    send(s + 1, j)
+            sends.append(t.isend(right, tag(j), plan[j][1]))
+        for k, (_, _, dst, src) in enumerate(plan):
+            t.wait(recvs[k])
+            if dst is not None:
+                reduce_into(dst, src, op, self.dtype)
+            if k + slices < len(plan):
+                sends.append(t.isend(right, tag(k + slices), plan[k + slices][1]))
         t.waitall(sends + ([told] if told is not None else []))
 
     def _ready_from(self, peer: int, tag: int, nbytes: int):
@@ -183,10 +187,9 @@ class Comm:
             s += first
             return staging[s] if s < n - 1 else chunk((r - s - 1) % n)
 
-        def arrived(s: int, lo: int, hi: int) -> None:
+        def reduce_of(s: int):
             s += first
-            if s < n - 1:
-                reduce_into(chunk((r - s - 1) % n)[lo:hi], staging[s][lo:hi], op, self.dtype)
+            return (chunk((r - s - 1) % n), staging[s]) if s < n - 1 else (None, None)
 
         slices = self._slices(buf.nbytes // n)
         self._ring(
@@ -194,8 +197,9 @@ class Comm:
             slices,
             lambda s: chunk((r - s - first) % n),
             recv_of,
-            arrived,
+            reduce_of,
             members,
+            op,
         )
 
     def _hier_all_reduce(self, buf: np.ndarray, op: str) -> None:
@@ -288,10 +292,11 @@ class Comm:
         def send_of(s: int) -> np.ndarray:
             return chunk((r - 1) % n) if s == 0 else partial[s - 1]
 
-        def arrived(s: int, lo: int, hi: int) -> None:
-            reduce_into(partial[s][lo:hi], chunk((r - s - 2) % n)[lo:hi], op, self.dtype)
+        def reduce_of(s: int):
+            return partial[s], chunk((r - s - 2) % n)
 
-        self._ring(n - 1, self._slices(send.nbytes // n), send_of, lambda s: partial[s], arrived)
+        self._ring(n - 1, self._slices(send.nbytes // n), send_of, lambda s: partial[s], reduce_of,
+                   op=op)  # fmt: skip
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv is every rank's send, concatenated in rank order (chunks of

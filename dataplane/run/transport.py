@@ -77,6 +77,25 @@ class Transport(ABC):
         the transfer's error as wait does."""
         return handle is _DONE or self._poll(handle, timeout_s)
 
+    def ring(
+        self,
+        left: int,
+        right: int,
+        tag0: int,
+        steps: int,
+        slices: int,
+        plan,
+        dtype: str,
+        op: str,
+        ready_tag: int,
+        ready_flags: int,
+    ) -> object | None:
+        """Run a pipelined ring in the transport's engine (Comm._ring's
+        schedule; plan and the rendezvous as nic.Endpoint.post_ring's),
+        returning a handle to wait on; None: this transport cannot, the
+        caller runs the steps."""
+        return None
+
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         """All-reduce buf in place in the switches (in-network computing)."""
         raise needs_ethplus(self.name)
@@ -128,6 +147,11 @@ class Group(Transport):
 
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         self.inner.all_reduce_in_network(buf, op, dtype)
+
+    def ring(self, left, right, tag0, steps, slices, plan, dtype, op, ready_tag, ready_flags):
+        m = self.members
+        return self.inner.ring(m[left], m[right], tag0, steps, slices, plan, dtype, op,
+                               ready_tag, ready_flags)  # fmt: skip
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.inner._isend(self.members[peer], tag, view)

@@ -76,6 +76,15 @@ class NicTransport(Transport):
                 f"rank {self.rank}: in-network all-reduce: {why} (this endpoint: {seen})"
             ) from e
 
+    def ring(self, left, right, tag0, steps, slices, plan, dtype, op, ready_tag, ready_flags):
+        if dtype not in nic.RING_DTYPES:
+            return None
+        try:
+            return self.ep.post_ring(left, right, tag0, steps, slices, plan, dtype, op,
+                                     ready_tag, ready_flags)  # fmt: skip
+        except self._errors as e:
+            raise TransportError(f"rank {self.rank}: {e}") from e
+
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.ep.post_send(peer, tag, view)
 
