@@ -556,7 +556,20 @@ int ethp_reduce_into(uint8_t *dst, const uint8_t *src, uint64_t count, uint32_t 
         }
         return 0;
     }
-    uint32_t item = ethp_agg_elem_bytes((int)dtype);
+    if (dtype == ETHP_AGG_F16 && op != ETHP_AGG_SUM) {
+        /* numpy's float16 maximum and minimum keep the first on a tie
+         * (+0 against -0), unlike its float32 ones */
+        for (uint64_t i = 0; i < count; i++) {
+            _Float16 a, b;
+            memcpy(&a, dst + 2 * i, 2);
+            memcpy(&b, src + 2 * i, 2);
+            float fa = (float)a, fb = (float)b;
+            int keep = (op == ETHP_AGG_MAX ? fa >= fb : fa <= fb) || fa != fa;
+            memcpy(dst + 2 * i, keep ? &a : &b, 2);
+        }
+        return 0;
+    }
+    uint32_t item = ethp_agg_elem_bytes(dtype);
     float acc[AGG_MAX_ELEMS];
     for (uint64_t at = 0; at < count;) {
         uint32_t n = count - at < AGG_MAX_ELEMS ? (uint32_t)(count - at) : AGG_MAX_ELEMS;

@@ -108,6 +108,17 @@ INC_WINDOW_BDPS = 4  # chunks in flight per aggregator: this many BDPs of one pl
 INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
 
 
+def reduce_into(dst, src, dtype: str, op: str) -> None:
+    """dst = dst (op) src element-wise, as the engine reduces a ring's
+    slices (ethp_reduce_into; numpy's arithmetic, reference.reduce_into)."""
+    d, x = ffi.from_buffer(dst, require_writable=True), ffi.from_buffer(src)
+    if len(d) != len(x):
+        raise ValueError(f"reduce_into: {len(d)} bytes against {len(x)}")
+    item = memoryview(dst).itemsize
+    if lib.ethp_reduce_into(d, x, len(d) // item, RING_DTYPES[dtype], INC_OPS[op]) < 0:
+        raise ValueError(f"reduce_into: cannot reduce {dtype} with {op}")
+
+
 @dataclass(frozen=True)
 class IncGroup:
     """This endpoint's part in a job's in-network all-reduce."""
