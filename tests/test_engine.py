@@ -104,12 +104,13 @@ def test_peers_that_wait_only_for_their_ack_are_left_alone(make):
     """One engine sends a packet to each of 63 others over a 4 ms round
     trip: once a peer's packet is out, its engine's passes leave it asleep
     until the ack (a 512-rank all-to-all has 511 such peers a rank, and every
-    pass visited them all: about 34 a pass here)."""
+    pass visited them all)."""
     fab, eps = make(64, planes=2, delay_ns=2_000_000)
     exchange(fab, eps, [(0, d, 1 * KiB) for d in range(1, 64)])
     c = eps[0].counters()
-    assert c["eng_peer_visits"] >= 63  # each served
-    assert c["eng_peer_visits"] < 8 * c["eng_passes"]
+    # each served a few times (posted, sent, acked), not on every pass
+    # while in flight (about 3000 visits here when they were)
+    assert 63 <= c["eng_peer_visits"] < 4 * 63
     assert total(eps, "retx_pkts") == 0
 
 
