@@ -585,7 +585,8 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(credit_bytes, "rccc: what the receivers let this sender have in flight now (sum over peers)") \
     X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)") \
     X(eng_passes, "passes the engine made over its peers") \
-    X(eng_peer_visits, "peers those passes served (the others were idle, or asleep: waiting for a frame from their peer or their retransmit timer)")
+    X(eng_peer_visits, "peers those passes served (the others were idle, or asleep: waiting for a frame from their peer or their retransmit timer)") \
+    X(rings_run, "collective rings the engine ran by itself (receives, reductions and sends without Python per step)")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };

@@ -86,8 +86,10 @@ static void start_sends(struct ethp_nic *n, struct nic_sched *sc)
 
 static void maybe_done(struct ethp_nic *n, struct nic_sched *sc)
 {
-    if (!sc->pending)
-        nic_complete(n, sc->whole, sc->failed ? sc->failed : ETHP_NIC_OK);
+    if (sc->pending)
+        return;
+    n->c[ETHP_NC_rings_run] += !sc->failed;
+    nic_complete(n, sc->whole, sc->failed ? sc->failed : ETHP_NIC_OK);
 }
 
 void nic_sched_start(struct ethp_nic *n, struct nic_msg *whole)
