@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -358,6 +359,11 @@ def cmd_capture(args) -> int:
     if args.count < 0 or args.seconds < 0:
         raise LabError("capture: -c/--count and --seconds take a number >= 0")
     labs.require_root("ethplus capture")
+    # "Ctrl-C stops" whatever its parent left: SIGINT ignored or blocked is
+    # inherited across exec.  (A capture started from the test suite did not
+    # stop on SIGINT, twice in full runs; whether this was why is not known.)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     cap = capture.LinkCapture(args.lab, args.link)
     (a, _, _), (b, _, _) = cap.ends
     print(f"capturing {args.link} ({a} <-> {b}); Ctrl-C stops", file=sys.stderr, flush=True)

@@ -107,10 +107,28 @@ def lab_pcap(lab, tmp_path_factory):
                     "--no-govern", check=True)  # fmt: skip
     finally:
         cap.send_signal(signal.SIGINT)
-        cap.wait(timeout=60)
+        try:
+            cap.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            why = _stuck(cap.pid)
+            cap.kill()
+            cap.wait()
+            pytest.fail(f"the capture did not stop on SIGINT: {why}; it said {cap.stderr.read()!r}")
         ethplus("link", "set", lab, LINK, "loss", "0%", check=True)
         ethplus("link", "set", lab, LINK, "rate", "400G", check=True)
     return pcap
+
+
+def _stuck(pid: int) -> str:
+    """Where a process is and what it does with signals (a failure's clue)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            keep = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "Threads")
+            status = [ln.strip() for ln in f if ln.split(":")[0] in keep]
+        with open(f"/proc/{pid}/wchan") as f:
+            return f"{'; '.join(status)}; wchan {f.read()}"
+    except OSError as e:
+        return str(e)
 
 
 def _cli() -> list[str]:
