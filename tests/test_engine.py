@@ -299,11 +299,8 @@ class _EpTransport(Transport):
     def __init__(self, ep, rank: int, world: int, ring: bool):
         self.ep, self.rank, self.world, self._ring, self.posted = ep, rank, world, ring, 0
 
-    def ring(self, left, right, tag0, steps, slices, plan, dtype, op, ready_tag, ready_flags):
-        if not self._ring:
-            return None
-        return self.ep.post_ring(left, right, tag0, steps, slices, plan, dtype, op, ready_tag,
-                                 ready_flags)  # fmt: skip
+    def ring(self, plan):
+        return self.ep.post_ring(plan) if self._ring else None
 
     def _isend(self, peer, tag, view):
         self.posted += 1

@@ -407,23 +407,10 @@ class Endpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def post_ring(
-        self,
-        left: int,
-        right: int,
-        tag0: int,
-        steps: int,
-        slices: int,
-        plan,
-        dtype: str,
-        op: str,
-        ready_tag: int = 0,
-        ready_flags: int = 0,
-    ) -> int:
-        """Post a pipelined ring the engine runs by itself (ethp_nic_post_ring):
-        plan is steps x slices entries (recv, send, reduce destination,
-        reduce source; the last two None for no reduction), step-major;
-        wait() on the handle.  The buffers must outlive it."""
+    def post_ring(self, ring) -> int:
+        """Post a pipelined ring the engine runs by itself (ethp_nic_post_ring;
+        ring: a transport.RingPlan); wait() on the handle.  The buffers must
+        outlive it."""
         keep = []
 
         def ptr(buf, writable: bool):
@@ -433,8 +420,8 @@ class Endpoint:
             keep.append(c)
             return c, len(c)
 
-        c_plan = ffi.new("struct ethp_ring_step[]", len(plan))
-        for e, (recv, send, dst, src) in zip(c_plan, plan, strict=True):
+        c_plan = ffi.new("struct ethp_ring_step[]", len(ring.entries))
+        for e, (recv, send, dst, src) in zip(c_plan, ring.entries, strict=True):
             e.recv_buf, e.recv_bytes = ptr(recv, True)
             e.send_buf, e.send_bytes = ptr(send, False)
             e.red_dst, _ = ptr(dst, True)
@@ -442,8 +429,8 @@ class Endpoint:
             if dst is not None:
                 e.red_count = memoryview(dst).nbytes // memoryview(dst).itemsize
         h = lib.ethp_nic_post_ring(
-            self._nic, left, right, tag0, steps, slices, c_plan, RING_DTYPES[dtype], INC_OPS[op],
-            ready_tag, ready_flags,
+            self._nic, ring.left, ring.right, ring.tag0, ring.steps, ring.slices, c_plan,
+            RING_DTYPES[ring.dtype], INC_OPS[ring.op], ring.ready_tag, ring.ready_flags,
         )  # fmt: skip
         return self._posted(h, keep)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from dataplane.model.catalog import ALGORITHMS, groups_of, pick_all_reduce
 from dataplane.run.reference import bounds, reduce_into
-from dataplane.run.transport import Transport
+from dataplane.run.transport import TELL_READY, WAIT_READY, RingPlan, Transport
 
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
@@ -25,7 +25,6 @@ _SEQ_MASK = 0x7FFFF  # collective calls' tags: bit 31 clear
 P2P_TAG = 1 << 31  # point-to-point messages' tags: bit 31, the user's tag, a count
 P2P_USER_TAGS = 256
 _ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
-TELL_READY, WAIT_READY = 1, 2  # a ring's rendezvous (Transport.ring; ethp.h's ETHP_RING_*)
 
 
 class Comm:
@@ -106,8 +105,8 @@ class Comm:
                 red = (dst[lo:hi], src[lo:hi]) if dst is not None else (None, None)
                 plan.append((recv[lo:hi], send[slo:shi], *red))
         flags = (TELL_READY if tell_ready else 0) | (WAIT_READY if wait_ready else 0)
-        h = t.ring(left, right, tag(0), steps, slices, plan, self.dtype, op,
-                   tag(steps * slices), flags)  # fmt: skip
+        h = t.ring(RingPlan(left, right, tag(0), steps, slices, plan, self.dtype, op,
+                            tag(steps * slices), flags))  # fmt: skip
         if h is not None:
             t.wait(h)
             return

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataplane.lab import nic
-from dataplane.run.transport import Options, Transport, TransportError, needs_ethplus
+from dataplane.run.transport import Options, RingPlan, Transport, TransportError, needs_ethplus
 
 # What an endpoint says of its in-network all-reduces when one fails.
 INC_COUNTERS = ("inc_tx_pkts", "inc_retx_pkts", "inc_rx_results", "inc_dup_results",
@@ -76,12 +76,11 @@ class NicTransport(Transport):
                 f"rank {self.rank}: in-network all-reduce: {why} (this endpoint: {seen})"
             ) from e
 
-    def ring(self, left, right, tag0, steps, slices, plan, dtype, op, ready_tag, ready_flags):
-        if dtype not in nic.RING_DTYPES:
+    def ring(self, plan: RingPlan) -> object | None:
+        if plan.dtype not in nic.RING_DTYPES:
             return None
         try:
-            return self.ep.post_ring(left, right, tag0, steps, slices, plan, dtype, op,
-                                     ready_tag, ready_flags)  # fmt: skip
+            return self.ep.post_ring(plan)
         except self._errors as e:
             raise TransportError(f"rank {self.rank}: {e}") from e
 
