@@ -108,9 +108,10 @@ def test_peers_that_wait_only_for_their_ack_are_left_alone(make):
     fab, eps = make(64, planes=2, delay_ns=2_000_000)
     exchange(fab, eps, [(0, d, 1 * KiB) for d in range(1, 64)])
     c = eps[0].counters()
-    # each served a few times (posted, sent, acked), not on every pass
-    # while in flight (about 3000 visits here when they were)
-    assert 63 <= c["eng_peer_visits"] < 4 * 63
+    # each served a few times (posted, sent, acked: 126-152 here idle, 273
+    # in a full suite on two cores), not on every pass while in flight
+    # (about 3000 visits when they were)
+    assert 63 <= c["eng_peer_visits"] < 10 * 63
     assert total(eps, "retx_pkts") == 0
 
 
