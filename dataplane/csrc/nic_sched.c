@@ -18,7 +18,6 @@ struct nic_sched {
     struct ethp_ring_step *plan;
     uint32_t left, right, tag0, steps, slices, dtype, op, ready_tag, ready_flags;
     uint32_t pending; /* its messages posted and not finished */
-    uint32_t started; /* step-0 sends posted */
     int failed;       /* the first error of any of its messages */
     uint8_t ready_byte;
 };
@@ -79,7 +78,6 @@ static void send_slice(struct ethp_nic *n, struct nic_sched *sc, uint32_t s, uin
 
 static void start_sends(struct ethp_nic *n, struct nic_sched *sc)
 {
-    sc->started = 1;
     for (uint32_t j = 0; j < sc->slices && !sc->failed; j++)
         send_slice(n, sc, 0, j);
 }
@@ -121,7 +119,7 @@ void nic_sched_pump(struct ethp_nic *n)
         struct nic_sched *sc = m->sched;
         if (m->status != ETHP_NIC_OK) {
             sc->failed = sc->failed ? sc->failed : m->status;
-        } else if (!sc->failed && m->sched_role == NIC_SCHED_READY && !sc->started) {
+        } else if (!sc->failed && m->sched_role == NIC_SCHED_READY) {
             start_sends(n, sc);
         } else if (!sc->failed && m->sched_role == NIC_SCHED_RECV) {
             uint32_t s = m->sched_idx / sc->slices, j = m->sched_idx % sc->slices;
