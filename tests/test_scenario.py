@@ -70,9 +70,11 @@ def test_a_seed_reproduces_faults_and_traffic(erack, tmp_path):
     ]
     fa = [r["transports"]["ethplus"]["faults_applied"] for r in runs]
     assert [f["planned_s"] for f in fa[0]] == [f["planned_s"] for f in fa[1]]
-    for a, b in zip(fa[0], fa[1], strict=True):
-        assert abs(a["at_s"] - b["at_s"]) < 0.1
-        assert a["at_s"] >= a["planned_s"] - 1e-3
+    # When a fault lands is the host's business (a loaded machine applies it
+    # later); the plan is the seed's, and the run says how late each one was.
+    for f in fa[0] + fa[1]:
+        assert f["at_s"] >= f["planned_s"] - 1e-3
+        assert f["late_s"] == pytest.approx(f["at_s"] - f["planned_s"])
     first_tx = [
         (c["tx_data_bytes"] - c["retx_bytes"], c["msgs_sent"])
         for c in (r["transports"]["ethplus"]["results"]["allreduce"]["nic_counters"] for r in runs)

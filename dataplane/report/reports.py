@@ -414,7 +414,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                 " seconds: planned, actual, and actual in nominal time): "
                 + "; ".join(
                     f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s real,"
-                    f" {_us(k, f['at_s'])} nominal)"
+                    f" {f.get('late_s', 0.0) * 1e3:.0f} ms late; {_us(k, f['at_s'])} nominal)"
                     for f in r["faults_applied"]
                 )
                 + ".",

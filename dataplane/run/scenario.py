@@ -161,6 +161,7 @@ def _run_jobs(
                     {
                         "planned_s": f.at_s,
                         "at_s": at,
+                        "late_s": at - f.at_s,
                         "target": f.target,
                         "name": f.name,
                         "set": " ".join(f.words),
