@@ -61,6 +61,8 @@ def _one(
         "job_wall_s": wall,
         "cpu_s": cpu_s,
         "cpu_s_per_nominal_GB": cpu_s / (_moved_bytes(res, spec) / 1e9),
+        "fabric_cpu_s": f["cpu"]["fabric_cores"] * wall,
+        "workers_cpu_s": f["cpu"]["workers_cores"] * wall,
         "peak_rss_bytes": res["workers_peak_rss_bytes"],
         "busbw_GBps": row["busbw_GBps"],
         "share_of_ideal": row["busbw_GBps"] / res["ideal_busbw_GBps"],
@@ -78,6 +80,7 @@ def _print(lab: str, mode: str, r: dict) -> None:
     print(
         f"{lab:11s} {size_text(r['size']):>7s} {mode:8s} {r['processes']:3d} proc"
         f"  real {r['real_s']:7.1f} s  CPU {r['cpu_s_per_nominal_GB']:8.2f} s/GB"
+        f" (fabric {r['fabric_cpu_s']:.1f} s, workers {r['workers_cpu_s']:.1f} s)"
         f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
         f"  busbw {r['busbw_GBps']:6.1f} GB/s = {r['share_of_ideal']:.3f} of ideal"
         f"  {k_text}  {r['verdict']}  #wrong {r['wrong']}",

@@ -21,6 +21,7 @@ from dataplane.lab.memfabric import FabricSpec, MemFabric
 from dataplane.lab.nic import EngineGroup, NicError
 from dataplane.run import reference as ref
 from dataplane.run.collectives import Comm
+from dataplane.run.schedule import Schedule
 from dataplane.run.transport import Transport
 
 KiB, MiB = 1024, 1024 * 1024
@@ -291,17 +292,17 @@ def test_a_ports_rx_ring_holds_its_time_at_the_real_rate_within_its_bounds(k):
 
 
 class _EpTransport(Transport):
-    """The NIC transport's calls on an in-memory endpoint; ring=False leaves
-    the ring's steps to Python (as kernel TCP does).  Counts the messages
-    Python posted itself."""
+    """The NIC transport's calls on an in-memory endpoint; engine=False
+    leaves a schedule's steps to Python (as kernel TCP does).  Counts the
+    messages Python posted itself."""
 
     name = "memfab"
 
-    def __init__(self, ep, rank: int, world: int, ring: bool):
-        self.ep, self.rank, self.world, self._ring, self.posted = ep, rank, world, ring, 0
+    def __init__(self, ep, rank: int, world: int, engine: bool):
+        self.ep, self.rank, self.world, self._engine, self.posted = ep, rank, world, engine, 0
 
-    def ring(self, plan):
-        return self.ep.post_ring(plan) if self._ring else None
+    def run(self, sched):
+        return self.ep.post_sched(sched) if self._engine else None
 
     def _isend(self, peer, tag, view):
         self.posted += 1
@@ -321,10 +322,10 @@ class _EpTransport(Transport):
         return self.ep.counters()
 
 
-def _collective(eps: dict, ring: bool, dtype: str, fn) -> list:
+def _collective(eps: dict, engine: bool, dtype: str, fn) -> list:
     """fn(comm) on every rank at once (a thread each); their transports."""
     n = len(eps)
-    ts = [_EpTransport(eps[r], r, n, ring) for r in range(n)]
+    ts = [_EpTransport(eps[r], r, n, engine) for r in range(n)]
     errors = []
 
     def run(r: int) -> None:
@@ -345,38 +346,118 @@ def _collective(eps: dict, ring: bool, dtype: str, fn) -> list:
 @pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("bfloat16", "sum"), ("float16", "max"),
                                       ("int32", "min"), ("int64", "sum")])  # fmt: skip
 @pytest.mark.parametrize("count", [1000, 300_001])
-def test_the_engine_runs_a_ring_by_itself_bit_for_bit(make, dtype, op, count):
-    """A ring all-reduce, reduce-scatter and all-gather the engine runs
-    itself (receives, reductions in C, next sends; the rendezvous past 256
-    KiB a chunk) give numpy's reference bit for bit, with no message posted
-    from Python; the same rings run step by step from Python agree."""
-    n, seed = 6, 3
+def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op, count):
+    """Every collective's schedule, run by the engine itself (receives,
+    reductions in C, next sends; the rendezvous past 256 KiB a message):
+    the all-reduce's ring, halving-doubling (6 ranks: two fold in and out)
+    and hierarchical forms, reduce-scatter, all-gather, an uneven all-to-all
+    and a broadcast give numpy's reference bit for bit, with no message
+    posted from Python; the same schedules run step by step from Python
+    agree."""
+    n, seed, root = 6, 3, 4
     fab, eps = make(n, planes=2)
     b = ref.bounds(count, n)
-    for ring in (True, False):
+    counts = np.array([[(count // 7) * ((s + 2 * d) % 5) for d in range(n)] for s in range(n)])
+    for engine in (True, False):
         out = {}
 
         def fn(comm, out=out):
             r = comm.rank
-            buf = ref.pattern(r, count, dtype, seed, n)
-            comm.all_reduce(buf, op, "ring")
+            got = {}
+            for algo in ("ring", "halving-doubling", "hierarchical"):
+                got[algo] = ref.pattern(r, count, dtype, seed, n)
+                comm.all_reduce(got[algo], op, algo)
             send = ref.pattern(r, count, dtype, seed, n)
-            part = np.empty(b[r + 1] - b[r], send.dtype)
-            comm.reduce_scatter(send, part, op)
-            gathered = np.empty(count, send.dtype)
-            comm.all_gather(ref.pattern(r, b[r + 1] - b[r], dtype, seed, n, start=b[r]), gathered)
-            out[r] = (buf, part, gathered)
+            got["reduce-scatter"] = np.empty(b[r + 1] - b[r], send.dtype)
+            comm.reduce_scatter(send, got["reduce-scatter"], op)
+            got["all-gather"] = np.empty(count, send.dtype)
+            comm.all_gather(ref.pattern(r, b[r + 1] - b[r], dtype, seed, n, start=b[r]),
+                            got["all-gather"])  # fmt: skip
+            a2a = ref.pattern(r, int(counts[r].sum()), dtype, seed, n)
+            got["all-to-all"] = np.empty(int(counts[:, r].sum()), send.dtype)
+            comm.all_to_all(a2a, counts[r], got["all-to-all"], counts[:, r])
+            got["broadcast"] = (ref.pattern(r, count, dtype, seed, n) if r == root
+                                else np.zeros(count, send.dtype))  # fmt: skip
+            comm.broadcast(got["broadcast"], root)
+            out[r] = got
 
-        posted = [t.posted for t in _collective(eps, ring, dtype, fn)]
-        if ring:
+        posted = [t.posted for t in _collective(eps, engine, dtype, fn)]
+        if engine:
             assert posted == [0] * n  # every step in the engines
         want = ref.reduced(op, count, dtype, seed, n)
         gathered = np.concatenate([ref.pattern(s, b[s + 1] - b[s], dtype, seed, n, start=b[s])
                                    for s in range(n)])  # fmt: skip
-        for r, (buf, part, got) in out.items():
-            assert ref.wrong(buf, want) == 0, (ring, r, "all-reduce")
-            assert ref.wrong(part, want[b[r] : b[r + 1]]) == 0, (ring, r, "reduce-scatter")
-            assert ref.wrong(got, gathered) == 0, (ring, r, "all-gather")
+        for r, got in out.items():
+            for algo in ("ring", "halving-doubling", "hierarchical"):
+                assert ref.wrong(got[algo], want) == 0, (engine, r, algo)
+            assert ref.wrong(got["reduce-scatter"], want[b[r] : b[r + 1]]) == 0, (engine, r)
+            assert ref.wrong(got["all-gather"], gathered) == 0, (engine, r)
+            pieces = []
+            for s in range(n):
+                whole = ref.pattern(s, int(counts[s].sum()), dtype, seed, n)
+                lo = int(counts[s, :r].sum())
+                pieces.append(whole[lo : lo + counts[s, r]])
+            assert got["all-to-all"].tobytes() == np.concatenate(pieces).tobytes(), (engine, r)
+            bcast = ref.pattern(root, count, dtype, seed, n)
+            assert got["broadcast"].tobytes() == bcast.tobytes(), (engine, r)
+
+
+def test_a_schedule_the_engine_cannot_finish_is_refused(make):
+    """A cycle, a wrong count of dependencies, an index past the end or an
+    unknown peer: refused when posted, not a wait that never ends."""
+    fab, eps = make(2)
+    buf = np.zeros(16, np.float32)
+
+    def two_ops():
+        s = Schedule("float32")
+        a = s.recv(1, 1, buf)
+        s.send(1, 2, buf, after=[a])
+        return s
+
+    cycle = two_ops()
+    cycle.succ[1].append(0)
+    cycle.n_deps[0] = 1
+    miscounted = two_ops()
+    miscounted.n_deps[1] = 2
+    past_end = two_ops()
+    past_end.succ[1].append(7)
+    stranger = two_ops()
+    stranger.peer[0] = 999
+    for bad in (cycle, miscounted, past_end, stranger):
+        with pytest.raises(NicError):
+            eps[0].post_sched(bad)
+    h = eps[0].post_sched(Schedule("float32"))  # nothing to do: done at once
+    assert eps[0].wait(h, TIMEOUT_S) is not None
+
+
+def test_python_runs_a_schedule_whose_messages_finish_out_of_its_order(make):
+    """Step by step from Python, a schedule that waits for A first while its
+    peer sends B first (and A only once B was answered) still finishes: the
+    executor looks at its other messages when the one it expects is late."""
+    fab, eps = make(2)
+    a, b, reply = (np.zeros(64, np.int32) for _ in range(3))
+    b_data, a_data = np.arange(64, dtype=np.int32), np.arange(64, 128, dtype=np.int32)
+    ts = [_EpTransport(eps[r], r, 2, engine=False) for r in range(2)]
+    s0 = Schedule("int32")
+    got_a = s0.recv(1, 1, a)
+    got_b = s0.recv(1, 2, b)
+    copied = s0.copy(reply, b, after=[got_b])
+    s0.send(1, 4, a, after=[got_a])
+    s0.send(1, 3, reply, after=[copied])
+    s1 = Schedule("int32")
+    echo, back = np.zeros(64, np.int32), np.zeros(64, np.int32)
+    sent_b = s1.send(0, 2, b_data)
+    got_reply = s1.recv(0, 3, echo, after=[sent_b])
+    s1.send(0, 1, a_data, after=[got_reply])
+    s1.recv(0, 4, back)
+    threads = [threading.Thread(target=s.run_with, args=(t,)) for s, t in ((s0, ts[0]), (s1, ts[1]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads)
+    assert (echo == b_data).all() and (back == a_data).all()
+    assert s0.out_of_order >= 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "int64"])

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 36
+#define ETHP_ABI_VERSION 37
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -586,7 +586,7 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)") \
     X(eng_passes, "passes the engine made over its peers") \
     X(eng_peer_visits, "peers those passes served (the others were idle, or asleep: waiting for a frame from their peer or their retransmit timer)") \
-    X(rings_run, "collective rings the engine ran by itself (receives, reductions and sends without Python per step)")
+    X(scheds_run, "collective schedules the engine ran by itself (receives, reductions and sends without Python per step)")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };
@@ -719,30 +719,35 @@ int ethp_nic_inc_setup(struct ethp_nic *nic, const struct ethp_nic_agg *aggs, ui
 int64_t ethp_nic_post_allreduce(struct ethp_nic *nic, uint8_t *buf, uint64_t count,
                                 uint32_t dtype, uint32_t op);
 
-/* A pipelined ring the engine runs by itself (collectives.Comm._ring):
- * steps x slices entries, step-major.  Every receive is posted at once
- * (from left, tag tag0 + step * slices + slice); slice j of step 0 goes
- * right at once (or once right's "ready" came, with ready_tag); when
- * receive (s, j) is in, red_dst = red_dst (op) red_src over red_count
- * elements (none if 0), then slice j of step s+1 goes right, with no return
- * to Python per step.  The rendezvous (ready_flags): ETHP_RING_TELL_READY
- * tells left "ready" (1 byte, tag ready_tag) once the receives are posted;
- * ETHP_RING_WAIT_READY holds step 0 until right's "ready" came.  The
- * buffers must stay valid until completion.  Returns a handle for
- * ethp_nic_wait (its status: the first error of any of its messages). */
-struct ethp_ring_step {
-    uint8_t *recv_buf;
-    uint64_t recv_bytes;
-    const uint8_t *send_buf;
-    uint64_t send_bytes;
-    uint8_t *red_dst;
-    const uint8_t *red_src;
-    uint64_t red_count;
+/* A collective's schedule the engine runs by itself (run.schedule): ops
+ * with dependencies, no return to Python per step.  An op starts once the
+ * n_deps ops that list it among their successors (succ[succ_first ..
+ * succ_first + succ_count - 1]) have finished; those with none start when
+ * posted, in index order.  SEND and RECV are ordinary messages of the
+ * endpoint (peer, tag, buf, len; same matching as ethp_nic_post_*), done
+ * when sent or received (at once if len is 0); REDUCE makes buf = buf (op)
+ * src over len bytes of dtype, COPY copies len bytes from src to buf, both
+ * at once.  -EINVAL unless every index is in range, every n_deps counts its
+ * op's predecessors and the ops have no cycle; ETHP_NIC_ERR_NO_SUCH for an
+ * unknown peer.  The buffers must stay valid until completion.  Returns a
+ * handle for ethp_nic_wait (its status: the first error of its messages). */
+enum ethp_sched_kind {
+    ETHP_SCHED_SEND = 0,
+    ETHP_SCHED_RECV = 1,
+    ETHP_SCHED_REDUCE = 2,
+    ETHP_SCHED_COPY = 3,
 };
-enum { ETHP_RING_TELL_READY = 1, ETHP_RING_WAIT_READY = 2 };
-int64_t ethp_nic_post_ring(struct ethp_nic *nic, uint32_t left, uint32_t right, uint32_t tag0,
-                           uint32_t steps, uint32_t slices, const struct ethp_ring_step *plan,
-                           uint32_t dtype, uint32_t op, uint32_t ready_tag, uint32_t ready_flags);
+struct ethp_sched_op {
+    uint32_t kind, peer, tag, n_deps;
+    uint8_t *buf;
+    const uint8_t *src;
+    uint64_t len;
+    uint32_t succ_first, succ_count;
+};
+enum { ETHP_SCHED_MAX_OPS = 1 << 22 };
+int64_t ethp_nic_post_sched(struct ethp_nic *nic, const struct ethp_sched_op *ops,
+                            uint32_t n_ops, const uint32_t *succ, uint32_t n_succ,
+                            uint32_t dtype, uint32_t op);
 /* dst = dst (op) src over count elements of dtype (enum ethp_agg_dtype, or
  * ETHP_AGG_I64), in the type's own arithmetic, as numpy does it
  * (reference.reduce_into): 16-bit floats through float32, rounded to

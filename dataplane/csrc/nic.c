@@ -583,7 +583,7 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
     if (n->clock)
         follow_clock(n, now);
     rx(n, now);
-    nic_sched_pump(n); /* rings: reductions and next sends for what came in */
+    nic_sched_pump(n); /* schedules: reductions and next sends for what came in */
     wake_due(n, now);
     /* Peers take turns: the one served first moves on every pass, so a
      * port's free slots are shared among its peers (as a NIC's QP
@@ -1228,26 +1228,26 @@ static int64_t queue_msg(struct ethp_nic *n, struct nic_msg *m)
     return m->handle;
 }
 
-int64_t ethp_nic_post_ring(struct ethp_nic *n, uint32_t left, uint32_t right, uint32_t tag0,
-                           uint32_t steps, uint32_t slices, const struct ethp_ring_step *plan,
-                           uint32_t dtype, uint32_t op, uint32_t ready_tag, uint32_t ready_flags)
+int64_t ethp_nic_post_sched(struct ethp_nic *n, const struct ethp_sched_op *ops, uint32_t n_ops,
+                            const uint32_t *succ, uint32_t n_succ, uint32_t dtype, uint32_t op)
 {
-    if (!nic_peer_known(n, left) || !nic_peer_known(n, right))
-        return ETHP_NIC_ERR_NO_SUCH;
-    if (!steps || !slices || !plan || (uint64_t)steps * slices > (1u << 20) ||
-        dtype > ETHP_AGG_I64 || op > ETHP_AGG_MIN ||
-        (ready_flags & ~(ETHP_RING_TELL_READY | ETHP_RING_WAIT_READY)))
+    if ((n_ops && !ops) || (n_succ && !succ) || n_ops > ETHP_SCHED_MAX_OPS ||
+        n_succ > ETHP_SCHED_MAX_OPS || dtype > ETHP_AGG_I64 || op > ETHP_AGG_MIN)
         return -EINVAL;
+    for (uint32_t i = 0; i < n_ops; i++)
+        if (ops[i].kind <= ETHP_SCHED_RECV && !nic_peer_known(n, ops[i].peer))
+            return ETHP_NIC_ERR_NO_SUCH;
+    int err = 0;
+    struct nic_sched *sc = nic_sched_new(ops, n_ops, succ, n_succ, dtype, op, &err);
+    if (!sc)
+        return err;
     struct nic_msg *m = calloc(1, sizeof(*m));
-    struct nic_sched *sc = nic_sched_new(left, right, tag0, steps, slices, plan, dtype, op,
-                                         ready_tag, ready_flags);
-    if (!m || !sc) {
-        free(m);
+    if (!m) {
         nic_sched_free(sc);
         return -ENOMEM;
     }
-    *m = (struct nic_msg){.peer = right, .status = ETHP_NIC_PENDING, .is_send = 1,
-                          .sched = sc, .sched_role = NIC_SCHED_WHOLE};
+    *m = (struct nic_msg){.status = ETHP_NIC_PENDING, .is_send = 1, .sched = sc,
+                          .sched_role = NIC_SCHED_WHOLE};
     return queue_msg(n, m);
 }
 

@@ -15,7 +15,7 @@ void nic_complete(struct ethp_nic *n, struct nic_msg *m, int status)
     pthread_mutex_unlock(&n->lock);
     if (status == ETHP_NIC_OK && !m->inc && m->sched_role != NIC_SCHED_WHOLE)
         n->c[m->is_send ? ETHP_NC_msgs_sent : ETHP_NC_msgs_received]++;
-    /* a ring's message: its ring goes on at the pass's next safe point
+    /* a schedule's message: its schedule goes on at the pass's next safe point
      * (nic_sched_pump), once per message (a receive may complete twice) */
     if (m->sched && m->sched_role != NIC_SCHED_WHOLE && !m->sched_finished) {
         m->sched_finished = 1;

@@ -58,16 +58,15 @@ struct nic_msg {
     int inc;                 /* an in-network all-reduce: dtype and op below */
     uint8_t dtype, op;
     struct nic_msg *next;
-    /* a ring the engine runs (nic_sched.c): the ring's own handle (role
-     * NIC_SCHED_WHOLE, posted as a command), or one of its messages */
+    /* a schedule the engine runs (nic_sched.c): its own handle (role
+     * NIC_SCHED_WHOLE, posted as a command), or one of its ops (sched_idx) */
     struct nic_sched *sched;
     uint32_t sched_role, sched_idx;
-    int sched_finished; /* counted by its ring once (a receive may complete twice) */
-    struct nic_msg *done_next; /* on the engine's list of finished ring messages */
+    int sched_finished; /* counted by its schedule once (a receive may complete twice) */
+    struct nic_msg *done_next; /* on the engine's list of finished schedule messages */
 };
 
-enum { NIC_SCHED_NONE = 0, NIC_SCHED_WHOLE, NIC_SCHED_RECV, NIC_SCHED_SEND, NIC_SCHED_READY,
-       NIC_SCHED_TOLD };
+enum { NIC_SCHED_NONE = 0, NIC_SCHED_WHOLE, NIC_SCHED_OP };
 
 struct tx_pkt {
     struct nic_msg *m;
@@ -428,13 +427,12 @@ int64_t nic_msg_register_locked(struct ethp_nic *n, struct nic_msg *m); /* under
 int64_t nic_msg_register(struct ethp_nic *n, struct nic_msg *m);
 void nic_bind(struct ethp_nic *n, struct nic_msg *m);
 
-/* nic_sched.c: the rings the engine runs */
+/* nic_sched.c: the schedules the engine runs */
 void nic_sched_start(struct ethp_nic *n, struct nic_msg *whole);
 void nic_sched_pump(struct ethp_nic *n);
-struct nic_sched *nic_sched_new(uint32_t left, uint32_t right, uint32_t tag0, uint32_t steps,
-                                uint32_t slices, const struct ethp_ring_step *plan,
-                                uint32_t dtype, uint32_t op, uint32_t ready_tag,
-                                uint32_t ready_flags);
+struct nic_sched *nic_sched_new(const struct ethp_sched_op *ops, uint32_t n_ops,
+                                const uint32_t *succ, uint32_t n_succ, uint32_t dtype,
+                                uint32_t op, int *err);
 void nic_sched_free(struct nic_sched *sc);
 
 #endif

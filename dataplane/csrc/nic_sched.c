@@ -1,66 +1,127 @@
-/* nic_sched.c - collectives the engine runs by itself: a pipelined ring
- * (collectives.Comm._ring's schedule) posted in one call.  The engine posts
- * its receives, reduces each slice as it arrives (ethp_reduce_into, as
- * numpy does) and sends the next step's slice, without a return to Python
- * per step; Python waits once.  Every message of a ring is an ordinary
- * message of the endpoint (same tags and matching), so a ring on one rank
- * talks to plain sends and receives on another. */
+/* nic_sched.c - collectives the engine runs by itself: a schedule of
+ * sends, receives, reductions and copies with dependencies (run.schedule),
+ * posted in one call.  An op starts when the ops it depends on have
+ * finished; a reduction runs in the engine thread (ethp_reduce_into, as
+ * numpy does); Python waits once.  Every send and receive is an ordinary
+ * message of the endpoint (same tags and matching), so a schedule on one
+ * rank talks to plain sends and receives on another. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nic_int.h"
 
-static const uint8_t ready_one = 1; /* the rendezvous' "ready" */
-
 struct nic_sched {
     struct nic_msg *whole; /* the handle its poster waits on */
-    struct ethp_ring_step *plan;
-    uint32_t left, right, tag0, steps, slices, dtype, op, ready_tag, ready_flags;
-    uint32_t pending; /* its messages posted and not finished */
-    int failed;       /* the first error of any of its messages */
-    uint8_t ready_byte;
+    struct ethp_sched_op *ops;
+    uint32_t *succ, *deps_left, *ready; /* ready: a FIFO of ops to start */
+    uint32_t n_ops, ready_head, ready_tail;
+    uint32_t finished; /* ops done */
+    uint32_t pending;  /* messages posted and not finished */
+    uint32_t dtype, op;
+    int failed; /* the first error of any of its messages */
 };
 
-struct nic_sched *nic_sched_new(uint32_t left, uint32_t right, uint32_t tag0, uint32_t steps,
-                                uint32_t slices, const struct ethp_ring_step *plan,
-                                uint32_t dtype, uint32_t op, uint32_t ready_tag,
-                                uint32_t ready_flags)
+static uint32_t dtype_bytes(uint32_t dtype)
+{
+    return dtype == ETHP_AGG_I64 ? 8 : dtype == ETHP_AGG_F32 || dtype == ETHP_AGG_I32 ? 4 : 2;
+}
+
+/* Every index in range, every n_deps its op's in-degree, no cycle (Kahn's
+ * order reaches every op), lengths whole elements: else -EINVAL. */
+static int sched_check(const struct ethp_sched_op *ops, uint32_t n_ops, const uint32_t *succ,
+                       uint32_t n_succ, uint32_t dtype, uint32_t *indeg, uint32_t *order)
+{
+    memset(indeg, 0, n_ops * sizeof(*indeg));
+    for (uint32_t i = 0; i < n_ops; i++) {
+        const struct ethp_sched_op *o = &ops[i];
+        if (o->kind > ETHP_SCHED_COPY || o->succ_first > n_succ ||
+            o->succ_count > n_succ - o->succ_first)
+            return -EINVAL;
+        if ((o->kind == ETHP_SCHED_REDUCE && o->len % dtype_bytes(dtype)) ||
+            (o->len && !o->buf) || (o->kind >= ETHP_SCHED_REDUCE && o->len && !o->src))
+            return -EINVAL;
+        for (uint32_t k = 0; k < o->succ_count; k++) {
+            uint32_t j = succ[o->succ_first + k];
+            if (j >= n_ops)
+                return -EINVAL;
+            indeg[j]++;
+        }
+    }
+    uint32_t head = 0, tail = 0;
+    for (uint32_t i = 0; i < n_ops; i++) {
+        if (indeg[i] != ops[i].n_deps)
+            return -EINVAL;
+        if (!indeg[i])
+            order[tail++] = i;
+    }
+    while (head < tail) {
+        const struct ethp_sched_op *o = &ops[order[head++]];
+        for (uint32_t k = 0; k < o->succ_count; k++)
+            if (!--indeg[succ[o->succ_first + k]])
+                order[tail++] = succ[o->succ_first + k];
+    }
+    return tail == n_ops ? 0 : -EINVAL;
+}
+
+struct nic_sched *nic_sched_new(const struct ethp_sched_op *ops, uint32_t n_ops,
+                                const uint32_t *succ, uint32_t n_succ, uint32_t dtype,
+                                uint32_t op, int *err)
 {
     struct nic_sched *sc = calloc(1, sizeof(*sc));
-    size_t bytes = (size_t)steps * slices * sizeof(*plan);
-    if (!sc || !(sc->plan = malloc(bytes))) {
-        free(sc);
+    if (sc) {
+        sc->ops = malloc((size_t)n_ops * sizeof(*ops));
+        sc->succ = malloc(((size_t)n_succ + 1) * sizeof(*succ));
+        sc->deps_left = malloc((size_t)n_ops * sizeof(uint32_t));
+        sc->ready = malloc((size_t)n_ops * sizeof(uint32_t));
+    }
+    if (!sc || !sc->ops || !sc->succ || !sc->deps_left || !sc->ready) {
+        nic_sched_free(sc);
+        *err = -ENOMEM;
         return NULL;
     }
-    memcpy(sc->plan, plan, bytes);
-    sc->left = left, sc->right = right, sc->tag0 = tag0, sc->steps = steps;
-    sc->slices = slices, sc->dtype = dtype, sc->op = op, sc->ready_tag = ready_tag;
-    sc->ready_flags = ready_flags;
+    /* checked with the schedule's own scratch arrays, then those reset */
+    *err = sched_check(ops, n_ops, succ, n_succ, dtype, sc->deps_left, sc->ready);
+    if (*err) {
+        nic_sched_free(sc);
+        return NULL;
+    }
+    memcpy(sc->ops, ops, (size_t)n_ops * sizeof(*ops));
+    memcpy(sc->succ, succ, (size_t)n_succ * sizeof(*succ));
+    for (uint32_t i = 0; i < n_ops; i++) {
+        sc->deps_left[i] = ops[i].n_deps;
+        if (!ops[i].n_deps)
+            sc->ready[sc->ready_tail++] = i;
+    }
+    sc->n_ops = n_ops, sc->dtype = dtype, sc->op = op;
     return sc;
 }
 
 void nic_sched_free(struct nic_sched *sc)
 {
-    if (sc)
-        free(sc->plan);
+    if (sc) {
+        free(sc->ops);
+        free(sc->succ);
+        free(sc->deps_left);
+        free(sc->ready);
+    }
     free(sc);
 }
 
-/* One of the ring's messages, bound to its peer at once (engine thread). */
-static void post_one(struct ethp_nic *n, struct nic_sched *sc, uint32_t role, uint32_t idx,
-                     uint32_t peer, uint32_t tag, const uint8_t *buf, uint64_t len)
+/* A send or receive of the schedule, bound to its peer at once. */
+static void post_op(struct ethp_nic *n, struct nic_sched *sc, uint32_t i)
 {
+    const struct ethp_sched_op *o = &sc->ops[i];
+    int is_send = o->kind == ETHP_SCHED_SEND;
     struct nic_msg *m = calloc(1, sizeof(*m));
-    int is_send = role == NIC_SCHED_SEND || role == NIC_SCHED_TOLD;
     if (!m) {
         sc->failed = sc->failed ? sc->failed : -ENOMEM;
         return;
     }
-    *m = (struct nic_msg){.peer = peer, .tag = tag, .buf = (uint8_t *)buf, .len = len,
+    *m = (struct nic_msg){.peer = o->peer, .tag = o->tag, .buf = o->buf, .len = o->len,
                           .is_send = is_send, .status = ETHP_NIC_PENDING,
-                          .total = is_send ? len : UINT64_MAX, .sched = sc,
-                          .sched_role = role, .sched_idx = idx};
+                          .total = is_send ? o->len : UINT64_MAX, .sched = sc,
+                          .sched_role = NIC_SCHED_OP, .sched_idx = i};
     if (nic_msg_register(n, m) < 0) { /* m freed */
         sc->failed = sc->failed ? sc->failed : -ENOMEM;
         return;
@@ -69,46 +130,50 @@ static void post_one(struct ethp_nic *n, struct nic_sched *sc, uint32_t role, ui
     nic_bind(n, m);
 }
 
-static void send_slice(struct ethp_nic *n, struct nic_sched *sc, uint32_t s, uint32_t j)
+static void finish_op(struct nic_sched *sc, uint32_t i)
 {
-    const struct ethp_ring_step *st = &sc->plan[(size_t)s * sc->slices + j];
-    post_one(n, sc, NIC_SCHED_SEND, s * sc->slices + j, sc->right, sc->tag0 + s * sc->slices + j,
-             st->send_buf, st->send_bytes);
+    const struct ethp_sched_op *o = &sc->ops[i];
+    sc->finished++;
+    for (uint32_t k = 0; k < o->succ_count; k++) {
+        uint32_t j = sc->succ[o->succ_first + k];
+        if (!--sc->deps_left[j])
+            sc->ready[sc->ready_tail++] = j; /* each op once: the FIFO never wraps */
+    }
 }
 
-static void start_sends(struct ethp_nic *n, struct nic_sched *sc)
+/* Start every op that is ready, in the order they became so; reductions
+ * and copies finish at once and may make more ready. */
+static void run_ready(struct ethp_nic *n, struct nic_sched *sc)
 {
-    for (uint32_t j = 0; j < sc->slices && !sc->failed; j++)
-        send_slice(n, sc, 0, j);
-}
-
-static void maybe_done(struct ethp_nic *n, struct nic_sched *sc)
-{
+    while (sc->ready_head < sc->ready_tail && !sc->failed) {
+        uint32_t i = sc->ready[sc->ready_head++];
+        const struct ethp_sched_op *o = &sc->ops[i];
+        if (o->kind == ETHP_SCHED_REDUCE) {
+            ethp_reduce_into(o->buf, o->src, o->len / dtype_bytes(sc->dtype), sc->dtype, sc->op);
+        } else if (o->kind == ETHP_SCHED_COPY) {
+            if (o->len)
+                memmove(o->buf, o->src, o->len);
+        } else if (o->len) {
+            post_op(n, sc, i);
+            continue;
+        }
+        finish_op(sc, i);
+    }
     if (sc->pending)
         return;
-    n->c[ETHP_NC_rings_run] += !sc->failed;
+    if (!sc->failed && sc->finished != sc->n_ops)
+        return; /* not reached: a checked schedule always has a next op */
+    n->c[ETHP_NC_scheds_run] += !sc->failed;
     nic_complete(n, sc->whole, sc->failed ? sc->failed : ETHP_NIC_OK);
 }
 
 void nic_sched_start(struct ethp_nic *n, struct nic_msg *whole)
 {
-    struct nic_sched *sc = whole->sched;
-    sc->whole = whole;
-    uint32_t total = sc->steps * sc->slices;
-    for (uint32_t i = 0; i < total && !sc->failed; i++)
-        post_one(n, sc, NIC_SCHED_RECV, i, sc->left, sc->tag0 + i, sc->plan[i].recv_buf,
-                 sc->plan[i].recv_bytes);
-    if ((sc->ready_flags & ETHP_RING_WAIT_READY) && !sc->failed)
-        post_one(n, sc, NIC_SCHED_READY, 0, sc->right, sc->ready_tag, &sc->ready_byte, 1);
-    if ((sc->ready_flags & ETHP_RING_TELL_READY) && !sc->failed)
-        post_one(n, sc, NIC_SCHED_TOLD, 0, sc->left, sc->ready_tag, &ready_one, 1);
-    if (!(sc->ready_flags & ETHP_RING_WAIT_READY) && !sc->failed)
-        start_sends(n, sc);
-    maybe_done(n, sc); /* nothing posted (no memory): done, failed */
+    whole->sched->whole = whole;
+    run_ready(n, whole->sched);
 }
 
-/* What its finished messages let each ring do next: a received slice is
- * reduced and the next step's slice leaves; "ready" starts step 0. */
+/* What its finished messages let each schedule do next. */
 void nic_sched_pump(struct ethp_nic *n)
 {
     while (n->sched_done_head) {
@@ -117,19 +182,11 @@ void nic_sched_pump(struct ethp_nic *n)
         if (!n->sched_done_head)
             n->sched_done_tail = NULL;
         struct nic_sched *sc = m->sched;
-        if (m->status != ETHP_NIC_OK) {
-            sc->failed = sc->failed ? sc->failed : m->status;
-        } else if (!sc->failed && m->sched_role == NIC_SCHED_READY) {
-            start_sends(n, sc);
-        } else if (!sc->failed && m->sched_role == NIC_SCHED_RECV) {
-            uint32_t s = m->sched_idx / sc->slices, j = m->sched_idx % sc->slices;
-            const struct ethp_ring_step *st = &sc->plan[m->sched_idx];
-            if (st->red_count)
-                ethp_reduce_into(st->red_dst, st->red_src, st->red_count, sc->dtype, sc->op);
-            if (s + 1 < sc->steps)
-                send_slice(n, sc, s + 1, j);
-        }
         sc->pending--;
-        maybe_done(n, sc);
+        if (m->status != ETHP_NIC_OK)
+            sc->failed = sc->failed ? sc->failed : m->status;
+        else
+            finish_op(sc, m->sched_idx);
+        run_ready(n, sc);
     }
 }

@@ -101,9 +101,10 @@ _ERRORS = {
 # operators the switches reduce.
 INC_DTYPES = {"float32": (lib.ETHP_AGG_F32, 4), "int32": (lib.ETHP_AGG_I32, 4),
               "float16": (lib.ETHP_AGG_F16, 2), "bfloat16": (lib.ETHP_AGG_BF16, 2)}  # fmt: skip
+SCHED_SEND = lib.ETHP_SCHED_SEND  # schedule.SEND: the one op whose buffer is only read
 INC_OPS = {"sum": lib.ETHP_AGG_SUM, "max": lib.ETHP_AGG_MAX, "min": lib.ETHP_AGG_MIN}
-# what the engine reduces in a ring it runs (ethp_reduce_into), by element type
-RING_DTYPES = {**{k: v[0] for k, v in INC_DTYPES.items()}, "int64": lib.ETHP_AGG_I64}
+# what the engine reduces in a schedule it runs (ethp_reduce_into), by element type
+REDUCE_DTYPES = {**{k: v[0] for k, v in INC_DTYPES.items()}, "int64": lib.ETHP_AGG_I64}
 INC_WINDOW_BDPS = 4  # chunks in flight per aggregator: this many BDPs of one plane
 INC_MIN_WINDOW, INC_MAX_WINDOW = 32, 512
 
@@ -115,7 +116,7 @@ def reduce_into(dst, src, dtype: str, op: str) -> None:
     if len(d) != len(x):
         raise ValueError(f"reduce_into: {len(d)} bytes against {len(x)}")
     item = memoryview(dst).itemsize
-    if lib.ethp_reduce_into(d, x, len(d) // item, RING_DTYPES[dtype], INC_OPS[op]) < 0:
+    if lib.ethp_reduce_into(d, x, len(d) // item, REDUCE_DTYPES[dtype], INC_OPS[op]) < 0:
         raise ValueError(f"reduce_into: cannot reduce {dtype} with {op}")
 
 
@@ -407,31 +408,32 @@ class Endpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def post_ring(self, ring) -> int:
-        """Post a pipelined ring the engine runs by itself (ethp_nic_post_ring;
-        ring: a transport.RingPlan); wait() on the handle.  The buffers must
-        outlive it."""
-        keep = []
-
-        def ptr(buf, writable: bool):
-            if buf is None or memoryview(buf).nbytes == 0:
-                return ffi.NULL, 0
-            c = ffi.from_buffer(buf, require_writable=writable)
+    def post_sched(self, sched) -> int:
+        """Post a collective's schedule (a run.schedule.Schedule) for the
+        engine to run by itself (ethp_nic_post_sched); wait() on the handle.
+        The buffers must outlive it."""
+        n = len(sched)
+        ops = ffi.new("struct ethp_sched_op[]", n)
+        succ = ffi.new("uint32_t[]", [j for s in sched.succ for j in s] or [0])
+        keep = [ops, succ]
+        first = 0
+        for i, o in enumerate(ops):
+            o.kind, o.peer, o.tag, o.n_deps = (
+                sched.kind[i],
+                sched.peer[i],
+                sched.tag[i],
+                sched.n_deps[i],
+            )
+            c = ffi.from_buffer(sched.buf[i], require_writable=sched.kind[i] != SCHED_SEND)
+            o.buf, o.len = c, len(c)
             keep.append(c)
-            return c, len(c)
-
-        c_plan = ffi.new("struct ethp_ring_step[]", len(ring.entries))
-        for e, (recv, send, dst, src) in zip(c_plan, ring.entries, strict=True):
-            e.recv_buf, e.recv_bytes = ptr(recv, True)
-            e.send_buf, e.send_bytes = ptr(send, False)
-            e.red_dst, _ = ptr(dst, True)
-            e.red_src, _ = ptr(src, False)
-            if dst is not None:
-                e.red_count = memoryview(dst).nbytes // memoryview(dst).itemsize
-        h = lib.ethp_nic_post_ring(
-            self._nic, ring.left, ring.right, ring.tag0, ring.steps, ring.slices, c_plan,
-            RING_DTYPES[ring.dtype], INC_OPS[ring.op], ring.ready_tag, ring.ready_flags,
-        )  # fmt: skip
+            if sched.src[i] is not None:
+                keep.append(ffi.from_buffer(sched.src[i]))
+                o.src = keep[-1]
+            o.succ_first, o.succ_count = first, len(sched.succ[i])
+            first += o.succ_count
+        dtype = REDUCE_DTYPES[sched.dtype] if sched.reduces() else 0
+        h = lib.ethp_nic_post_sched(self._nic, ops, n, succ, first, dtype, INC_OPS[sched.op])
         return self._posted(h, keep)
 
     def post_send(self, peer: int, tag: int, buf) -> int:

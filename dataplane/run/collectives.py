@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from dataplane.model.catalog import ALGORITHMS, groups_of, pick_all_reduce
-from dataplane.run.reference import bounds, reduce_into
-from dataplane.run.transport import TELL_READY, WAIT_READY, RingPlan, Transport
+from dataplane.run.reference import bounds
+from dataplane.run.schedule import Schedule
+from dataplane.run.transport import Transport
 
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
@@ -77,9 +78,8 @@ class Comm:
         t's receive is in and, where reduce_of(t) gives (dst, src) (arrays
         as long as recv_of(t)), dst = dst op src has run on that slice, so
         send_of(t+1) may be (or be computed from) recv_of(t).  A transport
-        with an engine runs the whole schedule itself (Transport.ring): no
+        with an engine runs the whole schedule itself (Transport.run): no
         return to Python per step."""
-        t = self.t
         tag = self._tags(steps * slices + 1)
         members = range(self.world) if members is None else members
         i, n = members.index(self.rank), len(members)
@@ -98,48 +98,39 @@ class Comm:
         wait_ready = send_of(0).nbytes >= RENDEZVOUS_BYTES
         tell_ready = recv_of(0).nbytes >= RENDEZVOUS_BYTES
         plan = []
-        for s in range(steps):
-            dst, src = reduce_of(s) if reduce_of else (None, None)
-            recv, send = recv_of(s), send_of(s)
+        for st in range(steps):
+            dst, src = reduce_of(st) if reduce_of else (None, None)
+            recv, send = recv_of(st), send_of(st)
             for (lo, hi), (slo, shi) in zip(cut(recv), cut(send), strict=True):
                 red = (dst[lo:hi], src[lo:hi]) if dst is not None else (None, None)
                 plan.append((recv[lo:hi], send[slo:shi], *red))
-        flags = (TELL_READY if tell_ready else 0) | (WAIT_READY if wait_ready else 0)
-        h = t.ring(RingPlan(left, right, tag(0), steps, slices, plan, self.dtype, op,
-                            tag(steps * slices), flags))  # fmt: skip
-        if h is not None:
-            t.wait(h)
-            return
-        recvs = [t.irecv(left, tag(k), e[0]) for k, e in enumerate(plan)]
-        ready = t.irecv(right, tag(steps * slices), np.zeros(1, np.uint8)) if wait_ready else None
-        told = t.isend(left, tag(steps * slices), _ONE) if tell_ready else None
-        sends = []
-        if ready is not None:
-            t.wait(ready)
+        last_tag = tag(steps * slices)
+        s = Schedule(self.dtype, op)
+        ready = s.recv(right, last_tag, np.zeros(1, np.uint8)) if wait_ready else None
+        recvs = [s.recv(left, tag(k), e[0]) for k, e in enumerate(plan)]
+        if tell_ready:
+            s.send(left, last_tag, _ONE)
         for j in range(slices):
-            sends.append(t.isend(right, tag(j), plan[j][1]))
+            s.send(right, tag(j), plan[j][1], after=[ready])
         for k, (_, _, dst, src) in enumerate(plan):
-            t.wait(recvs[k])
-            if dst is not None:
-                reduce_into(dst, src, op, self.dtype)
+            done = recvs[k] if dst is None else s.reduce(dst, src, after=[recvs[k]])
             if k + slices < len(plan):
-                sends.append(t.isend(right, tag(k + slices), plan[k + slices][1]))
-        t.waitall(sends + ([told] if told is not None else []))
+                s.send(right, tag(k + slices), plan[k + slices][1], after=[done])
+        self._run(s)
 
-    def _ready_from(self, peer: int, tag: int, nbytes: int):
-        """The receive of peer's 'my receives are posted' (None: not needed
-        for a message of nbytes)."""
-        if nbytes < RENDEZVOUS_BYTES:
-            return None
-        return self.t.irecv(peer, tag, np.zeros(1, np.uint8))
+    def _run(self, s: Schedule) -> None:
+        """Hand the whole schedule to the transport's engine, or run it from
+        Python where the transport has none; return once it is done."""
+        h = self.t.run(s)
+        if h is None:
+            s.run_with(self.t)
+        else:
+            self.t.wait(h)
 
-    def _tell_ready(self, peer: int, tag: int, nbytes: int):
-        """Tell peer, which sends us nbytes, that our receives are posted."""
-        if nbytes < RENDEZVOUS_BYTES:
-            return None
-        return self.t.isend(peer, tag, _ONE)
+    def _rendezvous(self, nbytes: int) -> bool:
+        """Whether a message of nbytes waits for its receiver's 'ready'."""
+        return nbytes >= RENDEZVOUS_BYTES
 
-    # -- collectives
     def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
         """In place: every rank ends with the reduction of every rank's buf.
         algo auto: catalog.pick_all_reduce's choice for this size (every
@@ -223,13 +214,15 @@ class Comm:
         """Recursive halving (reduce-scatter) then doubling (all-gather), as
         Rabenseifner; ranks beyond the largest power of two p first fold their
         data into a partner below p and get the result back at the end."""
-        n, r, t = self.world, self.rank, self.t
+        n, r = self.world, self.rank
         p = 1 << (n.bit_length() - 1)
         levels = p.bit_length() - 1
         tag = self._tags(2 * levels + 2)
+        s = Schedule(self.dtype, op)
         if r >= p:
-            t.wait(t.isend(r - p, tag(0), buf))
-            t.wait(t.irecv(r - p, tag(2 * levels + 1), buf))
+            sent = s.send(r - p, tag(0), buf)
+            s.recv(r - p, tag(2 * levels + 1), buf, after=[sent])
+            self._run(s)
             return
         b = bounds(buf.size, p)
         # Plan the halving: at level i the partner is r ^ d; keep one half.
@@ -246,30 +239,31 @@ class Comm:
         def region(span: tuple[int, int]) -> np.ndarray:
             return buf[b[span[0]] : b[span[1]]]
 
+        # Every receive first, in the order they complete (the doubling's
+        # from the last level back); a region is sent once what it holds is
+        # final: the halving's level i once level i-1 is reduced into it, the
+        # doubling's once the reduction and every level below it came back.
         extra = r + p if r + p < n else None
         pre = np.empty_like(buf) if extra is not None else None
-        h_pre = t.irecv(extra, tag(0), pre) if extra is not None else None
+        got_pre = s.recv(extra, tag(0), pre) if extra is not None else None
         staging = [np.empty_like(region(keep)) for _, keep, _ in plan]
-        h_rs = [t.irecv(peer, tag(1 + i), staging[i]) for i, (peer, _, _) in enumerate(plan)]
-        h_ag = [
-            t.irecv(peer, tag(1 + levels + i), region(give))
-            for i, (peer, _, give) in enumerate(plan)
-        ]
-        if extra is not None:
-            t.wait(h_pre)
-            reduce_into(buf, pre, op, self.dtype)
-        sends = []
+        got_rs = [s.recv(peer, tag(1 + i), staging[i]) for i, (peer, _, _) in enumerate(plan)]
+        got_ag = {
+            i: s.recv(plan[i][0], tag(1 + levels + i), region(plan[i][2]))
+            for i in reversed(range(levels))
+        }
+        last = s.reduce(buf, pre, after=[got_pre]) if extra is not None else None
         for i, (peer, keep, give) in enumerate(plan):
-            sends.append(t.isend(peer, tag(1 + i), region(give)))
-            t.wait(h_rs[i])
-            reduce_into(region(keep), staging[i], op, self.dtype)
+            s.send(peer, tag(1 + i), region(give), after=[last])
+            last = s.reduce(region(keep), staging[i], after=[got_rs[i], last])
+        final = [last]  # what this rank's regions wait for: every level's
         for i in reversed(range(levels)):
             peer, keep, _ = plan[i]
-            sends.append(t.isend(peer, tag(1 + levels + i), region(keep)))
-            t.wait(h_ag[i])
+            s.send(peer, tag(1 + levels + i), region(keep), after=final)
+            final.append(got_ag[i])
         if extra is not None:
-            sends.append(t.isend(extra, tag(2 * levels + 1), buf))
-        t.waitall(sends)
+            s.send(extra, tag(2 * levels + 1), buf, after=final)
+        self._run(s)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
         """Rank r gets chunk r (reference.bounds) of the reduction of every send."""
@@ -321,11 +315,11 @@ class Comm:
     def all_to_all(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """Rank r sends send_counts[d] elements to each rank d (in order, from
         send) and receives recv_counts[s] from each rank s (in order, into recv)."""
-        n, r, t = self.world, self.rank, self.t
+        n, r = self.world, self.rank
         sd = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
         rd = np.concatenate([[0], np.cumsum(recv_counts)]).astype(int)
         tag = self._tags(2)
-        recvs = [t.irecv(s, tag(0), recv[rd[s] : rd[s + 1]]) for s in range(n) if s != r]
+        s = Schedule(self.dtype)
         # Staggered order (r+1, r+2, ...): every receiver starts with a different sender.
         order = [(r + i) % n for i in range(1, n)]
         # Rendezvous for big messages: a rank tells each rank that will send
@@ -334,22 +328,24 @@ class Comm:
         # collective would turn the data away).  Both ends judge a pair by the
         # same count, so they agree on it.
         item = send.itemsize
-        ready = {d: self._ready_from(d, tag(1), item * int(send_counts[d])) for d in order}
-        acks = [self._tell_ready(s, tag(1), item * int(recv_counts[s])) for s in order]
-        acks = [a for a in acks if a is not None]
-        sends = []
+        ready = {
+            d: s.recv(d, tag(1), np.zeros(1, np.uint8))
+            for d in order
+            if self._rendezvous(item * int(send_counts[d]))
+        }
+        for src in order:
+            s.recv(src, tag(0), recv[rd[src] : rd[src + 1]])
+        for src in order:
+            if self._rendezvous(item * int(recv_counts[src])):
+                s.send(src, tag(1), _ONE)
         for d in order:
-            if ready[d] is not None:
-                t.wait(ready[d])
-            sends.append(t.isend(d, tag(0), send[sd[d] : sd[d + 1]]))
-        recv[rd[r] : rd[r + 1]] = send[sd[r] : sd[r + 1]]
-        t.waitall(recvs)
-        t.waitall(sends)
-        t.waitall(acks)
+            s.send(d, tag(0), send[sd[d] : sd[d + 1]], after=[ready.get(d)])
+        s.copy(recv[rd[r] : rd[r + 1]], send[sd[r] : sd[r + 1]])
+        self._run(s)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         """Root's buf to every rank, down a pipelined chain root, root+1, ..."""
-        n, r, t = self.world, self.rank, self.t
+        n, r = self.world, self.rank
         if n == 1 or buf.size == 0:
             return
         slices = self._slices(buf.nbytes, CHAIN_SLICE_BYTES, 1 << _TAG_BITS)
@@ -357,11 +353,9 @@ class Comm:
         tag = self._tags(slices)
         pos = (r - root) % n
         prev, nxt = (r - 1) % n, (r + 1) % n
-        recvs = [t.irecv(prev, tag(j), buf[b[j] : b[j + 1]]) for j in range(slices)] if pos else []
-        sends = []
-        for j in range(slices):
-            if pos:
-                t.wait(recvs[j])
-            if pos < n - 1:
-                sends.append(t.isend(nxt, tag(j), buf[b[j] : b[j + 1]]))
-        t.waitall(sends)
+        s = Schedule(self.dtype)
+        got = [s.recv(prev, tag(j), buf[b[j] : b[j + 1]]) if pos else None for j in range(slices)]
+        if pos < n - 1:
+            for j in range(slices):
+                s.send(nxt, tag(j), buf[b[j] : b[j + 1]], after=[got[j]])
+        self._run(s)

@@ -14,11 +14,14 @@ Nothing here imports them.
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dataplane.errors import EthplusError
+
+if TYPE_CHECKING:
+    from dataplane.run.schedule import Schedule
 
 
 class TransportError(EthplusError, RuntimeError):
@@ -41,29 +44,6 @@ class Options:
     inc: dict | None = None  # ethplus: this job's in-network all-reduce (inc_plan)
     cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
     shared_engine: bool = False  # ethplus, roce: the NIC engine runs in the process's group
-
-
-TELL_READY, WAIT_READY = 1, 2  # a ring's rendezvous (ethp.h's ETHP_RING_*)
-
-
-@dataclass(frozen=True)
-class RingPlan:
-    """A pipelined ring (Comm._ring's schedule) for a transport's engine to
-    run by itself: steps x slices entries, step-major, each (receive, send,
-    reduction's destination, its source; the last two None for none); the
-    rendezvous' tag and flags (TELL_READY: tell left once the receives are
-    posted; WAIT_READY: step 0 waits for right's word)."""
-
-    left: int
-    right: int
-    tag0: int
-    steps: int
-    slices: int
-    entries: list
-    dtype: str
-    op: str
-    ready_tag: int = 0
-    ready_flags: int = 0
 
 
 class Transport(ABC):
@@ -101,9 +81,10 @@ class Transport(ABC):
         the transfer's error as wait does."""
         return handle is _DONE or self._poll(handle, timeout_s)
 
-    def ring(self, plan: RingPlan) -> object | None:
-        """Run a pipelined ring in the transport's engine, returning a handle
-        to wait on; None: this transport cannot, the caller runs the steps."""
+    def run(self, sched: Schedule) -> object | None:
+        """Run a collective's whole schedule in the transport's engine,
+        returning a handle to wait on; None: this transport cannot, the
+        caller runs it step by step (Schedule.run_with)."""
         return None
 
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
@@ -158,9 +139,8 @@ class Group(Transport):
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         self.inner.all_reduce_in_network(buf, op, dtype)
 
-    def ring(self, plan: RingPlan) -> object | None:
-        m = self.members
-        return self.inner.ring(dataclasses.replace(plan, left=m[plan.left], right=m[plan.right]))
+    def run(self, sched: Schedule) -> object | None:
+        return self.inner.run(sched.with_peers(self.members))
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.inner._isend(self.members[peer], tag, view)

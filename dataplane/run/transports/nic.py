@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from dataplane.lab import nic
-from dataplane.run.transport import Options, RingPlan, Transport, TransportError, needs_ethplus
+from dataplane.run.schedule import Schedule
+from dataplane.run.transport import Options, Transport, TransportError, needs_ethplus
 
 # What an endpoint says of its in-network all-reduces when one fails.
 INC_COUNTERS = ("inc_tx_pkts", "inc_retx_pkts", "inc_rx_results", "inc_dup_results",
@@ -76,11 +77,11 @@ class NicTransport(Transport):
                 f"rank {self.rank}: in-network all-reduce: {why} (this endpoint: {seen})"
             ) from e
 
-    def ring(self, plan: RingPlan) -> object | None:
-        if plan.dtype not in nic.RING_DTYPES:
+    def run(self, sched: Schedule) -> object | None:
+        if sched.reduces() and sched.dtype not in nic.REDUCE_DTYPES:
             return None
         try:
-            return self.ep.post_ring(plan)
+            return self.ep.post_sched(sched)
         except self._errors as e:
             raise TransportError(f"rank {self.rank}: {e}") from e
 
