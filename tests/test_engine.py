@@ -450,7 +450,8 @@ def test_python_runs_a_schedule_whose_messages_finish_out_of_its_order(make):
     got_reply = s1.recv(0, 3, echo, after=[sent_b])
     s1.send(0, 1, a_data, after=[got_reply])
     s1.recv(0, 4, back)
-    threads = [threading.Thread(target=s.run_with, args=(t,)) for s, t in ((s0, ts[0]), (s1, ts[1]))]
+    pairs = ((s0, ts[0]), (s1, ts[1]))
+    threads = [threading.Thread(target=s.run_with, args=(t,)) for s, t in pairs]
     for t in threads:
         t.start()
     for t in threads:
