@@ -3,18 +3,20 @@
 one run.
 
 For each lab (default erack-8x4 and erack-64x8; upn-512 with --upn), runs
-the all-reduce at each size with one worker process per rank (where that
-still runs: per-rank), with the ranks in rank hosts whose NIC engines share
-one thread per process (hosts), and in rank hosts with an engine thread per
-rank (hosts-own); rank hosts: --ranks-per-host, default the ranks over as
-many processes as CPUs.  One after the other on the same lab, governed from
-its floor.  Prints per run: real seconds, CPU-seconds (fabric and workers) per
-nominal GB moved, the workers' peak memory (each process's peak, summed),
-busbw against the ideal, the k range and the fidelity verdict; then the
-CPU ratio of one-per-rank to rank hosts.
+the all-reduce (or --collective; an all-to-all uneven) at each size with one
+worker process per rank (where that still runs: per-rank), with the ranks
+in rank hosts whose NIC engines share one thread per process (hosts), and in
+rank hosts with an engine thread per rank (hosts-own); rank hosts:
+--ranks-per-host, default the ranks over as many processes as CPUs.  One
+after the other on the same lab, governed from its floor.  Prints per run:
+real seconds, CPU-seconds (fabric and workers) per nominal GB moved, the
+workers' peak memory (each process's peak, summed), busbw against the ideal,
+the k range and the fidelity verdict; then the CPU ratio of one-per-rank to
+rank hosts.
 
     sudo .venv/bin/python scripts/bench_scale.py [--labs erack-8x4,erack-64x8]
         [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts,hosts-own] [--json FILE]
+        [--collective all-reduce] [--algo auto] [--transport ethplus]
 """
 
 from __future__ import annotations
@@ -40,12 +42,12 @@ def _moved_bytes(res: dict, spec: bench.Spec) -> float:
     return sum(runs * r["size_bytes"] * f * res["world"] for r in res["rows"])
 
 
-def _one(
-    rec: dict, size: int, transport: str, iters: int, per_host: int | None, shared: bool
-) -> dict:
+def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict:
     spec = bench.Spec(
-        collective="all-reduce", transport=transport, sizes=[size], iters=iters, warmup=1,
-        ranks_per_host=per_host, shared_engine=shared,
+        collective=args.collective, transport=args.transport, sizes=[size], iters=args.iters,
+        warmup=1, ranks_per_host=per_host, shared_engine=shared,
+        algo=args.algo if args.collective == "all-reduce" else "ring",
+        uneven=args.collective == "all-to-all",
     ).validate()  # fmt: skip
     t0 = time.monotonic()
     res = trials.run(spec, rec)
@@ -95,6 +97,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,16M")
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--transport", default="ethplus")
+    ap.add_argument("--collective", default="all-reduce")
+    ap.add_argument("--algo", default="auto", help="all-reduce: its algorithm (default auto)")
     ap.add_argument("--modes", default="per-rank,hosts,hosts-own")
     ap.add_argument("--ranks-per-host", type=int, help="for the hosts mode (default: see above)")
     ap.add_argument("--json")
@@ -113,7 +117,7 @@ def main() -> int:
                     per_host = 1 if mode == "per-rank" else hosts
                     shared = mode != "hosts-own"
                     try:
-                        r = _one(rec, size, args.transport, args.iters, per_host, shared)
+                        r = _one(rec, size, args, per_host, shared)
                     except JobError as e:
                         print(f"{lab:11s} {size_text(size):>7s} {mode:8s} failed: {e}", flush=True)
                         continue
