@@ -58,6 +58,7 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
     row = res["rows"][-1]
     return {
         "size": size,
+        "algo": row.get("algo", spec.algo),
         "processes": res["processes"],
         "real_s": real_s,
         "job_wall_s": wall,
@@ -80,7 +81,7 @@ def _print(lab: str, mode: str, r: dict) -> None:
     k = r["k_range"]
     k_text = f"k {k[0]:g}..{k[1]:g}" if k else "k ?"
     print(
-        f"{lab:11s} {size_text(r['size']):>7s} {mode:8s} {r['processes']:3d} proc"
+        f"{lab:11s} {size_text(r['size']):>7s} {mode:8s} {r['processes']:3d} proc {r['algo']}"
         f"  real {r['real_s']:7.1f} s  CPU {r['cpu_s_per_nominal_GB']:8.2f} s/GB"
         f" (fabric {r['fabric_cpu_s']:.1f} s, workers {r['workers_cpu_s']:.1f} s)"
         f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
