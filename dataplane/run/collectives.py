@@ -213,15 +213,29 @@ class Comm:
     def _hd_all_reduce(self, buf: np.ndarray, op: str) -> None:
         """Recursive halving (reduce-scatter) then doubling (all-gather), as
         Rabenseifner; ranks beyond the largest power of two p first fold their
-        data into a partner below p and get the result back at the end."""
+        data into a partner below p and get the result back at the end.
+        Pipelined: each level's exchange goes in pieces of whole chunks
+        (about SLICE_BYTES each), and a piece moves on to the next level as
+        soon as what it holds is final, not once the whole level is."""
         n, r = self.world, self.rank
         p = 1 << (n.bit_length() - 1)
         levels = p.bit_length() - 1
-        tag = self._tags(2 * levels + 2)
+        # tags: 0 the fold-in, then by phase and first chunk (a pair meets at
+        # one level only), the result, then each level's and the extra's 'ready'
+        tag = self._tags(2 * p + 4 + levels)
+        ready_tag = 2 * p + 2
         s = Schedule(self.dtype, op)
+        # Rendezvous, as the ring's: a message of RENDEZVOUS_BYTES or more
+        # leaves once its receiver said its receives are posted (a rank
+        # still busy with the last collective would turn it away).  Both
+        # ends judge by the same nominal size.
+        big = self._rendezvous(buf.nbytes)
         if r >= p:
-            sent = s.send(r - p, tag(0), buf)
-            s.recv(r - p, tag(2 * levels + 1), buf, after=[sent])
+            ready = s.recv(r - p, tag(ready_tag + levels), np.zeros(1, np.uint8)) if big else None
+            sent = s.send(r - p, tag(0), buf, after=[ready])
+            s.recv(r - p, tag(2 * p + 1), buf, after=[sent])
+            if big:
+                s.send(r - p, tag(ready_tag + levels + 1), _ONE, after=[sent])
             self._run(s)
             return
         b = bounds(buf.size, p)
@@ -235,34 +249,69 @@ class Comm:
             plan.append((r ^ d, keep, give))
             lo, hi = keep
             d //= 2
+        g = 1  # chunks a piece: a power of two, so pieces align at every level
+        while g < p and g * (b[1] - b[0]) * buf.itemsize < SLICE_BYTES:
+            g *= 2
 
-        def region(span: tuple[int, int]) -> np.ndarray:
-            return buf[b[span[0]] : b[span[1]]]
+        def pieces(span: tuple[int, int]) -> list[tuple[int, int]]:
+            step = min(g, span[1] - span[0])
+            return [(c, c + step) for c in range(span[0], span[1], step)]
+
+        def region(span: tuple[int, int], base: np.ndarray = buf, at: int = 0) -> np.ndarray:
+            return base[b[span[0]] - at : b[span[1]] - at]
 
         # Every receive first, in the order they complete (the doubling's
-        # from the last level back); a region is sent once what it holds is
-        # final: the halving's level i once level i-1 is reduced into it, the
-        # doubling's once the reduction and every level below it came back.
+        # from the last level back), then the word that they are posted.
+        # writer[c]: the op that last wrote chunk c; a piece leaves once
+        # every chunk in it is written.
         extra = r + p if r + p < n else None
+        piece_bytes = [min(g, p >> (i + 1)) * (buf.nbytes // p) for i in range(levels)]
+        ready = [
+            s.recv(peer, tag(ready_tag + i), np.zeros(1, np.uint8))
+            if self._rendezvous(piece_bytes[i]) else None
+            for i, (peer, _, _) in enumerate(plan)
+        ]  # fmt: skip
+        told = s.recv(extra, tag(ready_tag + levels + 1), np.zeros(1, np.uint8)) if (
+            extra is not None and big) else None  # fmt: skip
         pre = np.empty_like(buf) if extra is not None else None
         got_pre = s.recv(extra, tag(0), pre) if extra is not None else None
         staging = [np.empty_like(region(keep)) for _, keep, _ in plan]
-        got_rs = [s.recv(peer, tag(1 + i), staging[i]) for i, (peer, _, _) in enumerate(plan)]
-        got_ag = {
-            i: s.recv(plan[i][0], tag(1 + levels + i), region(plan[i][2]))
-            for i in reversed(range(levels))
+        got_rs = {
+            (i, pc): s.recv(peer, tag(1 + pc[0]), region(pc, staging[i], b[keep[0]]))
+            for i, (peer, keep, _) in enumerate(plan)
+            for pc in pieces(keep)
         }
-        last = s.reduce(buf, pre, after=[got_pre]) if extra is not None else None
+        got_ag = {
+            (i, pc): s.recv(plan[i][0], tag(1 + p + pc[0]), region(pc))
+            for i in reversed(range(levels))
+            for pc in pieces(plan[i][2])
+        }
+        for i, (peer, _, _) in enumerate(plan):
+            if ready[i] is not None:
+                s.send(peer, tag(ready_tag + i), _ONE)
+        if extra is not None and big:
+            s.send(extra, tag(ready_tag + levels), _ONE)
+        folded = s.reduce(buf, pre, after=[got_pre]) if extra is not None else None
+        writer: list[int | None] = [folded] * p
+
+        def written(pc: tuple[int, int]) -> list[int | None]:
+            return sorted({w for w in writer[pc[0] : pc[1]] if w is not None})
+
         for i, (peer, keep, give) in enumerate(plan):
-            s.send(peer, tag(1 + i), region(give), after=[last])
-            last = s.reduce(region(keep), staging[i], after=[got_rs[i], last])
-        final = [last]  # what this rank's regions wait for: every level's
+            for pc in pieces(give):
+                s.send(peer, tag(1 + pc[0]), region(pc), after=[ready[i], *written(pc)])
+            for pc in pieces(keep):
+                red = s.reduce(region(pc), region(pc, staging[i], b[keep[0]]),
+                               after=[got_rs[i, pc], *written(pc)])  # fmt: skip
+                writer[pc[0] : pc[1]] = [red] * (pc[1] - pc[0])
         for i in reversed(range(levels)):
-            peer, keep, _ = plan[i]
-            s.send(peer, tag(1 + levels + i), region(keep), after=final)
-            final.append(got_ag[i])
+            peer, keep, give = plan[i]
+            for pc in pieces(keep):
+                s.send(peer, tag(1 + p + pc[0]), region(pc), after=written(pc))
+            for pc in pieces(give):
+                writer[pc[0] : pc[1]] = [got_ag[i, pc]] * (pc[1] - pc[0])
         if extra is not None:
-            s.send(extra, tag(2 * levels + 1), buf, after=final)
+            s.send(extra, tag(2 * p + 1), buf, after=[told, *written((0, p))])
         self._run(s)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
@@ -348,14 +397,20 @@ class Comm:
         n, r = self.world, self.rank
         if n == 1 or buf.size == 0:
             return
-        slices = self._slices(buf.nbytes, CHAIN_SLICE_BYTES, 1 << _TAG_BITS)
+        slices = self._slices(buf.nbytes, CHAIN_SLICE_BYTES, (1 << _TAG_BITS) - 1)
         b = bounds(buf.size, slices)
-        tag = self._tags(slices)
+        tag = self._tags(slices + 1)
         pos = (r - root) % n
         prev, nxt = (r - 1) % n, (r + 1) % n
         s = Schedule(self.dtype)
+        # the rendezvous, as the ring's: big slices leave once the next rank
+        # said its receives are posted
+        big = self._rendezvous(buf.nbytes // slices)
+        ready = s.recv(nxt, tag(slices), np.zeros(1, np.uint8)) if big and pos < n - 1 else None
         got = [s.recv(prev, tag(j), buf[b[j] : b[j + 1]]) if pos else None for j in range(slices)]
+        if big and pos:
+            s.send(prev, tag(slices), _ONE)
         if pos < n - 1:
             for j in range(slices):
-                s.send(nxt, tag(j), buf[b[j] : b[j + 1]], after=[got[j]])
+                s.send(nxt, tag(j), buf[b[j] : b[j + 1]], after=[got[j], ready])
         self._run(s)
