@@ -191,8 +191,11 @@ def test_auto_picks_by_rank_count_and_size_and_says_why():
     assert pick_all_reduce(8, 16 << 20)[0] == "ring"
     assert pick_all_reduce(8, 64 << 10)[0] == "halving-doubling"  # 8 KiB a step
     algo, why = pick_all_reduce(64, 16 << 20)
-    assert algo == "hierarchical" and why == "8 groups of 8: 28 steps, not the flat ring's 126"
+    assert algo == "halving-doubling"
+    assert why == "12 steps, not the flat ring's 126, for the same bytes"
     assert pick_all_reduce(512, 256 << 10)[0] == "halving-doubling"
-    assert pick_all_reduce(24, 256 << 10)[0] == "hierarchical"  # 24 is no power of two
+    algo, why = pick_all_reduce(48, 16 << 20)  # 48 is no power of two
+    assert algo == "hierarchical" and why == "8 groups of 6: 24 steps, not the flat ring's 94"
+    assert pick_all_reduce(24, 256 << 10)[0] == "hierarchical"
     assert pick_all_reduce(13, 256 << 10)[0] == "ring"  # prime: no groups
     assert pick_all_reduce(64, 1 << 20, in_network=True)[0] == "in-network"
