@@ -403,10 +403,10 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
 
 
 @pytest.mark.parametrize("engine", [True, False])
-def test_halving_doubling_moves_in_pieces_bit_for_bit(make, engine):
-    """13 ranks (8 and 5 that fold in), 8 MB each: every level's exchange
-    goes in 1 MB pieces that move on to the next level one by one (and wait
-    for the partner's 'ready'), and the result is numpy's bit for bit."""
+def test_halving_doubling_waits_for_its_partners_and_is_exact(make, engine):
+    """13 ranks (8 and 5 that fold in), 8 MB each: one message a level,
+    each big one sent once the partner said its receives are posted, and
+    the result is numpy's bit for bit."""
     n, count, dtype, seed = 13, 2_000_003, "float32", 4
     fab, eps = make(n, planes=2)
     out = {}
@@ -419,9 +419,9 @@ def test_halving_doubling_moves_in_pieces_bit_for_bit(make, engine):
     _collective(eps, engine, dtype, fn)
     want = ref.reduced("sum", count, dtype, seed, n)
     assert [ref.wrong(out[r], want) for r in range(n)] == [0] * n
-    # rank 0: 7 pieces each way (one a chunk of 8), a word 'ready' to each
-    # of its 3 partners and to its extra rank, and the extra's result
-    assert eps[0].counters()["msgs_sent"] == 2 * 7 + 3 + 1 + 1
+    # rank 0: 3 levels each way, a word 'ready' to each of its 3 partners
+    # and to its extra rank, and the extra's result
+    assert eps[0].counters()["msgs_sent"] == 2 * 3 + 3 + 1 + 1
 
 
 def test_a_schedule_the_engine_cannot_finish_is_refused(make):
