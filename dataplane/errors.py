@@ -10,6 +10,8 @@ catch those.
 
 from __future__ import annotations
 
+import signal
+
 EXIT_FAILURE = 1  # the operation failed
 EXIT_USAGE = 2  # the input was wrong (as argparse exits)
 
@@ -24,3 +26,13 @@ class UsageError(EthplusError, ValueError):
     """Bad input: a file, key or argument that is not what was expected."""
 
     exit_code = EXIT_USAGE
+
+
+class Interrupted(EthplusError, RuntimeError):
+    """A signal (SIGTERM, or SIGINT: Ctrl-C) stopped the operation, which
+    cleaned up after itself; the CLI exits as a shell reports the signal."""
+
+    def __init__(self, signame: str, what: str = ""):
+        super().__init__(f"interrupted by {signame}" + (f"; {what}" if what else ""))
+        self.signame = signame
+        self.exit_code = 128 + int(getattr(signal.Signals, signame, signal.SIGTERM))

@@ -14,7 +14,7 @@ import time
 
 import jsonschema
 import pytest
-from conftest import RUN_ID, ethplus, fabric_pids
+from conftest import RUN_ID, ethplus, fabric_pids, lab_namespaces
 from labtools import module_lab
 
 from dataplane.lab import governor, labs, registry
@@ -182,6 +182,38 @@ def test_bench_brings_a_lab_file_up_and_down(tmp_path):
     assert r.returncode == 0, r.stderr
     assert len(_rows(r.stdout)) == 1
     assert name not in ethplus("lab", "ls").stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_run_removes_the_lab_the_bench_brought_up(tmp_path, sig):
+    """SIGTERM, or SIGINT even from a parent that left it ignored (a script's
+    background job), in the middle of a bench on a lab file: the run ends
+    with one line saying so, and the lab, its fabric and the job's workers
+    are gone."""
+    name = f"{RUN_ID}-bs{int(sig)}"
+    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", str(f), "--sizes", "64M",
+         "--iters", "20", "--no-check"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    try:
+        _mid_run_worker(name, 8, "h0")
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        if lab_namespaces(name):
+            ethplus("lab", "down", name)
+    assert p.returncode == 128 + sig, err  # as a shell reports the signal
+    last = err.strip().splitlines()[-1]
+    assert f"interrupted by {signal.Signals(sig).name}" in last and name in last, err
+    assert all(ln.startswith("# ") for ln in err.strip().splitlines()[:-1]), f"noise: {err}"
+    assert not lab_namespaces(name)
+    assert fabric_pids(name) == {} and not _workers(name)
 
 
 def _workers(lab: str) -> dict[int, str]:

@@ -16,13 +16,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import uvloop
 
-from dataplane.errors import EthplusError
+from dataplane.errors import EthplusError, Interrupted
 from dataplane.lab import fabric_client, kernel, registry, userns
 from dataplane.model.labfile import LabSpec
 from dataplane.model.topology import IF_PREFIX, Topology, plane_subnet, valid_name
@@ -132,6 +133,9 @@ def _signals_raise():
     def handler(signum, _frame):
         raise _Interrupted(signal.Signals(signum).name)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only; its own code cleans up
+        return
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
@@ -537,6 +541,10 @@ def session(lab_arg: str, time_scale: float | None = None, announce=None) -> Ite
     if announce:
         announce(rec)
     try:
-        yield rec
+        with _signals_raise():  # SIGTERM or Ctrl-C mid-run: the lab goes too
+            yield rec
+    except (_Interrupted, Interrupted) as exc:
+        name = exc.args[0] if isinstance(exc, _Interrupted) else exc.signame
+        raise Interrupted(name, f"lab {spec.name!r}, brought up for this run, is removed") from None
     finally:
         down(spec.name)

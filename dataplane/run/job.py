@@ -27,11 +27,13 @@ from dataclasses import asdict, dataclass, field
 
 import uvloop
 
-from dataplane.errors import EthplusError
+from dataplane.errors import EthplusError, Interrupted
 from dataplane.lab import cpu, fabric_client, registry
 from dataplane.lab.labs import python_module
 from dataplane.report import fidelity
 from dataplane.run import inc, transport
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # a job stops on these, cleaning up
 
 GRACE_S = 2.0
 _serial = 0  # jobs started by this process: each gets its own socket
@@ -248,11 +250,28 @@ class Job:
 
     # -- the run
     def run(self) -> dict:
-        return uvloop.run(self._main())
+        # The loop's own handlers take SIGTERM and SIGINT while it runs (a
+        # Python handler's exception would only be logged by a callback);
+        # whatever handled them before does again after it.
+        main = threading.current_thread() is threading.main_thread()
+        saved = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
+        try:
+            return uvloop.run(self._main())
+        finally:
+            for s, h in saved.items():
+                signal.signal(s, h)
+
+    def _interrupt(self, sig: int) -> None:
+        """A signal: the job fails as if a rank had, stopping every worker."""
+        if not self.failed.done():
+            self.failed.set_exception(Interrupted(signal.Signals(sig).name))
 
     async def _main(self) -> dict:
         loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
+        if threading.current_thread() is threading.main_thread():
+            for sig in _STOP_SIGNALS:
+                loop.add_signal_handler(sig, self._interrupt, sig)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.sock_path)
         server = await asyncio.start_unix_server(self._serve, self.sock_path, limit=1 << 24)
