@@ -131,6 +131,7 @@ class Comm:
         """Whether a message of nbytes waits for its receiver's 'ready'."""
         return nbytes >= RENDEZVOUS_BYTES
 
+    # -- collectives
     def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
         """In place: every rank ends with the reduction of every rank's buf.
         algo auto: catalog.pick_all_reduce's choice for this size (every
