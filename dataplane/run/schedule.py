@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from dataplane.run.reference import reduce_into
-
-if TYPE_CHECKING:
-    from dataplane.run.transport import Transport
 
 SEND, RECV, REDUCE, COPY = 0, 1, 2, 3  # ethp.h's ETHP_SCHED_*
 KINDS = ("send", "recv", "reduce", "copy")
@@ -27,6 +24,15 @@ KINDS = ("send", "recv", "reduce", "copy")
 # looks at the others (a schedule whose messages finish out of its order);
 # doubled up to the most while nothing else finished either
 _LOOK_AROUND_S, _LOOK_AROUND_MAX_S = 0.05, 1.0
+
+
+class Messages(Protocol):
+    """What run_with needs of a transport (transport.Transport has it)."""
+
+    def isend(self, peer: int, tag: int, buf) -> object: ...
+    def irecv(self, peer: int, tag: int, buf) -> object: ...
+    def poll(self, handle: object, timeout_s: float = 0.0) -> bool: ...
+    def waitall(self, handles) -> None: ...
 
 
 class Schedule:
@@ -96,7 +102,7 @@ class Schedule:
         s.peer = [members[p] if k <= RECV else p for k, p in zip(self.kind, self.peer, strict=True)]
         return s
 
-    def run_with(self, t: Transport) -> None:
+    def run_with(self, t: Messages) -> None:
         """Run every op from Python over t's sends and receives: start what
         is ready, wait for the oldest message something depends on (looking
         at the others now and then, so an order the schedule did not foresee
