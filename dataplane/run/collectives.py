@@ -106,10 +106,10 @@ class Comm:
                 plan.append((recv[lo:hi], send[slo:shi], *red))
         last_tag = tag(steps * slices)
         s = Schedule(self.dtype, op)
-        ready = s.recv(right, last_tag, np.zeros(1, np.uint8)) if wait_ready else None
+        ready = self._ready_from(s, right, last_tag) if wait_ready else None
         recvs = [s.recv(left, tag(k), e[0]) for k, e in enumerate(plan)]
         if tell_ready:
-            s.send(left, last_tag, _ONE)
+            self._tell_ready(s, left, last_tag)
         for j in range(slices):
             s.send(right, tag(j), plan[j][1], after=[ready])
         for k, (_, _, dst, src) in enumerate(plan):
@@ -130,6 +130,16 @@ class Comm:
     def _rendezvous(self, nbytes: int) -> bool:
         """Whether a message of nbytes waits for its receiver's 'ready'."""
         return nbytes >= RENDEZVOUS_BYTES
+
+    @staticmethod
+    def _ready_from(s: Schedule, peer: int, tag: int) -> int:
+        """The receive of peer's word that its receives are posted."""
+        return s.recv(peer, tag, np.zeros(1, np.uint8))
+
+    @staticmethod
+    def _tell_ready(s: Schedule, peer: int, tag: int, after=()) -> int:
+        """Tell peer, which sends to us, that our receives are posted."""
+        return s.send(peer, tag, _ONE, after=after)
 
     # -- collectives
     def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
@@ -233,11 +243,11 @@ class Comm:
         # ends judge by the same nominal size.
         big = self._rendezvous(buf.nbytes)
         if r >= p:
-            ready = s.recv(r - p, tag(ready_tag + levels), np.zeros(1, np.uint8)) if big else None
+            ready = self._ready_from(s, r - p, tag(ready_tag + levels)) if big else None
             sent = s.send(r - p, tag(0), buf, after=[ready])
             s.recv(r - p, tag(2 * levels + 1), buf, after=[sent])
             if big:
-                s.send(r - p, tag(ready_tag + levels + 1), _ONE, after=[sent])
+                self._tell_ready(s, r - p, tag(ready_tag + levels + 1), after=[sent])
             self._run(s)
             return
         b = bounds(buf.size, p)
@@ -260,15 +270,14 @@ class Comm:
         # writer[c]: the op that last wrote chunk c; a region is sent once
         # every chunk in it is written.
         extra = r + p if r + p < n else None
-        zero = np.zeros(1, np.uint8)
         ready = [
-            s.recv(peer, tag(ready_tag + i), zero.copy())
+            self._ready_from(s, peer, tag(ready_tag + i))
             if self._rendezvous(buf.nbytes >> (i + 1)) else None
             for i, (peer, _, _) in enumerate(plan)
         ]  # fmt: skip
         told = None  # the extra rank's word that its result's receive is posted
         if extra is not None and big:
-            told = s.recv(extra, tag(ready_tag + levels + 1), zero)
+            told = self._ready_from(s, extra, tag(ready_tag + levels + 1))
         pre = np.empty_like(buf) if extra is not None else None
         got_pre = s.recv(extra, tag(0), pre) if extra is not None else None
         staging = [np.empty_like(region(keep)) for _, keep, _ in plan]
@@ -279,9 +288,9 @@ class Comm:
         }
         for i, (peer, _, _) in enumerate(plan):
             if ready[i] is not None:
-                s.send(peer, tag(ready_tag + i), _ONE)
+                self._tell_ready(s, peer, tag(ready_tag + i))
         if extra is not None and big:
-            s.send(extra, tag(ready_tag + levels), _ONE)
+            self._tell_ready(s, extra, tag(ready_tag + levels))
         folded = s.reduce(buf, pre, after=[got_pre]) if extra is not None else None
         writer: list[int | None] = [folded] * p
 
@@ -364,7 +373,7 @@ class Comm:
         # same count, so they agree on it.
         item = send.itemsize
         ready = {
-            d: s.recv(d, tag(1), np.zeros(1, np.uint8))
+            d: self._ready_from(s, d, tag(1))
             for d in order
             if self._rendezvous(item * int(send_counts[d]))
         }
@@ -372,7 +381,7 @@ class Comm:
             s.recv(src, tag(0), recv[rd[src] : rd[src + 1]])
         for src in order:
             if self._rendezvous(item * int(recv_counts[src])):
-                s.send(src, tag(1), _ONE)
+                self._tell_ready(s, src, tag(1))
         for d in order:
             s.send(d, tag(0), send[sd[d] : sd[d + 1]], after=[ready.get(d)])
         s.copy(recv[rd[r] : rd[r + 1]], send[sd[r] : sd[r + 1]])
@@ -392,10 +401,10 @@ class Comm:
         # the rendezvous, as the ring's: big slices leave once the next rank
         # said its receives are posted
         big = self._rendezvous(buf.nbytes // slices)
-        ready = s.recv(nxt, tag(slices), np.zeros(1, np.uint8)) if big and pos < n - 1 else None
+        ready = self._ready_from(s, nxt, tag(slices)) if big and pos < n - 1 else None
         got = [s.recv(prev, tag(j), buf[b[j] : b[j + 1]]) if pos else None for j in range(slices)]
         if big and pos:
-            s.send(prev, tag(slices), _ONE)
+            self._tell_ready(s, prev, tag(slices))
         if pos < n - 1:
             for j in range(slices):
                 s.send(nxt, tag(j), buf[b[j] : b[j + 1]], after=[got[j], ready])

@@ -244,6 +244,7 @@ class Job:
         self.sample_s = fidelity.sample_interval_s(rec)
         self.barriers: dict[str, set[int]] = {}
         self.failed: asyncio.Future | None = None
+        self._saved_handlers: dict = {}  # run(): SIGTERM's and SIGINT's, in the main thread
         self.handlers: set[asyncio.Task] = set()
         self.last_msg = time.monotonic()  # or the fabric's last progress (_sample)
         self._frames_moved = -1
@@ -254,11 +255,11 @@ class Job:
         # Python handler's exception would only be logged by a callback);
         # whatever handled them before does again after it.
         main = threading.current_thread() is threading.main_thread()
-        saved = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
+        self._saved_handlers = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
         try:
             return uvloop.run(self._main())
         finally:
-            for s, h in saved.items():
+            for s, h in self._saved_handlers.items():
                 signal.signal(s, h)
 
     def _interrupt(self, sig: int) -> None:
@@ -269,9 +270,8 @@ class Job:
     async def _main(self) -> dict:
         loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
-        if threading.current_thread() is threading.main_thread():
-            for sig in _STOP_SIGNALS:
-                loop.add_signal_handler(sig, self._interrupt, sig)
+        for sig in self._saved_handlers:  # the main thread's job only
+            loop.add_signal_handler(sig, self._interrupt, sig)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.sock_path)
         server = await asyncio.start_unix_server(self._serve, self.sock_path, limit=1 << 24)

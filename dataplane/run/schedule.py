@@ -19,7 +19,6 @@ import numpy as np
 from dataplane.run.reference import reduce_into
 
 SEND, RECV, REDUCE, COPY = 0, 1, 2, 3  # ethp.h's ETHP_SCHED_*
-KINDS = ("send", "recv", "reduce", "copy")
 # run_with: how long it waits for the message it expects next before it
 # looks at the others (a schedule whose messages finish out of its order);
 # doubled up to the most while nothing else finished either
@@ -133,7 +132,10 @@ class Schedule:
                 else:
                     post = t.isend if k == SEND else t.irecv
                     handles[i] = post(self.peer[i], self.tag[i], self.buf[i])
-                    (needed if self.succ[i] else rest).append(i if self.succ[i] else handles[i])
+                    if self.succ[i]:
+                        needed.append(i)
+                    else:
+                        rest.append(handles[i])
             if not needed:
                 break
             if t.poll(handles[needed[0]], look_s):
@@ -147,7 +149,3 @@ class Schedule:
             self.out_of_order += len(done)
             look_s = _LOOK_AROUND_S if done else min(2 * look_s, _LOOK_AROUND_MAX_S)
         t.waitall(rest)
-
-    def describe(self) -> dict[str, int]:
-        """How many ops of each kind (for tests and reports)."""
-        return {name: self.kind.count(k) for k, name in enumerate(KINDS)}
