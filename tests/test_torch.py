@@ -4,6 +4,7 @@
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,57 @@ def test_every_collective_matches_gloo(lab, nodes, runs, request, tmp_path):
             assert ours.keys() == base.keys()
             wrong = [k for k in ours if not torch.equal(ours[k], base[k])]
             assert not wrong, f"{t}, rank {rank}: {wrong}"
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("backend", ["ethplus", "gloo"])
+def test_rank_0_may_finish_first(erack, backend, tmp_path):
+    """As under torchrun, the store outlives rank 0: here rank 0 leaves at
+    once, and the others still meet over the store a second later.  When
+    rank 0 served the store, a peer's store call after rank 0 had gone
+    failed with "Connection was likely closed" (CI saw it once in a gloo
+    run: rank 0 left while a peer was still closing its group)."""
+    prog = tmp_path / "first.py"
+    prog.write_text(
+        "import os, sys, time, torch, torch.distributed as dist\n"
+        "import dataplane.run.torch_backend\n"
+        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+        "x = torch.ones(64)\n"
+        "dist.all_reduce(x)\n"
+        "store = dist.distributed_c10d._get_default_store()\n"
+        "store.set(f'rank{dist.get_rank()}', 'gone')\n"
+        "if dist.get_rank() > 0:\n"
+        "    time.sleep(1.0)\n"
+        "    n = store.add('after', 1)\n"
+        "    print(f'after rank 0: {store.get(\"rank0\").decode()} {n}', flush=True)\n"
+        "os._exit(0)  # no goodbyes (a closing group waits for its peers')\n"
+    )
+    r = run(erack, "--nodes", "h0,h1,h2", "--backend", backend, "--", "python", str(prog),
+            timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    seen = rank_lines(r.stdout, r"after rank 0: (gone \d)")
+    assert sorted(seen) == [1, 2], r.stdout
+    assert sorted(v[0] for v in seen.values()) == ["gone 1", "gone 2"]
+
+
+@pytest.mark.root
+def test_a_taken_master_port_fails_the_run_naming_it(erack):
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", f"ethp-{erack}-h0", sys.executable, "-c",
+         "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29777)); "
+         "s.listen(); print('up', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "up\n"
+        prog = "import torch.distributed as d; d.init_process_group('gloo')"
+        r = run(erack, "--nodes", "h0,h1", "--master-port", "29777", "--", "python", "-c", prog,
+                timeout=120)  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert re.search(r"store on h0 \(--master-port 29777\) .*address already in use", r.stderr)
 
 
 @pytest.mark.root

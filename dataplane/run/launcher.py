@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from dataplane.lab import cpu
 from dataplane.lab.labs import python_module
 from dataplane.model.catalog import ALGORITHMS, bus_factor
 from dataplane.report import fidelity
+from dataplane.run import store
 
 ENV_LAB = "ETHPLUS_LAB"
 ENV_NODES = "ETHPLUS_NODES"  # the job's accelerators, in rank order, comma-separated
@@ -143,7 +145,13 @@ def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend
         ENV_RUN_DIR: run_dir, ENV_BACKEND: "ethplus", ENV_ALGO: algo,
         "GLOO_SOCKET_IFNAME": ",".join(p["ifname"] for p in _ports(rec, nodes[rank])),
     })  # fmt: skip
+    if has_torch():  # ethplus run serves the store (store.py), as torchrun's agent
+        env[store.USE_AGENT_STORE] = "True"
     return env
+
+
+def has_torch() -> bool:
+    return importlib.util.find_spec("torch") is not None
 
 
 def check_options(transport: str, backend: str, algo: str, master_port: int) -> None:
@@ -172,6 +180,7 @@ class Launch:
         self.transport, self.backend = transport, backend
         self.master_port, self.timeout_s, self.say = master_port, timeout_s, say
         self.ranks = [Rank(i, n) for i, n in enumerate(nodes)]
+        self.store: asyncio.subprocess.Process | None = None  # store.py, beside rank 0
         self.failed: str | None = None
 
     def run(self) -> dict:
@@ -220,7 +229,10 @@ class Launch:
                 await asyncio.sleep(max(SAMPLE_S, fidelity.sample_interval_s(self.rec)))
 
         sampler = asyncio.create_task(sample())
+        serving = None
         try:
+            if has_torch():  # the ranks' clients retry until it listens
+                serving = asyncio.create_task(self._serve_store())
             for r in self.ranks:
                 await self._spawn(r, run_dir)
             watch = [asyncio.create_task(self._watch(r)) for r in self.ranks]
@@ -229,9 +241,11 @@ class Launch:
             except TimeoutError:
                 self._fail(f"the run took longer than --timeout {self.timeout_s:g} s")
         finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError, ValueError):
-                await sampler
+            for task in (sampler, serving):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError, ValueError):
+                        await task
             await self._stop_all()
         if self.failed:
             raise RunError(self.failed)
@@ -259,6 +273,26 @@ class Launch:
             stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
+    async def _serve_store(self) -> None:
+        """The run's store (store.py) in rank 0's namespace, until the ranks
+        are done; if it fails, so does the run."""
+        ns = self.rec["namespaces"][self.nodes[0]]
+        addr = _ports(self.rec, self.nodes[0])[0]["ip"]
+        cmd = python_module("dataplane.run.store", addr, str(self.master_port),
+                            str(len(self.nodes)))  # fmt: skip
+        self.store = await asyncio.create_subprocess_exec(
+            *python_module("dataplane.run.launcher", ns, "--", *cmd), cwd="/",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        assert self.store.stdout is not None
+        last = ""
+        async for line in self.store.stdout:
+            last = line.decode(errors="replace").strip()
+        rc = await self.store.wait()
+        self._fail(f"the run's store on {self.nodes[0]} (--master-port {self.master_port}) "
+                   f"exited with status {rc}: {last}")  # fmt: skip
+
     async def _watch(self, r: Rank) -> None:
         prefix = f"[rank {r.rank} {r.node}] "
         assert r.proc is not None and r.proc.stdout is not None
@@ -273,27 +307,30 @@ class Launch:
         if self.failed is None:
             self.failed = msg
             for r in self.ranks:
-                _signal(r, signal.SIGTERM)
+                _signal(r.proc, signal.SIGTERM)
 
     async def _stop_all(self) -> None:
-        live = [r for r in self.ranks if r.proc is not None and r.proc.returncode is None]
-        for r in live:
-            _signal(r, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(r.proc.wait() for r in live)), GRACE_S)
-        except TimeoutError:
-            for r in live:
-                _signal(r, signal.SIGKILL)
-            await asyncio.gather(*(r.proc.wait() for r in live))
-        for r in self.ranks:  # what a rank left behind in its session
-            _signal(r, signal.SIGKILL)
+        """The ranks, then the store they may still be using."""
+        for procs in ([r.proc for r in self.ranks], [self.store]):
+            live = [p for p in procs if p is not None and p.returncode is None]
+            for p in live:
+                _signal(p, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), GRACE_S)
+            except TimeoutError:
+                for p in live:
+                    _signal(p, signal.SIGKILL)
+                await asyncio.gather(*(p.wait() for p in live))
+            for p in procs:  # what each left behind in its session
+                _signal(p, signal.SIGKILL)
 
 
-def _signal(r: Rank, sig: int) -> None:
-    """sig to rank's whole session (its command and what that started)."""
-    if r.proc is not None:
+def _signal(proc: asyncio.subprocess.Process | None, sig: int) -> None:
+    """sig to a rank's (or the store's) whole session: its command and what
+    that started."""
+    if proc is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(r.proc.pid, sig)
+            os.killpg(proc.pid, sig)
 
 
 def _read_report(run_dir: str, r: Rank) -> dict:
