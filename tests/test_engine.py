@@ -218,6 +218,33 @@ def test_an_rnr_storm_ends_when_the_receives_are_posted(make, roce):
         assert np.array_equal(o, d)
 
 
+@pytest.mark.parametrize("roce", [False, True], ids=["ethplus", "roce"])
+def test_a_send_waits_for_a_late_receiver_until_the_rnr_timeout(make, roce):
+    """A receiver that posts a second late (a program computing first) gets
+    every byte: "not ready" is the peer alive, and a send waits for it up
+    to the RNR timeout of real time, not a count of retries (in memory that
+    count ran out in about 0.1 s).  With no receive for its tag, the send
+    fails NoReceive once the timeout has passed, and the sender's other
+    peers are untouched."""
+    fab, eps = make(3, ep={"roce": roce, "rnr_timeout_s": 2.0})
+    data = _payload(256 * KiB, 5)
+    hs = eps[0].post_send(1, 7, data)
+    time.sleep(1.0)
+    out = np.zeros_like(data)
+    hr = eps[1].post_recv(0, 7, out)
+    assert eps[0].wait(hs, TIMEOUT_S) == data.nbytes and eps[1].wait(hr, TIMEOUT_S) == data.nbytes
+    assert np.array_equal(out, data)
+    assert eps[0].counters()["rx_rnrs"] > 0 and eps[0].counters()["retx_timeout"] == 0
+
+    eps[1].post_recv(0, 8, np.zeros(1000, dtype=np.uint8))  # another tag
+    t0 = time.monotonic()
+    hs = eps[0].post_send(1, 9, np.ones(100_000, dtype=np.uint8))
+    with pytest.raises(nic.NoReceive, match="RNR timeout"):
+        eps[0].wait(hs, TIMEOUT_S)
+    assert time.monotonic() - t0 >= 2.0  # not before the timeout
+    exchange(fab, eps, [(0, 2, 300 * KiB), (2, 0, 100 * KiB)], tag=20)
+
+
 def test_credits_keep_four_senders_within_one_receivers_buffer(make):
     # four senders into one downlink whose queue holds 8 packets per plane
     dropped = {}

@@ -467,18 +467,20 @@ def test_a_small_message_before_its_receive_is_kept_not_refused(erack):
 
 def test_late_receive_and_tag_mismatch(erack):
     """Data for a tag nobody posted draws receiver-not-ready replies: the
-    sender retries about once an RTT (no timeout needed) until the receive
-    is posted; if it never is, the send fails with NoReceive."""
+    sender retries at most 64 RTTs apart (no timeout needed) until the
+    receive is posted, however late (here 1.5 s: the retry budget once
+    ended under 1 s); if it never is, the send fails with NoReceive after
+    the RNR timeout."""
     lab, eps = erack
     for node in ("h2", "h5"):
         if node in eps:
             eps.pop(node).close()
-    a, b = Endpoint(lab.name, "h2", max_retries=3), Endpoint(lab.name, "h5")
+    a, b = Endpoint(lab.name, "h2", rnr_timeout_s=4.0), Endpoint(lab.name, "h5")
     try:
         data = np.arange(300_000, dtype=np.uint8)
         out = np.zeros_like(data)
         hs = a.post_send(b.rank, 42, data)
-        time.sleep(0.1)  # the receive comes late
+        time.sleep(1.5)  # the receive comes late
         t0 = time.monotonic()
         hr = b.post_recv(a.rank, 42, out)
         assert a.wait(hs, 30) == data.nbytes and b.wait(hr, 30) == data.nbytes

@@ -224,6 +224,33 @@ def test_rank_0_may_finish_first(erack, backend, tmp_path):
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("transport", ["ethplus", "roce"])
+def test_a_send_waits_for_a_peer_that_computes_before_receiving(erack, transport, tmp_path):
+    """Rank 0 sends 4 MiB at once; rank 1 computes for 3 s first.  The send
+    waits (the NIC's receiver-not-ready retries last the group's timeout),
+    as gloo's does; once it ended after a dozen rounds, under a second."""
+    prog = tmp_path / "late.py"
+    prog.write_text(
+        "import os, time, torch, torch.distributed as dist\n"
+        "import dataplane.run.torch_backend\n"
+        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+        "x = torch.arange(1 << 20, dtype=torch.float32)\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.send(x, 1)\n"
+        "else:\n"
+        "    time.sleep(3.0)  # computing\n"
+        "    y = torch.zeros_like(x)\n"
+        "    dist.recv(y, 0)\n"
+        "    print(f'received exact {torch.equal(x, y)}', flush=True)\n"
+        "dist.destroy_process_group()\n"
+    )
+    r = run(erack, "--nodes", "h0,h1", "--transport", transport, "--", "python", str(prog),
+            timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert rank_lines(r.stdout, r"received exact (\w+)") == {1: ["True"]}
+
+
+@pytest.mark.root
 def test_a_taken_master_port_fails_the_run_naming_it(erack):
     holder = subprocess.Popen(
         ["ip", "netns", "exec", f"ethp-{erack}-h0", sys.executable, "-c",

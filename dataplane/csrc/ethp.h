@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 37
+#define ETHP_ABI_VERSION 38
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -653,6 +653,12 @@ struct ethp_nic_cfg {
     double time_scale;
     uint64_t unscaled_rtt_ns;
     uint64_t rto_floor_ns;
+    /* Real, never scaled: how long a peer may keep answering "receiver not
+     * ready" (alive, no receive posted for the tag) with no progress before
+     * the transfers to it fail ETHP_NIC_ERR_NO_RECEIVE; 0: wait for ever
+     * (InfiniBand's rnr_retry 7).  It is the program's time, not the
+     * fabric's: a receiver busy computing is late in real seconds. */
+    uint64_t rnr_timeout_ns;
 };
 
 struct ethp_nic;

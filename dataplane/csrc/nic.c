@@ -144,8 +144,7 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
     p->rto_deadline = 0;
     p->timeouts = 0;
     p->rnr_until = p->rnr_backoff_ns = 0;
-    p->rnr_rounds = 0;
-    p->rnr_since_progress = 0;
+    p->rnr_since_ns = 0;
     p->n_eager = 0; /* kept for an incarnation that is gone */
     peer_fresh(n, p);
     /* receive: bound messages back in line, in the order they were posted */

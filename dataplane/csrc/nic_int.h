@@ -120,8 +120,7 @@ struct nic_peer {
     uint64_t reo_ns; /* reordering window of the loss detector (RACK-like) */
     uint64_t rnr_until; /* the peer said "not ready": resend after this */
     uint64_t rnr_backoff_ns;
-    uint32_t rnr_rounds;
-    int rnr_since_progress;
+    uint64_t rnr_since_ns; /* the first "not ready" since the last progress (0: none) */
     /* rccc: what the receiver lets us have in flight (all planes), and its
      * share per plane; UINT64_MAX per plane without receiver credits */
     uint64_t credit_bytes, credit_sub_bytes;

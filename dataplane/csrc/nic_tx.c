@@ -247,8 +247,7 @@ void nic_acked(struct ethp_nic *n, struct nic_peer *p, struct tx_pkt *t, uint64_
 
 void nic_progress_made(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
 {
-    p->rnr_since_progress = 0;
-    p->rnr_rounds = 0;
+    p->rnr_since_ns = 0;
     p->rnr_backoff_ns = 0;
     /* the peer is taking data again: packets it turned away go now, not
      * after the backoff (which could outlast the fresh deadline below) */
@@ -272,7 +271,7 @@ void nic_on_cnp(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed
 
 static void fail_peer(struct ethp_nic *n, struct nic_peer *p)
 {
-    int why = p->rnr_since_progress ? ETHP_NIC_ERR_NO_RECEIVE : ETHP_NIC_ERR_UNREACHABLE;
+    int why = p->rnr_since_ns ? ETHP_NIC_ERR_NO_RECEIVE : ETHP_NIC_ERR_UNREACHABLE;
     for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
         if (t->m->status == ETHP_NIC_PENDING)
@@ -300,21 +299,26 @@ void nic_on_rnr(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed
     n->mode->refused(n, p, ps->hdr.psn);
     if (!first)
         return;
-    p->rnr_since_progress = 1;
     /* The peer is alive but has no receive posted: retry after a backoff
-     * that starts at one base RTT and doubles per round (like InfiniBand's
-     * RNR NAK); the peer's answers hold off the retransmit timeout; the
-     * retry budget counts rounds. */
+     * that starts at one base RTT and doubles per round up to 64 (like
+     * InfiniBand's RNR NAK); the peer's answers hold off the retransmit
+     * timeout.  It may stay not ready for rnr_timeout_ns of real time (a
+     * receiver computing before it posts is late by the program's time,
+     * whatever the time scale), not a count of rounds. */
     p->rto_deadline = now + p->rto_ns + p->rnr_backoff_ns;
+    if (!p->rnr_since_ns)
+        p->rnr_since_ns = now; /* CLOCK_MONOTONIC: never 0 */
+    if (n->cfg.rnr_timeout_ns && now - p->rnr_since_ns >= n->cfg.rnr_timeout_ns) {
+        fail_peer(n, p);
+        return;
+    }
     if (now < p->rnr_until)
-        return; /* this round is already counted */
+        return; /* this round's backoff is already set */
     if (!p->rnr_backoff_ns)
         p->rnr_backoff_ns = n->cfg.base_rtt_ns;
     p->rnr_until = now + p->rnr_backoff_ns;
     if (p->rnr_backoff_ns < 64 * n->cfg.base_rtt_ns)
         p->rnr_backoff_ns *= 2;
-    if (++p->rnr_rounds > n->cfg.max_retries)
-        fail_peer(n, p);
 }
 
 void nic_timers(struct ethp_nic *n, struct nic_peer *p, uint64_t now)

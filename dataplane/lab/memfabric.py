@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dataplane.lab.core import ffi, lib
 from dataplane.lab.nic import (
+    RNR_TIMEOUT_S,
     RTO_FLOOR_NS,
     Endpoint,
     EngineGroup,
@@ -71,6 +72,7 @@ class MemFabric:
         adaptive: bool = False,
         compact: bool = False,
         max_retries: int = 12,
+        rnr_timeout_s: float = RNR_TIMEOUT_S,
         rto_floor_ns: int = RTO_FLOOR_NS,
         seed: int = 1,
         drop_psn: int | None = None,
@@ -86,7 +88,7 @@ class MemFabric:
         cfg, bdp = engine_cfg(
             rank, spec.planes, spec.rate_bps, base_rtt_ns, 1.0, nic, adaptive=adaptive,
             seed=seed + rank, max_retries=max_retries, drop_psn=drop_psn,
-            rto_floor_ns=rto_floor_ns, unscaled_rtt_ns=0,
+            rto_floor_ns=rto_floor_ns, unscaled_rtt_ns=0, rnr_timeout_s=rnr_timeout_s,
         )  # fmt: skip
         if roce:
             roce_cfg(cfg, {}, 1.0, spec.planes, spec.rate_bps, qps, dcqcn, False)

@@ -35,6 +35,11 @@ UNSCALED_RTT_NS = 2_000_000
 # No retransmit timeout under this (real): the unscaled part of a real RTT
 # (ring retire timers, scheduling) is a few ms on this machine.
 RTO_FLOOR_NS = 20_000_000
+# How long (real seconds) a peer may answer "receiver not ready" before a send
+# to it fails NoReceive: the receiving program's own time (it may be busy
+# computing), whatever the time scale.  A job waits this long on a tag
+# mismatch; the torch backend uses the group's timeout instead.
+RNR_TIMEOUT_S = 60.0
 # A port's RX ring holds RX_RING_HOLD_NS of frames at the port's real rate
 # (what it absorbs while the engine is off the CPU), from 1 MiB to 16 MiB.
 # The ring is taken down after ring_idle_ms idle and built again when
@@ -92,7 +97,7 @@ _ERRORS = {
     lib.ETHP_NIC_ERR_NO_GROUP: (NicError, "no aggregation group (in-network all-reduce)"),
     lib.ETHP_NIC_ERR_NO_RECEIVE: (
         NoReceive,
-        "the peer posted no receive for this tag within the retry budget (tag mismatch?)",
+        "the peer posted no receive for this tag within the RNR timeout (tag mismatch?)",
     ),
 }
 
@@ -143,6 +148,7 @@ def engine_cfg(
     rank: int, planes: int, rate_real: int, base_rtt_real: int, k: float, nic: dict, *,
     adaptive: bool, seed: int, max_retries: int, drop_psn: int | None,
     rto_floor_ns: int = RTO_FLOOR_NS, unscaled_rtt_ns: int = UNSCALED_RTT_NS,
+    rnr_timeout_s: float = RNR_TIMEOUT_S,
 ):  # fmt: skip
     """The engine's settings (real times and rates, at time scale k): the
     lab file's [nic] ETH+ keys as declared (labfile.NIC_ETHP_FIELDS; a
@@ -172,6 +178,7 @@ def engine_cfg(
     cfg.time_scale = k
     cfg.unscaled_rtt_ns = unscaled_rtt_ns
     cfg.rto_floor_ns = rto_floor_ns
+    cfg.rnr_timeout_ns = int(rnr_timeout_s * 1e9)
     return cfg, bdp
 
 
@@ -248,6 +255,7 @@ class Endpoint:
         adaptive: bool = False,
         seed: int = 1,
         max_retries: int = 12,
+        rnr_timeout_s: float | None = None,
         rec: dict | None = None,
         roce: bool = False,
         qps: int | None = None,
@@ -265,7 +273,10 @@ class Endpoint:
         (fault injection for tests).  inc joins an aggregation group, for
         all_reduce().  cc: the ETH+ congestion control, a CC_ALGOS name
         (default the lab file's [nic] cc); roce mode always runs DCQCN.
-        group: run the engine's loop in that group's thread, not its own."""
+        group: run the engine's loop in that group's thread, not its own.
+        rnr_timeout_s: how long a peer may have no receive posted for a
+        send to it (real seconds; 0: for ever; None: RNR_TIMEOUT_S) before
+        the send fails NoReceive."""
         rec = rec or registry.load_lab(lab)
         if rec is None:
             raise NicError(f"no lab named {lab!r}")
@@ -293,6 +304,7 @@ class Endpoint:
         cfg, bdp = engine_cfg(
             self.rank, len(ports), rate_real, base_rtt_real, k, nic_settings, adaptive=adaptive,
             seed=seed, max_retries=max_retries, drop_psn=drop_psn,
+            rnr_timeout_s=RNR_TIMEOUT_S if rnr_timeout_s is None else rnr_timeout_s,
         )  # fmt: skip
         cc = CC_NAMES[cfg.cc]
         if roce:

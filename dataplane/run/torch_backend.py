@@ -306,7 +306,10 @@ class EthplusGroup(dist.ProcessGroup):
             from dataplane.run.worker import open_transport
 
             self.inc = launcher.in_network_plan(env)
-            opts = Options(members=env.members(rec), inc=self.inc)
+            # a send waits for a late receive as long as torch's group
+            # timeout lets any call wait (gloo's does the same)
+            opts = Options(members=env.members(rec), inc=self.inc,
+                           rnr_timeout_s=timeout.total_seconds())  # fmt: skip
             n = iter(range(1 << 30))
             self.transport = open_transport(
                 env.transport, env.lab, env.nodes[rank], rec, opts,

@@ -44,6 +44,9 @@ class Options:
     inc: dict | None = None  # ethplus: this job's in-network all-reduce (inc_plan)
     cc: str | None = None  # ethplus: congestion control (nic.CC_ALGOS; None: the lab file's)
     shared_engine: bool = False  # ethplus, roce: the NIC engine runs in the process's group
+    # ethplus, roce: how long (real s) a send waits for its peer's receive
+    # (None: nic.RNR_TIMEOUT_S; the torch backend gives its group's timeout)
+    rnr_timeout_s: float | None = None
 
 
 class Transport(ABC):

@@ -36,6 +36,7 @@ class NicTransport(Transport):
                 lab, node, adaptive=opts.adaptive, seed=opts.seed, rec=rec,
                 roce=name == "roce", qps=opts.roce_qps, inc=inc, cc=opts.cc,
                 group=nic.process_group() if opts.shared_engine else None,
+                rnr_timeout_s=opts.rnr_timeout_s,
             )  # fmt: skip
         except nic.NicError as e:
             raise TransportError(str(e)) from e
