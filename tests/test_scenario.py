@@ -42,6 +42,12 @@ def test_every_scenario_runs_on_every_transport(request, name, tmp_path):
             assert j["wrong"] == 0
         assert r["fidelity"] and "not_time_scaled" in r["fidelity"]
         assert len(r["faults_applied"]) == len(sc.faults)
+        tcp = r["fidelity"]["kernel_tcp"]  # the kernel's own counts (TCP_INFO)
+        assert bool(tcp) == (t == "tcp"), tcp
+        if t == "tcp" and name == "lossy-link":  # corrupted frames are resent
+            assert tcp["tcp_retx_segs"] > 0, tcp
+        if t == "tcp" and name == "plane-failure":  # a dead plane's connections time out
+            assert tcp["tcp_rtos"] > 0 and tcp["tcp_rto_time_ms"] > 0, tcp
     md = (tmp_path / name / "report.md").read_text()
     assert sc.explain.split()[0] in md and "## Result" in md
     for png in ("timeline.png", "busbw.png", "link-utilisation.png", "queue-depth.png"):

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import socket
+import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -315,6 +316,34 @@ def check_tcp(spec) -> None:
             f"one this kernel has ({', '.join(have) or 'none listed'})", cc,
             detail=f"a module may add it: modprobe tcp_{cc}",
         )  # fmt: skip
+
+
+# struct tcp_info (linux/tcp.h): the fields a run counts, by offset.  The
+# RTO counts came in Linux 6.7 (the struct grew to 248 bytes); an older
+# kernel gives a shorter struct and those counters are left out.
+_TCPI_FIELDS = (  # counter, offset, struct format
+    ("tcp_retx_segs", 100, "I"),  # tcpi_total_retrans: segments resent
+    ("tcp_retx_bytes", 208, "Q"),  # tcpi_bytes_retrans
+    ("tcp_rtos", 240, "H"),  # tcpi_total_rto: retransmit timeouts, repeats included
+    ("tcp_rto_recoveries", 242, "H"),  # tcpi_total_rto_recoveries
+    ("tcp_rto_time_ms", 244, "I"),  # tcpi_total_rto_time: real ms in RTO recovery
+)
+TCP_INFO_BYTES = 248
+TCP_COUNTERS = tuple(name for name, _, _ in _TCPI_FIELDS)
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int]:
+    """A connection's retransmissions and retransmit timeouts, from the
+    kernel (what ``ss -ti`` shows); {} for a socket that is gone."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+    except OSError:
+        return {}
+    return {
+        name: struct.unpack_from(fmt, raw, off)[0]
+        for name, off, fmt in _TCPI_FIELDS
+        if off + struct.calcsize(fmt) <= len(raw)
+    }
 
 
 def tcp_timer_notes(rec: dict) -> list[str]:

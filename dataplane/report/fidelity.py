@@ -239,6 +239,28 @@ def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
     return out[:top]
 
 
+def kernel_tcp(result: dict) -> dict[str, int]:
+    """Kernel TCP's retransmissions and retransmit timeouts over the run,
+    every rank's connections summed ({} when no rank ran kernel TCP)."""
+    out: dict[str, int] = {}
+    for r in result["ranks"]:
+        for name, v in r.get("counters", {}).items():
+            if name.startswith("tcp_"):  # lab.kernel.TCP_COUNTERS
+                out[name] = out.get(name, 0) + v
+    return out
+
+
+def kernel_tcp_text(t: dict[str, int]) -> str:
+    """kernel_tcp() in a line."""
+    line = f"{t['tcp_retx_segs']} segments resent"
+    if "tcp_rtos" in t:
+        line += (
+            f", {t['tcp_rtos']} retransmit timeouts ({t['tcp_rto_time_ms']} ms real in RTO"
+            " recovery, every connection added)"
+        )
+    return line
+
+
 def engines(result: dict) -> list[dict]:
     """Each rank's NIC engine over the whole run: how late it ran, the link
     time its ports lost beyond the pacers' catch-up, its RX ring's drops
@@ -344,6 +366,8 @@ def report(result: dict, rec: dict) -> dict:
             for r in result["ranks"]
             for k in ("retx_pkts", "inc_retx_pkts")
         ),
+        # kernel TCP's, over every connection (kernel.tcp_info; {} for the NIC)
+        "kernel_tcp": kernel_tcp(result),
         "fell_behind_sizes": fell,
         # the k each size's timed runs ran at (a governed lab's may move)
         "k_per_size": [[r["size"], r.get("k_range")] for r in result["rows"]],
@@ -407,6 +431,8 @@ def render(f: dict) -> str:
                 f"    {e['node']}: link time lost {e['lost_ns'] / 1e6:.1f} ms,"
                 f" RX ring drops {e['rx_ring_drops']}, late passes {e['late_wakeups']}"
             )
+    if f.get("kernel_tcp"):
+        lines.append("  kernel TCP: " + kernel_tcp_text(f["kernel_tcp"]))
     if f["drops"]:
         for sw, d in f["drops"].items():
             lines.append(f"  {sw}: " + " ".join(f"{k}={v}" for k, v in d.items()))

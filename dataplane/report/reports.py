@@ -20,6 +20,7 @@ from dataplane.model import (
     catalog,  # noqa: E402
     scenario_file,  # noqa: E402
 )
+from dataplane.report.fidelity import kernel_tcp_text
 from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
 
@@ -200,7 +201,8 @@ def _fidelity_md(r: dict) -> list[str]:
         f" machine {c['machine_busy_share']:.0%} busy"
         + (" (saturated)." if c["saturated"] else "."),
         f"- Switch drops and marks: {drops or 'none'};"
-        f" NIC retransmissions: {f['nic_retransmissions']}.",
+        f" NIC retransmissions: {f['nic_retransmissions']}"
+        + (f"; kernel TCP: {kernel_tcp_text(f['kernel_tcp'])}." if f.get("kernel_tcp") else "."),
         f"- Sizes where the emulation fell behind (switches or endpoints): {behind or 'none'}.",
         f"- Time scale {f['time_scale']:g}. Not time-scaled: "
         + "; ".join(f["not_time_scaled"])

@@ -403,7 +403,14 @@ class TcpTransport(Transport):
         )
 
     def counters(self) -> dict[str, int]:
-        return dict(self._bytes)
+        """Bytes and messages, and the kernel's retransmissions and
+        retransmit timeouts over this rank's connections (kernel.tcp_info)."""
+        out = dict(self._bytes)
+        for conns in self._conns.values():
+            for c in conns:
+                for name, v in kernel.tcp_info(c.sock).items():
+                    out[name] = out.get(name, 0) + v
+        return out
 
     def describe(self) -> dict:
         return {**super().describe(), "streams": self.streams, "pid": os.getpid()}
