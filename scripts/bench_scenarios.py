@@ -7,12 +7,14 @@ tcp and roce; plane-failure slowdown within 1.2 x P/(P-1) for ethplus;
 incast-alltoall busbw at least 1.3x roce's.
 
 With --pinned-4x, each scenario runs again with k pinned at 4x the highest
-k the governor used in the first (governed) run, and each transport's figure
-governed / pinned is printed (target: 0.93-1.07 for ethplus and roce,
-0.90-1.10 for tcp, issue 22).
+k the governor used in the first (governed) run (--pin-factor F: F x), and
+each transport's figure governed / pinned is printed (target: 0.93-1.07 for
+ethplus and roce, 0.90-1.10 for tcp, issue 22), with kernel TCP's own
+counts of each run (segments resent, retransmit timeouts, real time in RTO
+recovery) beside tcp's.  --transports runs only those.
 
     sudo .venv/bin/python scripts/bench_scenarios.py [--short] [--only NAME,...]
-        [--pinned-4x] [--out DIR]
+        [--transports T,...] [--pinned-4x [--pin-factor F]] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 from dataplane.lab import labs
-from dataplane.report import reports
+from dataplane.report import fidelity, reports
 from dataplane.run import scenario, trials
 
 TARGETS = {
@@ -41,11 +43,15 @@ def main() -> int:
     ap.add_argument("--only", help="comma list of scenario names")
     ap.add_argument("--out", default="results/bench-scenarios")
     ap.add_argument("--pinned-4x", action="store_true", help="also pinned at 4x the governed k")
+    ap.add_argument("--pin-factor", type=float, default=4.0, help="with --pinned-4x: not 4x")
+    ap.add_argument("--transports", help="comma list: only these of each scenario's")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else [s.name for s in scenario.listing()]
     summary = {}
     for name in names:
         sc = scenario.load(name, short=args.short)
+        if args.transports:
+            sc.transports = [t for t in sc.transports if t in args.transports.split(",")]
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         with labs.session(sc.lab) as rec:
             t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
@@ -54,10 +60,12 @@ def main() -> int:
             reports.write_scenario(str(Path(args.out) / name), res, rec)
             ks = _k_used(rec, t0, k0)
             pinned = None
+            pin_k = args.pin_factor * ks[1] if ks else None
             if args.pinned_4x and ks:
-                labs.rescale(rec, 4 * ks[1])
+                labs.rescale(rec, pin_k)
                 t1 = time.monotonic()
-                pinned = scenario.run(sc, rec, log=log)["summary"]
+                pinned_res = scenario.run(sc, rec, log=log)
+                pinned = pinned_res["summary"]
                 pinned_s = time.monotonic() - t1
                 labs.control(rec["name"], {"op": "scale", "k": "auto"})
         s = res["summary"]
@@ -70,11 +78,13 @@ def main() -> int:
         )
         if ks:
             print(f"  governed k {ks[0]:g}-{ks[1]:g} ({real_s:.0f} s real); advantages at that k")
+        _tcp_counts("governed", res)
         if pinned is not None:
             for t, v in s["figures"].items():
                 w = pinned["figures"].get(t)
                 ratio = "-" if v is None or not w else f"{v / w:.3f}"
-                print(f"  {t}: governed {_fig(v)}, pinned (k={4 * ks[1]:g}) {_fig(w)}: {ratio}")
+                print(f"  {t}: governed {_fig(v)}, pinned (k={pin_k:g}) {_fig(w)}: {ratio}")
+            _tcp_counts(f"pinned (k={pin_k:g})", pinned_res)
             print(
                 f"  pinned run {pinned_s:.0f} s real; ethplus advantage there: "
                 + ", ".join(f"{t} {v:.2f}x" for t, v in pinned["ethplus_advantage"].items())
@@ -101,6 +111,13 @@ def main() -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
+
+
+def _tcp_counts(which: str, res: dict) -> None:
+    """Kernel TCP's counts in a run's first job, if it ran tcp."""
+    f = (res["transports"].get("tcp") or {}).get("fidelity") or {}
+    if f.get("kernel_tcp"):
+        print(f"  tcp {which}: {fidelity.kernel_tcp_text(f['kernel_tcp'])}")
 
 
 def _fig(v) -> str:
