@@ -47,9 +47,11 @@ def test_100k_fuzzed_frames_per_transport_break_nothing(erack, transport):
     assert not out["errors"], out["errors"]
     assert out["sent"]["frames"] == 100_000
     assert out["rows"] and all(r["wrong"] == 0 for r in out["rows"]), out["rows"]
-    # every frame h7 sent was read by its switch, and every frame a switch read
-    # is forwarded, consumed or dropped for one reason
-    assert out["switch_rx_from_attacker"] >= out["sent"]["via_switch"]
+    # every frame h7 sent was read by its switch (or, on a busy machine, dropped
+    # by the kernel with the switch's RX ring full: counted), and every frame
+    # a switch read is forwarded, consumed or dropped for one reason
+    arrived = out["switch_rx_from_attacker"] + out["switch_ring_drops_near_attacker"]
+    assert arrived >= out["sent"]["via_switch"], out
     assert out["switch_conservation"]["difference"] == 0, out["switch_conservation"]
     assert out["switch_reasons"].get("drop_malformed", 0) > 0
     assert out["switch_reasons"].get("drop_spoofed", 0) > 0

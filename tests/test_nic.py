@@ -481,14 +481,12 @@ def test_late_receive_and_tag_mismatch(erack):
         out = np.zeros_like(data)
         hs = a.post_send(b.rank, 42, data)
         time.sleep(1.5)  # the receive comes late
-        t0 = time.monotonic()
         hr = b.post_recv(a.rank, 42, out)
         assert a.wait(hs, 30) == data.nbytes and b.wait(hr, 30) == data.nbytes
-        late_s = time.monotonic() - t0
         assert np.array_equal(out, data)
         c = a.counters(b.rank)
-        assert c["rx_rnrs"] > 0 and c["retx_timeout"] == 0, (late_s, _moved(c))
-        assert late_s < 0.5, late_s  # a backoff round or two, not a timeout ladder
+        # backoff rounds, not a retransmit-timeout ladder
+        assert c["rx_rnrs"] > 0 and c["retx_timeout"] == 0, _moved(c)
 
         wrong = np.zeros(1000, dtype=np.uint8)
         b.post_recv(a.rank, 43, wrong)  # posted for another tag

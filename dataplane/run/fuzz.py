@@ -320,20 +320,26 @@ def campaign(lab: str, n_frames: int, *, attacker: str = "h3", target: str = "h0
     after_st = _quiet(lab)
     after = stats.totals(after_st)
     switch = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    from_attacker = sum(
-        p["rx_frames"] for sw in after_st["switches"].values() for p in sw["ports"].values()
-        if p["peer"] == attacker
-    ) - sum(
-        p["rx_frames"] for sw in before_st["switches"].values() for p in sw["ports"].values()
-        if p["peer"] == attacker
-    )  # fmt: skip
+    facing = [name for name, sw in after_st["switches"].items()
+              if any(p["peer"] == attacker for p in sw["ports"].values())]  # fmt: skip
+
+    def rx_from_attacker(st: dict) -> int:
+        ports = (p for name in facing for p in st["switches"][name]["ports"].values())
+        return sum(p["rx_frames"] for p in ports if p["peer"] == attacker)
+
+    def ring_drops(st: dict) -> int:  # a switch's RX ring is shared by its ports
+        return sum(st["switches"][name]["ring"]["drop_ring"] for name in facing)
+
     ranks = [r for res in result["jobs"] for r in res["ranks"]]
     nic_totals = {
         k: sum(r["counters"].get(k, 0) for r in ranks) for k in ("rx_frames", *nic.RX_FATES)
     }
     return {
         "sent": sent,
-        "switch_rx_from_attacker": from_attacker,
+        "switch_rx_from_attacker": rx_from_attacker(after_st) - rx_from_attacker(before_st),
+        # what the kernel dropped on the way into the attacker's switches (an
+        # RX ring full: a busy host), anyone's frames: at most this many of its
+        "switch_ring_drops_near_attacker": ring_drops(after_st) - ring_drops(before_st),
         "rows": [row for res in result["jobs"] for row in res["rows"]],
         "errors": result["errors"],
         "switch_reasons": {k: switch.get(k, 0) for k in stats.DROP_REASONS if switch.get(k)},
