@@ -67,6 +67,7 @@ def main() -> int:
                 pinned_res = scenario.run(sc, rec, log=log)
                 pinned = pinned_res["summary"]
                 pinned_s = time.monotonic() - t1
+                reports.write_scenario(str(Path(args.out) / f"{name}@pinned"), pinned_res, rec)
                 labs.control(rec["name"], {"op": "scale", "k": "auto"})
         s = res["summary"]
         summary[name] = s

@@ -25,6 +25,17 @@ def run(lab: str, *args: str, timeout: float = 300) -> subprocess.CompletedProce
     return ethplus("run", lab, *args, timeout=timeout)
 
 
+def run_program(lab: str, path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+    """Write a program (imports, the group ethplus run names, then body) to
+    path and run it on lab with args."""
+    path.write_text(
+        "import os, signal, time, torch, torch.distributed as dist\n"
+        "import dataplane.run.torch_backend\n"
+        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n" + body
+    )
+    return run(lab, *args, "--", "python", str(path), timeout=120)
+
+
 def rank_lines(out: str, pattern: str) -> dict[int, list[str]]:
     """Each rank's output lines matching pattern (its first group), in order."""
     got: dict[int, list[str]] = {}
@@ -200,11 +211,7 @@ def test_rank_0_may_finish_first(erack, backend, tmp_path):
     rank 0 served the store, a peer's store call after rank 0 had gone
     failed with "Connection was likely closed" (CI saw it once in a gloo
     run: rank 0 left while a peer was still closing its group)."""
-    prog = tmp_path / "first.py"
-    prog.write_text(
-        "import os, sys, time, torch, torch.distributed as dist\n"
-        "import dataplane.run.torch_backend\n"
-        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+    body = (
         "x = torch.ones(64)\n"
         "dist.all_reduce(x)\n"
         "store = dist.distributed_c10d._get_default_store()\n"
@@ -215,8 +222,8 @@ def test_rank_0_may_finish_first(erack, backend, tmp_path):
         "    print(f'after rank 0: {store.get(\"rank0\").decode()} {n}', flush=True)\n"
         "os._exit(0)  # no goodbyes (a closing group waits for its peers')\n"
     )
-    r = run(erack, "--nodes", "h0,h1,h2", "--backend", backend, "--", "python", str(prog),
-            timeout=120)  # fmt: skip
+    r = run_program(erack, tmp_path / "first.py", body, "--nodes", "h0,h1,h2",
+                    "--backend", backend)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     seen = rank_lines(r.stdout, r"after rank 0: (gone \d)")
     assert sorted(seen) == [1, 2], r.stdout
@@ -229,11 +236,7 @@ def test_a_send_waits_for_a_peer_that_computes_before_receiving(erack, transport
     """Rank 0 sends 4 MiB at once; rank 1 computes for 3 s first.  The send
     waits (the NIC's receiver-not-ready retries last the group's timeout),
     as gloo's does; once it ended after a dozen rounds, under a second."""
-    prog = tmp_path / "late.py"
-    prog.write_text(
-        "import os, time, torch, torch.distributed as dist\n"
-        "import dataplane.run.torch_backend\n"
-        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+    body = (
         "x = torch.arange(1 << 20, dtype=torch.float32)\n"
         "if dist.get_rank() == 0:\n"
         "    dist.send(x, 1)\n"
@@ -244,8 +247,8 @@ def test_a_send_waits_for_a_peer_that_computes_before_receiving(erack, transport
         "    print(f'received exact {torch.equal(x, y)}', flush=True)\n"
         "dist.destroy_process_group()\n"
     )
-    r = run(erack, "--nodes", "h0,h1", "--transport", transport, "--", "python", str(prog),
-            timeout=120)  # fmt: skip
+    r = run_program(erack, tmp_path / "late.py", body, "--nodes", "h0,h1",
+                    "--transport", transport)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert rank_lines(r.stdout, r"received exact (\w+)") == {1: ["True"]}
 
@@ -273,11 +276,7 @@ def test_a_taken_master_port_fails_the_run_naming_it(erack):
 @pytest.mark.root
 def test_a_killed_rank_fails_the_run_in_one_line(erack, tmp_path):
     marker = f"ethp-victim-{os.getpid()}"
-    prog = tmp_path / f"{marker}.py"
-    prog.write_text(
-        "import os, signal, torch, torch.distributed as dist\n"
-        "import dataplane.run.torch_backend\n"
-        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+    body = (
         "x = torch.ones(1 << 16)\n"
         "dist.all_reduce(x)\n"
         "if dist.get_rank() == 2:\n"
@@ -286,7 +285,7 @@ def test_a_killed_rank_fails_the_run_in_one_line(erack, tmp_path):
         "    dist.all_reduce(x)\n"
     )
     before = netns_names()
-    r = run(erack, "--", "python", str(prog), timeout=120)
+    r = run_program(erack, tmp_path / f"{marker}.py", body)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()
     assert last == ["ethplus: error: rank 2 (h2) was killed by signal 9"], r.stderr
