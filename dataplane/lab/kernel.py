@@ -204,11 +204,20 @@ def delete_namespaces(paths: Iterable[str]) -> int:
 TBF_MAX_RATE_BPS = 32_000_000_000
 
 
+# The queue before an accelerator's uplink holds Linux's default txqueuelen
+# of full frames, in bytes, at every k: a NIC's queue holds frames, not real
+# time.  (It held 100 ms of real time until session 31: 781 KB at k 6400,
+# 45 KB at 110592, so at a large k kernel TCP's incast lost frames in its own
+# host and timed out where it had not at a small one.)
+HOST_TXQ_FRAMES = 1000
+
+
 def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
     """Shape an accelerator's uplink to the link's real rate with tc tbf.
 
     The bucket holds two full frames: enough for tbf to reach the rate,
-    too little to let a host burst far beyond it."""
+    too little to let a host burst far beyond it.  The queue holds
+    HOST_TXQ_FRAMES full frames, whatever the rate."""
     with ns_ipr(path) as ipr:
         index = ipr.link_lookup(ifname=ifname)[0]
         if rate_bps > TBF_MAX_RATE_BPS:
@@ -216,7 +225,8 @@ def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
                 ipr.tc("del", index=index)
             return
         burst = 2 * (mtu_bytes + 14)
-        ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, latency="100ms")
+        limit = HOST_TXQ_FRAMES * (mtu_bytes + 14)
+        ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, limit=limit)
 
 
 # Kernel TCP on a lab's routes.  A route can set the minimum retransmit
