@@ -162,3 +162,59 @@ def test_kernel_tcp_transfer_stays_byte_exact_while_k_moves(erack, tmp_path):
         server.kill()
         server.wait()
         _scale(lab, lab.k)
+
+
+def _uplink_queue(lab: Lab, host: str) -> tuple[int, int]:
+    """host's plane-0 uplink shaper: its rate (bytes/s) and queue (bytes)."""
+    from dataplane.lab import kernel
+
+    port = next(p for p in lab.nodes[host]["ports"] if p["plane"] == 0)
+    with kernel.ns_ipr(lab.rec["namespaces"][host]) as ipr:
+        index = ipr.link_lookup(ifname=port["ifname"])[0]
+        q = next(m for m in ipr.get_qdiscs(index=index) if m.get_attr("TCA_KIND") == "tbf")
+        parms = q.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
+        return parms["rate"], parms["limit"]
+
+
+def test_a_hosts_uplink_queue_holds_the_same_frames_at_any_k(erack):
+    """The rate follows k; the queue (bytes) does not: a NIC's queue holds
+    frames.  (It held 100 ms of real time once: at a large k kernel TCP
+    overflowed it and timed out where it did not at a small k.)"""
+    lab = erack
+    rate0, limit0 = _uplink_queue(lab, "h3")
+    try:
+        _scale(lab, lab.k * 8)
+        rate1, limit1 = _uplink_queue(lab, "h3")
+    finally:
+        _scale(lab, lab.k)
+    assert rate1 == pytest.approx(rate0 / 8, rel=0.01)
+    assert limit1 == limit0 >= 1000 * 1500
+
+
+def test_frames_a_host_sends_beyond_its_queue_are_counted(erack):
+    """A burst of UDP far beyond the uplink's rate and queue: the shaper drops
+    the excess in the host, and the fabric's stats count it for that host
+    (the fidelity report shows them as `host uplinks`)."""
+    import subprocess
+    import sys
+
+    from dataplane.run.job import fabric_stats
+
+    lab = erack
+    before = fabric_stats(lab.name)["hosts"]["h4"]["uplink_drops"]
+    ip = next(p["ip"] for p in lab.nodes["h5"]["ports"] if p["plane"] == 0)
+    blast = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.setsockopt(socket.SOL_SOCKET, 32, 64 << 20)  # SO_SNDBUFFORCE: past the queue\n"
+        "for _ in range(3000):\n"
+        "    try:\n"
+        "        s.sendto(bytes(4000), (sys.argv[1], 5302))\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    ns = lab.rec["namespaces"]["h4"].rsplit("/", 1)[1]
+    subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-I", "-c", blast, ip],
+                   check=True, timeout=60)  # fmt: skip
+    after = fabric_stats(lab.name)["hosts"]["h4"]["uplink_drops"]
+    assert after - before > 0

@@ -320,6 +320,11 @@ class Fabric:
                 "rx": rx,
                 "ports": ports,
             }
+        hosts = {
+            name: {"uplink_drops": kernel.uplink_drops(self.rec["namespaces"][name])}
+            for name, node in self.nodes.items()
+            if node["role"] == "host"
+        }
         return {
             "lab": self.name,
             "time_scale": self.k,
@@ -332,6 +337,7 @@ class Fabric:
             "uptime_s": (time.monotonic_ns() - self.started_ns) / 1e9,
             "cpu_s": cpu.process_s(os.getpid()),
             "switches": out,
+            "hosts": hosts,  # their uplinks' queues (tc), which the host's kernel fills
             "links": {n: vars(v) for n, v in self.nominal.items()},
         }
 
@@ -398,7 +404,8 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
             if op == "ping":
                 resp = {"ok": True, "pid": os.getpid()}
             elif op == "stats":
-                resp = {"ok": True, "stats": fabric.stats()}
+                # (a netlink query per host namespace: not on the loop)
+                resp = {"ok": True, "stats": await loop.run_in_executor(pool, fabric.stats)}
             elif op == "sample":
                 resp = {"ok": True, "sample": fabric.sample()}
             elif op == "link":

@@ -229,6 +229,17 @@ def shape(path: str, ifname: str, rate_bps: int, mtu_bytes: int) -> None:
         ipr.tc("replace", "tbf", index, rate=f"{rate_bps}bit", burst=burst, limit=limit)
 
 
+def uplink_drops(path: str) -> int:
+    """Frames the shapers (tbf) of the namespace at path dropped, their queue
+    full: an accelerator's own NIC queue overflowing, before the fabric."""
+    with ns_ipr(path) as ipr:
+        return sum(
+            (m.get_attr("TCA_STATS") or {}).get("drop", 0)
+            for m in ipr.get_qdiscs()
+            if m.get_attr("TCA_KIND") == "tbf"
+        )
+
+
 # Kernel TCP on a lab's routes.  A route can set the minimum retransmit
 # timeout (RTAX_RTO_MIN, in ms, honoured only when locked), the congestion
 # control (RTAX_CC_ALGO: a lab's TCP is Linux's default, cubic, not whatever

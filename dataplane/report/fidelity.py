@@ -303,6 +303,14 @@ def drops(before: dict, after: dict) -> dict[str, dict[str, int]]:
         nonzero = {k: v for k, v in reasons.items() if v}
         if nonzero:
             out[sw] = nonzero
+    # the accelerators' own queues, before any switch (tbf; the host's kernel
+    # fills them: kernel TCP can overflow its own, a paced NIC engine not)
+    host = sum(
+        h1["uplink_drops"] - before.get("hosts", {}).get(name, h1)["uplink_drops"]
+        for name, h1 in after.get("hosts", {}).items()
+    )
+    if host:
+        out["host uplinks"] = {"drop_host_queue": host}
     return out
 
 
