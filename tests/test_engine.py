@@ -245,6 +245,17 @@ def test_a_send_waits_for_a_late_receiver_until_the_rnr_timeout(make, roce):
     exchange(fab, eps, [(0, 2, 300 * KiB), (2, 0, 100 * KiB)], tag=20)
 
 
+def test_an_rnr_timeout_is_seconds_from_none_to_for_ever():
+    fab = MemFabric(FabricSpec(endpoints=2))
+    try:
+        with pytest.raises(NicError, match="rnr_timeout_s -1: expected seconds >= 0"):
+            fab.endpoint(0, rnr_timeout_s=-1)
+        ep = fab.endpoint(0, rnr_timeout_s=1e12)  # torch's timedelta.max, near enough
+        assert ep.c_config()["rnr_timeout_ns"] == 1 << 63
+    finally:
+        fab.close()
+
+
 def test_credits_keep_four_senders_within_one_receivers_buffer(make):
     # four senders into one downlink whose queue holds 8 packets per plane
     dropped = {}

@@ -178,7 +178,9 @@ def engine_cfg(
     cfg.time_scale = k
     cfg.unscaled_rtt_ns = unscaled_rtt_ns
     cfg.rto_floor_ns = rto_floor_ns
-    cfg.rnr_timeout_ns = int(rnr_timeout_s * 1e9)
+    if not rnr_timeout_s >= 0:
+        raise NicError(f"rnr_timeout_s {rnr_timeout_s!r}: expected seconds >= 0 (0: for ever)")
+    cfg.rnr_timeout_ns = min(int(rnr_timeout_s * 1e9), 1 << 63)  # a torch timedelta.max
     return cfg, bdp
 
 
