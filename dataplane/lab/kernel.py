@@ -339,7 +339,8 @@ def check_tcp(spec) -> None:
         )  # fmt: skip
 
 
-# struct tcp_info (linux/tcp.h): the fields a run counts, by offset.  The
+# struct tcp_info (linux/tcp.h): the fields a run counts, by offset (named
+# tcp_*: the fidelity report sums every rank's counters of that name).  The
 # RTO counts came in Linux 6.7 (the struct grew to 248 bytes); an older
 # kernel gives a shorter struct and those counters are left out.
 _TCPI_FIELDS = (  # counter, offset, struct format
@@ -350,7 +351,6 @@ _TCPI_FIELDS = (  # counter, offset, struct format
     ("tcp_rto_time_ms", 244, "I"),  # tcpi_total_rto_time: real ms in RTO recovery
 )
 TCP_INFO_BYTES = 248
-TCP_COUNTERS = tuple(name for name, _, _ in _TCPI_FIELDS)
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:

@@ -245,7 +245,7 @@ def kernel_tcp(result: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in result["ranks"]:
         for name, v in r.get("counters", {}).items():
-            if name.startswith("tcp_"):  # lab.kernel.TCP_COUNTERS
+            if name.startswith("tcp_"):  # lab.kernel.tcp_info's
                 out[name] = out.get(name, 0) + v
     return out
 

@@ -131,7 +131,8 @@ def command(cmd: list[str]) -> list[str]:
 
 
 def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend: str,
-                 run_dir: str, master_port: int, algo: str = "auto") -> dict[str, str]:  # fmt: skip
+                 run_dir: str, master_port: int, algo: str = "auto",
+                 serves_store: bool = False) -> dict[str, str]:  # fmt: skip
     """The environment of rank's process: the caller's, torchrun's, the lab's."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the machine's cores, as torchrun's
@@ -145,13 +146,9 @@ def rank_environ(rec: dict, nodes: list[str], rank: int, transport: str, backend
         ENV_RUN_DIR: run_dir, ENV_BACKEND: "ethplus", ENV_ALGO: algo,
         "GLOO_SOCKET_IFNAME": ",".join(p["ifname"] for p in _ports(rec, nodes[rank])),
     })  # fmt: skip
-    if has_torch():  # ethplus run serves the store (store.py), as torchrun's agent
+    if serves_store:  # ethplus run serves it (store.py), as torchrun's agent does
         env[store.USE_AGENT_STORE] = "True"
     return env
-
-
-def has_torch() -> bool:
-    return importlib.util.find_spec("torch") is not None
 
 
 def check_options(transport: str, backend: str, algo: str, master_port: int) -> None:
@@ -180,7 +177,9 @@ class Launch:
         self.transport, self.backend = transport, backend
         self.master_port, self.timeout_s, self.say = master_port, timeout_s, say
         self.ranks = [Rank(i, n) for i, n in enumerate(nodes)]
-        self.store: asyncio.subprocess.Process | None = None  # store.py, beside rank 0
+        # with torch here, this run serves the ranks' store (store.py, beside rank 0)
+        self.serves_store = importlib.util.find_spec("torch") is not None
+        self.store: asyncio.subprocess.Process | None = None
         self.failed: str | None = None
 
     def run(self) -> dict:
@@ -231,7 +230,7 @@ class Launch:
         sampler = asyncio.create_task(sample())
         serving = None
         try:
-            if has_torch():  # the ranks' clients retry until it listens
+            if self.serves_store:  # the ranks' clients retry until it listens
                 serving = asyncio.create_task(self._serve_store())
             for r in self.ranks:
                 await self._spawn(r, run_dir)
@@ -266,12 +265,8 @@ class Launch:
     async def _spawn(self, r: Rank, run_dir: str) -> None:
         ns = self.rec["namespaces"][r.node]
         env = rank_environ(self.rec, self.nodes, r.rank, self.transport, self.backend, run_dir,
-                           self.master_port, self.algo)  # fmt: skip
-        r.proc = await asyncio.create_subprocess_exec(
-            *python_module("dataplane.run.launcher", ns, "--", *self.cmd),
-            env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+                           self.master_port, self.algo, self.serves_store)  # fmt: skip
+        r.proc = await _start_in(ns, self.cmd, env=env)
 
     async def _serve_store(self) -> None:
         """The run's store (store.py) in rank 0's namespace, until the ranks
@@ -280,11 +275,7 @@ class Launch:
         addr = _ports(self.rec, self.nodes[0])[0]["ip"]
         cmd = python_module("dataplane.run.store", addr, str(self.master_port),
                             str(len(self.nodes)))  # fmt: skip
-        self.store = await asyncio.create_subprocess_exec(
-            *python_module("dataplane.run.launcher", ns, "--", *cmd), cwd="/",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        self.store = await _start_in(ns, cmd, cwd="/")
         assert self.store.stdout is not None
         last = ""
         async for line in self.store.stdout:
@@ -323,6 +314,16 @@ class Launch:
                 await asyncio.gather(*(p.wait() for p in live))
             for p in procs:  # what each left behind in its session
                 _signal(p, signal.SIGKILL)
+
+
+async def _start_in(ns: str, cmd: list[str], **kw) -> asyncio.subprocess.Process:
+    """cmd in namespace ns (this module's __main__), in a session of its own,
+    its output (stderr too) on a pipe."""
+    return await asyncio.create_subprocess_exec(
+        *python_module("dataplane.run.launcher", ns, "--", *cmd),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True, **kw,
+    )  # fmt: skip
 
 
 def _signal(proc: asyncio.subprocess.Process | None, sig: int) -> None:
