@@ -409,6 +409,26 @@ def test_a_run_the_machine_cannot_keep_up_with_is_marked_behind(tmp_path):
     assert "endpoints: 8 NIC engines" in r.stdout
 
 
+def test_kernel_tcp_handshakes_longer_than_its_initial_rto_are_counted_as_set_up(tmp_path):
+    """At k = 1e6 a rack's 2 us round trip is 2 s of real time, longer than
+    the kernel's initial RTO (1 s, real time, not scaled): every SYN times
+    out and is sent again with nothing lost.  The report counts those
+    timeouts as the connections' set-up, apart from the traffic's."""
+    name = f"{RUN_ID}-hs"
+    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    src = src.replace("accelerators = 8", "accelerators = 2").replace("planes = 4", "planes = 1")
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
+    js = tmp_path / "r.json"
+    r = ethplus("bench", "all-reduce", "--lab", str(f), "--transport", "tcp",
+                "--time-scale", "1000000", "--sizes", "4K", "--iters", "1", "--warmup", "0",
+                "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    t = json.loads(js.read_text())["fidelity"]["kernel_tcp"]
+    assert t["tcp_setup_rtos"] >= 1 and t["tcp_rtos"] >= t["tcp_setup_rtos"], t
+    assert "in the connections' set-up" in r.stdout, r.stdout
+
+
 def test_kernel_tcp_ranks_starved_of_cpu_are_marked_behind(tmp_path):
     """Kernel TCP has no engine of ours to watch, but its ranks' threads
     waiting for a CPU show that the machine set the pace: at time scale 400

@@ -258,6 +258,13 @@ def kernel_tcp_text(t: dict[str, int]) -> str:
             f", {t['tcp_rtos']} retransmit timeouts ({t['tcp_rto_time_ms']} ms real in RTO"
             " recovery, every connection added)"
         )
+    if t.get("tcp_setup_rtos"):
+        line += (
+            f"; of those, {t['tcp_setup_rtos']} timeouts and {t.get('tcp_setup_retx_segs', 0)}"
+            " segments in the connections' set-up, before any message (the kernel's 1 s initial"
+            " RTO is real time: a handshake whose round trip at this k takes longer times out"
+            " with nothing lost)"
+        )
     return line
 
 

@@ -118,6 +118,7 @@ class TcpTransport(Transport):
             "refused_conns": 0,
         }
         self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
+        self._setup_counts: dict[str, int] = {}
         listeners = []
         try:
             for ip in ips[self.rank]:
@@ -128,17 +129,7 @@ class TcpTransport(Transport):
                 listeners.append(s)
             if barrier:
                 barrier("tcp-listen")
-            for peer in (p for p in sorted(self._conns) if p > self.rank):
-                for st in range(self.streams):
-                    plane = st % planes
-                    s = socket.create_connection(
-                        (ips[peer][plane], PORT),
-                        timeout=30,
-                        source_address=(ips[self.rank][plane], 0),
-                    )
-                    s.sendall(_HELLO.pack(self.rank, st))
-                    self._add(s, peer, st)
-            self._accept(listeners, sum(p < self.rank for p in self._conns) * self.streams)
+            self._connect_all(listeners)
         except OSError as e:
             self.close()
             raise TransportError(f"rank {self.rank}: cannot connect the TCP streams: {e}") from e
@@ -147,34 +138,82 @@ class TcpTransport(Transport):
                 s.close()
         for conns in self._conns.values():
             conns.sort(key=lambda c: c.stream)
+        # What the kernel counted before any message: the handshakes'
+        # (counters() tells set-up from traffic)
+        self._setup_counts = self._kernel_counts()
 
-    def _accept(self, listeners: list[socket.socket], expected: int) -> None:
+    def _connect_all(self, listeners: list[socket.socket]) -> None:
+        """Open every stream to the peers ranked above, all at once, while
+        accepting those ranked below: set-up takes about one round trip, not
+        one per stream (at a large k a round trip is seconds of real time)."""
         sel = selectors.DefaultSelector()
         for s in listeners:
             sel.register(s, selectors.EVENT_READ)
-        got = 0
-        while got < expected:
-            events = sel.select(timeout=30)
-            if not events:
-                raise OSError(errno.ETIMEDOUT, f"only {got} of {expected} peers connected")
-            for key, _ in events:
-                s, addr = key.fileobj.accept()
-                s.settimeout(5)
-                buf = b""
-                with contextlib.suppress(OSError):
-                    while len(buf) < _HELLO.size:
-                        part = s.recv(_HELLO.size - len(buf))
-                        if not part:
-                            break
-                        buf += part
-                peer, st = _HELLO.unpack(buf) if len(buf) == _HELLO.size else (-1, -1)
-                if not self._expected(peer, st, addr[0]):
-                    s.close()  # not a peer that should connect here: refused, counted
-                    self._bytes["refused_conns"] += 1
-                    continue
-                self._add(s, peer, st)
-                got += 1
-        sel.close()
+        pending = 0
+        for peer in (p for p in sorted(self._conns) if p > self.rank):
+            for st in range(self.streams):
+                plane = st % self._planes
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((self._ips[self.rank][plane], 0))
+                    s.setblocking(False)
+                    rc = s.connect_ex((self._ips[peer][plane], PORT))
+                except OSError:
+                    s.close()
+                    raise
+                if rc not in (0, errno.EINPROGRESS):
+                    s.close()
+                    raise OSError(rc, f"rank {peer}, stream {st}: {os.strerror(rc)}")
+                sel.register(s, selectors.EVENT_WRITE, (peer, st))
+                pending += 1
+        accepting = sum(p < self.rank for p in self._conns) * self.streams
+        try:
+            while pending or accepting:
+                events = sel.select(timeout=30)
+                if not events:
+                    raise OSError(
+                        errno.ETIMEDOUT,
+                        f"{pending} stream(s) to peers above and {accepting} from peers below"
+                        " not connected after 30 s",
+                    )
+                for key, _ in events:
+                    if key.data is None:  # a listener
+                        accepting -= self._accept_one(key.fileobj)
+                        continue
+                    s, (peer, st) = key.fileobj, key.data
+                    sel.unregister(s)
+                    pending -= 1
+                    if rc := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        s.close()
+                        raise OSError(rc, f"rank {peer}, stream {st}: {os.strerror(rc)}")
+                    s.setblocking(True)
+                    s.sendall(_HELLO.pack(self.rank, st))
+                    self._add(s, peer, st)
+        finally:
+            for key in list(sel.get_map().values()):
+                if key.data is not None:
+                    key.fileobj.close()  # a stream not connected (an error above)
+            sel.close()
+
+    def _accept_one(self, listener: socket.socket) -> int:
+        """Accept one stream from a peer ranked below: 1 if it is one the job
+        expects, 0 if it was refused."""
+        s, addr = listener.accept()
+        s.settimeout(5)  # the hello follows the handshake's last ack
+        buf = b""
+        with contextlib.suppress(OSError):
+            while len(buf) < _HELLO.size:
+                part = s.recv(_HELLO.size - len(buf))
+                if not part:
+                    break
+                buf += part
+        peer, st = _HELLO.unpack(buf) if len(buf) == _HELLO.size else (-1, -1)
+        if not self._expected(peer, st, addr[0]):
+            s.close()  # not a peer that should connect here: refused, counted
+            self._bytes["refused_conns"] += 1
+            return 0
+        self._add(s, peer, st)
+        return 1
 
     def _expected(self, peer: int, stream: int, src_ip: str) -> bool:
         """Is this hello one the job expects: a peer ranked below us (it
@@ -404,8 +443,18 @@ class TcpTransport(Transport):
 
     def counters(self) -> dict[str, int]:
         """Bytes and messages, and the kernel's retransmissions and
-        retransmit timeouts over this rank's connections (kernel.tcp_info)."""
-        out = dict(self._bytes)
+        retransmit timeouts over this rank's connections (kernel.tcp_info),
+        those of the connections' set-up also apart (tcp_setup_*: a SYN
+        times out on the kernel's 1 s initial RTO, real time, wherever a
+        handshake's round trip at the lab's k is longer)."""
+        setup = {
+            f"tcp_setup_{name[4:]}": self._setup_counts.get(name, 0)
+            for name in ("tcp_retx_segs", "tcp_rtos", "tcp_rto_time_ms")
+        }
+        return {**self._bytes, **self._kernel_counts(), **setup}
+
+    def _kernel_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
         for conns in self._conns.values():
             for c in conns:
                 for name, v in kernel.tcp_info(c.sock).items():
