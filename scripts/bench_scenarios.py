@@ -11,7 +11,9 @@ k the governor used in the first (governed) run (--pin-factor F: F x), and
 each transport's figure governed / pinned is printed (target: 0.93-1.07 for
 ethplus and roce, 0.90-1.10 for tcp, issue 22), with kernel TCP's own
 counts of each run (segments resent, retransmit timeouts, real time in RTO
-recovery) beside tcp's.  --transports runs only those.
+recovery) beside tcp's, and a caution where the pinned k is past the one
+at which the kernel caps tcp's minimum RTO (120 s real: a shorter minimum
+in nominal time than the lab's).  --transports runs only those.
 
     sudo .venv/bin/python scripts/bench_scenarios.py [--short] [--only NAME,...]
         [--transports T,...] [--pinned-4x [--pin-factor F]] [--out DIR]
@@ -25,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane.lab import labs
+from dataplane.lab import kernel, labs
 from dataplane.report import fidelity, reports
 from dataplane.run import scenario, trials
 
@@ -86,6 +88,9 @@ def main() -> int:
                 ratio = "-" if v is None or not w else f"{v / w:.3f}"
                 print(f"  {t}: governed {_fig(v)}, pinned (k={pin_k:g}) {_fig(w)}: {ratio}")
             _tcp_counts(f"pinned (k={pin_k:g})", pinned_res)
+            if "tcp" in s["figures"] and (capped := _tcp_rto_capped(rec, pin_k)):
+                print(f"  caution, tcp pinned: {capped}")
+                pinned["tcp_rto_capped"] = capped
             print(
                 f"  pinned run {pinned_s:.0f} s real; ethplus advantage there: "
                 + ", ".join(f"{t} {v:.2f}x" for t, v in pinned["ethplus_advantage"].items())
@@ -119,6 +124,23 @@ def _tcp_counts(which: str, res: dict) -> None:
     f = (res["transports"].get("tcp") or {}).get("fidelity") or {}
     if f.get("kernel_tcp"):
         print(f"  tcp {which}: {fidelity.kernel_tcp_text(f['kernel_tcp'])}")
+
+
+def _tcp_rto_capped(rec: dict, k: float) -> str:
+    """Why kernel TCP pinned at k is not the lab's TCP ('' if it is): past
+    the k where the lab's minimum RTO times k reaches the kernel's 120 s cap,
+    the route gets the cap, a shorter minimum RTO in nominal time, and a
+    retransmit timeout costs the job less there than at the governed k."""
+    rto_min_us = kernel.tcp_settings(rec)[0]
+    if kernel.tcp_rto_min_ms(rto_min_us, k) < kernel.TCP_RTO_MAX_MS:
+        return ""
+    nominal_us = kernel.TCP_RTO_MAX_MS * 1000 / k
+    return (
+        f"at k={k:g} the kernel's 120 s cap makes its minimum RTO {nominal_us:.0f} us nominal,"
+        f" not the lab's {rto_min_us:g} us (the same only up to k="
+        f"{kernel.TCP_RTO_MAX_MS * 1000 / rto_min_us:g}): each retransmit timeout costs less"
+        " nominal time than at the governed k"
+    )
 
 
 def _fig(v) -> str:
