@@ -173,11 +173,20 @@ def test_bench_qps_reaches_the_roce_engines(erack, tmp_path):
     assert "2 QP(s) per pair of ranks" in notes, notes
 
 
-def test_bench_brings_a_lab_file_up_and_down(tmp_path):
-    name = f"{RUN_ID}-bf"
+def _erack_file(tmp_path, name: str, edits: dict[str, str] | None = None):
+    """erack-8x4's lab file, named name (and with edits: old -> new text),
+    written to tmp_path/lab.toml."""
     src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
+    for old, new in (edits or {}).items():
+        src = src.replace(old, new)
     f = tmp_path / "lab.toml"
     f.write_text(src)
+    return f
+
+
+def test_bench_brings_a_lab_file_up_and_down(tmp_path):
+    name = f"{RUN_ID}-bf"
+    f = _erack_file(tmp_path, name)
     r = ethplus("bench", "broadcast", "--lab", str(f), "--sizes", "1M", "--iters", "1")
     assert r.returncode == 0, r.stderr
     assert len(_rows(r.stdout)) == 1
@@ -191,9 +200,7 @@ def test_a_signal_mid_run_removes_the_lab_the_bench_brought_up(tmp_path, sig):
     with one line saying so, and the lab, its fabric and the job's workers
     are gone."""
     name = f"{RUN_ID}-bs{int(sig)}"
-    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
-    f = tmp_path / "lab.toml"
-    f.write_text(src)
+    f = _erack_file(tmp_path, name)
     p = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", str(f), "--sizes", "64M",
          "--iters", "20", "--no-check"],
@@ -393,9 +400,7 @@ def test_a_run_the_machine_cannot_keep_up_with_is_marked_behind(tmp_path):
     machine's engines kept up): the row must say `behind`, the report must
     say so, and the JSON's fidelity must not be clean."""
     name = f"{RUN_ID}-bk"
-    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
-    f = tmp_path / "lab.toml"
-    f.write_text(src)
+    f = _erack_file(tmp_path, name)
     js = tmp_path / "r.json"
     r = ethplus("bench", "all-reduce", "--lab", str(f), "--time-scale", "10", "--sizes", "4M",
                 "--iters", "2", "--warmup", "0", "--json", str(js))  # fmt: skip
@@ -415,10 +420,9 @@ def test_kernel_tcp_handshakes_longer_than_its_initial_rto_are_counted_as_set_up
     out and is sent again with nothing lost.  The report counts those
     timeouts as the connections' set-up, apart from the traffic's."""
     name = f"{RUN_ID}-hs"
-    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
-    src = src.replace("accelerators = 8", "accelerators = 2").replace("planes = 4", "planes = 1")
-    f = tmp_path / "lab.toml"
-    f.write_text(src)
+    f = _erack_file(
+        tmp_path, name, {"accelerators = 8": "accelerators = 2", "planes = 4": "planes = 1"}
+    )
     js = tmp_path / "r.json"
     r = ethplus("bench", "all-reduce", "--lab", str(f), "--transport", "tcp",
                 "--time-scale", "1000000", "--sizes", "4K", "--iters", "1", "--warmup", "0",
@@ -434,9 +438,7 @@ def test_kernel_tcp_ranks_starved_of_cpu_are_marked_behind(tmp_path):
     waiting for a CPU show that the machine set the pace: at time scale 400
     a 16 MiB all-reduce cannot be clean here."""
     name = f"{RUN_ID}-bt"
-    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
-    f = tmp_path / "lab.toml"
-    f.write_text(src)
+    f = _erack_file(tmp_path, name)
     js = tmp_path / "r.json"
     r = ethplus("bench", "all-reduce", "--lab", str(f), "--transport", "tcp",
                 "--time-scale", "400", "--sizes", "16M", "--iters", "2", "--warmup", "1",
@@ -469,9 +471,7 @@ def test_check_all_verifies_every_warm_up_and_timed_run(erack, transport_name, t
 def governed_lab(tmp_path):
     """An erack-8x4 of its own (time_scale "auto": governed), removed after."""
     name = f"{RUN_ID}-gv"
-    src = open("netns-labs/erack-8x4.toml").read().replace("[lab]", f'[lab]\nname = "{name}"', 1)
-    f = tmp_path / "lab.toml"
-    f.write_text(src)
+    f = _erack_file(tmp_path, name)
     ethplus("lab", "up", str(f), check=True, governed=True)
     try:
         yield name
