@@ -132,7 +132,7 @@ def _tcp_rto_capped(rec: dict, k: float) -> str:
     the route gets the cap, a shorter minimum RTO in nominal time, and a
     retransmit timeout costs the job less there than at the governed k."""
     rto_min_us = kernel.tcp_settings(rec)[0]
-    if kernel.tcp_rto_min_ms(rto_min_us, k) < kernel.TCP_RTO_MAX_MS:
+    if not kernel.tcp_rto_min_capped(rto_min_us, k):
         return ""
     nominal_us = kernel.TCP_RTO_MAX_MS * 1000 / k
     return (

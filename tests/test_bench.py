@@ -263,7 +263,11 @@ def _mid_run_worker(lab: str, processes: int, node: str, into_bytes: int = 16 * 
     while _netns_inode(pid) in (_netns_inode(os.getpid()), 0) and time.monotonic() < deadline:
         time.sleep(0.05)  # until the worker is in its node's namespace
     start = _rx_bytes(pid)
-    while _rx_bytes(pid) - start < into_bytes and time.monotonic() < deadline + 60:
+    while (
+        _rx_bytes(pid) - start < into_bytes
+        and _netns_inode(pid)  # (a worker gone: nothing to wait for)
+        and time.monotonic() < deadline + 60
+    ):
         time.sleep(0.05)
     return pid
 

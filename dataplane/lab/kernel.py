@@ -257,6 +257,12 @@ def tcp_rto_min_ms(rto_min_us: float, k: float) -> int:
     return max(1, min(TCP_RTO_MAX_MS, round(Scale(k).real_ns(rto_min_us * 1000) / 1e6)))
 
 
+def tcp_rto_min_capped(rto_min_us: float, k: float) -> bool:
+    """Does the kernel's 120 s cap cut a nominal rto_min at time scale k
+    (the route gets a shorter minimum, in nominal time, than the lab's)?"""
+    return tcp_rto_min_ms(rto_min_us, k) >= TCP_RTO_MAX_MS
+
+
 def rto_backoff_doublings(rto_min_real_ms: int) -> int:
     """How often an RTO can double from the minimum before the kernel's
     120 s cap (real time, so fewer at a larger k)."""
@@ -376,7 +382,11 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         now = ""
     else:
         real_ms = tcp_rto_min_ms(nominal_us, float(k))
-        capped = " (the kernel's cap: less than nominal x k)" if real_ms == TCP_RTO_MAX_MS else ""
+        capped = (
+            " (the kernel's cap: less than nominal x k)"
+            if tcp_rto_min_capped(nominal_us, float(k))
+            else ""
+        )
         now = f", {real_ms} ms real at k={float(k):g}{capped}; " + rto_backoff_note(real_ms, k)
     notes = [
         f"kernel TCP: congestion control {cc} and ECN "

@@ -118,7 +118,6 @@ class TcpTransport(Transport):
             "refused_conns": 0,
         }
         self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
-        self._setup_counts: dict[str, int] = {}
         listeners = []
         try:
             for ip in ips[self.rank]:
@@ -140,7 +139,7 @@ class TcpTransport(Transport):
             conns.sort(key=lambda c: c.stream)
         # What the kernel counted before any message: the handshakes'
         # (counters() tells set-up from traffic)
-        self._setup_counts = self._kernel_counts()
+        self._setup_counts: dict[str, int] = self._kernel_counts()
 
     def _connect_all(self, listeners: list[socket.socket]) -> None:
         """Open every stream to the peers ranked above, all at once, while
