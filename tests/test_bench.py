@@ -671,6 +671,33 @@ def test_a_rank_kept_off_the_cpu_shows_as_its_engines_rx_backlog(erack):
     assert all(e["rx_wait_ns"] > 0 for e in engines.values())  # measured on every engine
 
 
+def test_a_rank_frozen_in_a_timed_run_marks_its_size_behind_saying_why(erack, tmp_path):
+    """A rank's process frozen (SIGSTOP) for a second in the middle of a
+    size's timed runs, as a machine too busy to run it would: every other
+    rank waits for it, so its engine's stall counts in the time some NIC
+    engine of the lab was behind, and the size is `behind`, saying so."""
+    js = tmp_path / "r.json"
+    b = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
+         "--iters", "3", "--warmup", "1", "--json", str(js)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # past the untimed check run (each node receives 7/4 of 64 MiB) into the timed ones
+        victim = _mid_run_worker(erack, 8, "h3", into_bytes=150 * MiB)
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGCONT)
+        _, err = b.communicate(timeout=300)
+    finally:
+        b.kill()
+    assert b.returncode == 0, err
+    row = json.loads(js.read_text())["rows"][0]
+    share = row["endpoints"]["any_behind_share"]
+    assert share * row["time_real_us"] / 1e6 > 0.5, row  # most of the second frozen
+    assert row["fell_behind"] and any("some NIC engine was behind" in w for w in row["behind_why"])
+
+
 def test_a_job_whose_ranks_stop_and_whose_frames_stop_is_a_stall(erack):
     """A rank frozen (SIGSTOP) mid-collective: nobody reports and, once the
     others have nothing left to send, no frame moves: the job fails as

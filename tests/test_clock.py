@@ -11,7 +11,8 @@ import pytest
 from conftest import ethplus
 from labtools import Lab, module_lab
 
-from dataplane.lab.clock import Clock
+from dataplane.lab.clock import REPORTS, Clock
+from dataplane.lab.core import ffi, lib
 from dataplane.lab.nic import Endpoint
 
 pytestmark = pytest.mark.root
@@ -47,6 +48,30 @@ def _forcing(lab: Lab, done: threading.Event, seen: list) -> threading.Thread:
     t = threading.Thread(target=run)
     t.start()
     return t
+
+
+def test_engines_late_spans_count_once_however_many_engines_were_late(tmp_path):
+    """The clock's any_late_ns is the union of the spans engines report
+    they ran behind (a collective waits for its slowest rank): spans that
+    overlap count once, disjoint ones add, and one inside another adds
+    nothing; two mappings of the page (two processes' engines) share it."""
+    err = ffi.new("int *")
+    path = str(tmp_path / "clock").encode()
+    a = ffi.gc(lib.ethp_clock_map(path, 1, 1000.0, err), lib.ethp_clock_unmap)
+    b = ffi.gc(lib.ethp_clock_map(path, 0, 0.0, err), lib.ethp_clock_unmap)
+    out = ffi.new("uint64_t[]", lib.ETHP_CLOCK_NREPORTS)
+
+    def union_ns() -> int:
+        lib.ethp_clock_reports(a, out)
+        return dict(zip(REPORTS, out, strict=True))["any_late_ns"]
+
+    lib.ethp_clock_report_late(a, 1_000, 3_000)
+    lib.ethp_clock_report_late(b, 2_000, 5_000)  # overlaps: adds 3000..5000
+    assert union_ns() == 4_000
+    lib.ethp_clock_report_late(a, 3_500, 4_500)  # inside: nothing new
+    assert union_ns() == 4_000
+    lib.ethp_clock_report_late(b, 10_000, 11_000)  # apart: adds all of it
+    assert union_ns() == 5_000
 
 
 def test_lab_scale_moves_the_clock_and_nominal_time_runs_on(erack):

@@ -48,16 +48,20 @@ def test_an_endpoint_that_fell_behind_marks_the_row():
                 waited_s=0.2)  # fmt: skip
     fidelity.mark_row(fine, [], rec)
     assert fine["fell_behind"] is False and fine["endpoints"]["behind_share_max"] == 0.4
+    assert fine["behind_why"] == []
     for engine in (
         # behind 6% of the time by 1 ms at a time: 30 us a packet, 1.5 RTTs
         {"eng_late_sum_ns": 60_000_000, "eng_late_wakeups": 60},
         {"eng_lost_ns": 60_000_000},  # its ports lost 6% of their time
         {"rx_ring_drops": 1},
         {"waited_s": 0.3},  # ready, not scheduled, 30% of the window
+        # some engine of the lab behind 6% of the window (their union)
+        {"any_late_ns": 60_000_000},
     ):
         row = _row(**engine)
         fidelity.mark_row(row, [], rec)
         assert row["fell_behind"] and row["endpoints"]["fell_behind"], engine
+        assert len(row["behind_why"]) == 1, row["behind_why"]  # and says why
     tcp = {"t0": 0.0, "t1": 1.0}  # no figures from the ranks: no endpoint verdict
     fidelity.mark_row(tcp, [], rec)
     assert tcp["endpoints"] is None and tcp["fell_behind"] is False

@@ -36,6 +36,16 @@ def test_it_raises_when_a_part_nears_its_verdict_and_holds_a_window_after():
     assert all(e["why"] for e in g.events)
 
 
+def test_engines_behind_together_raise_k():
+    """Each engine a little behind, at different times: the lab's union of
+    their late spans nears its verdict, and k goes up, saying why."""
+    g = Governor(1000)
+    obs = Observation(any_behind_share=fidelity.ANY_BEHIND_MAX * 0.9)
+    assert g.step(obs, 0.0) == 1000 * RAISE
+    assert "some NIC engine was behind" in g.events[-1]["why"]
+    assert not Observation(any_behind_share=fidelity.ANY_BEHIND_MAX * 0.5).calm()
+
+
 def test_busy_cpus_alone_do_not_raise_k():
     g = Governor(1000)
     assert g.step(Observation(busy_share=1.0), 0.0) is None and g.k == 1000

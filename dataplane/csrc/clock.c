@@ -26,6 +26,7 @@ struct clock_page {
     uint64_t anchor_real_ns, anchor_nominal_ns;
     uint64_t reports[ETHP_CLOCK_NREPORTS];
     uint64_t engines_attached; /* slots handed out so far (they wrap) */
+    uint64_t late_until_ns;    /* the end of the union of engines' late spans so far */
     /* each engine's own lost and late time (its per-engine reports) */
     uint64_t engine[ETHP_CLOCK_MAX_ENGINES][ETHP_CLOCK_PER_ENGINE];
 };
@@ -215,4 +216,22 @@ void ethp_clock_attach_engine(struct ethp_clock *c)
                              ETHP_CLOCK_MAX_ENGINES);
         __atomic_fetch_add(&c->pg->reports[ETHP_CLOCK_R_ENGINES], 1, __ATOMIC_RELAXED);
     }
+}
+
+/* The union of every engine's late spans.  Spans are reported as they end,
+ * so in nearly the order of their ends: the part of one past the union's
+ * end so far is new (a span reported after a later-ending one counts only
+ * past that one's end, a slight undercount).  Lock-free across processes. */
+void ethp_clock_report_late(struct ethp_clock *c, uint64_t from_ns, uint64_t now_ns)
+{
+    struct clock_page *pg = c->pg;
+    uint64_t until = __atomic_load_n(&pg->late_until_ns, __ATOMIC_RELAXED);
+    uint64_t start;
+    do {
+        if (now_ns <= until)
+            return;
+        start = from_ns > until ? from_ns : until;
+    } while (!__atomic_compare_exchange_n(&pg->late_until_ns, &until, now_ns, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    __atomic_fetch_add(&pg->reports[ETHP_CLOCK_R_ANY_LATE_NS], now_ns - start, __ATOMIC_RELAXED);
 }

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 38
+#define ETHP_ABI_VERSION 39
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -819,7 +819,9 @@ void ethp_memfab_counters(struct ethp_memfab *fab, uint64_t *out);
  * was set at:  nominal(t) = anchor_nominal + (t - anchor_real) / k,  with t
  * CLOCK_MONOTONIC, so nominal time is continuous across changes of k.  Read
  * under a sequence lock.  Engines add what they lost (late wake-ups past the
- * catch-up allowance, ring drops) to the page's reports, for the governor. */
+ * catch-up allowance, ring drops) to the page's reports, for the governor,
+ * and the union of the spans they ran behind (ETHP_CLOCK_R_ANY_LATE_NS: a
+ * collective waits for its slowest rank, so any engine behind holds up all). */
 enum {
     ETHP_CLOCK_R_LOST_NS = 0,    /* engines' wall time lost past the catch-up allowance */
     ETHP_CLOCK_R_LATE_SUM_NS,    /* how late engines ran (eng_late_sum_ns) */
@@ -828,6 +830,7 @@ enum {
     ETHP_CLOCK_R_RING_DROPS,     /* frames the kernel dropped at an engine's ring */
     ETHP_CLOCK_R_RX_WAIT_SUM_NS, /* how long frames waited in engines' rings (rx_wait_sum_ns) */
     ETHP_CLOCK_R_RX_WAIT_FRAMES, /* the frames those waits were measured on */
+    ETHP_CLOCK_R_ANY_LATE_NS,    /* wall time at least one engine was behind (their union) */
     ETHP_CLOCK_R_ENGINES,        /* engines attached to the clock now */
     ETHP_CLOCK_NREPORTS,
     ETHP_CLOCK_MAX_ENGINES = 1792, /* engines with a lost-time slot of their own (they wrap) */
@@ -846,6 +849,9 @@ uint64_t ethp_clock_gen(const struct ethp_clock *c);
 uint64_t ethp_clock_nominal_ns(const struct ethp_clock *c);
 void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out);
 void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v);
+/* An engine ran behind its schedule over [from_ns, now_ns] (CLOCK_MONOTONIC):
+ * added to ETHP_CLOCK_R_ANY_LATE_NS where no report so far covers it. */
+void ethp_clock_report_late(struct ethp_clock *c, uint64_t from_ns, uint64_t now_ns);
 /* Each attached engine's own report which (< ETHP_CLOCK_PER_ENGINE), by
  * slot: up to n of them into out; returns how many. */
 uint32_t ethp_clock_engines(const struct ethp_clock *c, uint32_t which, uint64_t *out, uint32_t n);

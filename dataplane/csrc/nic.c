@@ -385,7 +385,10 @@ static uint64_t next_due(struct ethp_nic *n)
 /* Did the engine run when its next packet or timer was due?  Lateness
  * against the earlier of the due time and the previous pass (each ns of it
  * counted once); what the pacers' catch-up cannot make up is link time
- * lost.  The fidelity report's verdict on the endpoints (fidelity.py). */
+ * lost.  Lateness over a hundredth of the real base RTT also goes to the
+ * lab's union of stalls: a collective waits for its slowest rank, so the
+ * time any engine is behind holds every rank up.  The fidelity report's
+ * verdict on the endpoints (fidelity.py). */
 static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uint64_t now)
 {
     if (due == UINT64_MAX)
@@ -403,6 +406,8 @@ static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uin
     if (n->clock) {
         ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_WAKEUPS, 1);
         ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_SUM_NS, late);
+        if (late > n->cfg.base_rtt_ns / NIC_STALL_RTT_DIV)
+            ethp_clock_report_late(n->clock, from, now);
         if (late > NIC_CATCHUP_NS)
             ethp_clock_report(n->clock, ETHP_CLOCK_R_LOST_NS, late - NIC_CATCHUP_NS);
     }

@@ -38,6 +38,9 @@ struct nic_mode_ops;
 #define NIC_RING_TAG 0u
 #define NIC_CATCHUP_NS 2000000ull
 #define NIC_LATE_NS 100000ull /* as the switch's late_frames */
+/* lateness over base RTT / this counts in the lab's union of stalls (at
+ * the floor k of erack-8x4 about 0.2 ms real; see fidelity.ANY_BEHIND_MAX) */
+#define NIC_STALL_RTT_DIV 100
 #define NIC_CLOCK_POLL_NS 50000000ull /* an idle engine's look at the clock */
 #define NIC_EAGER_BYTES 64u /* a message this small may come before its receive */
 #define NIC_EAGER_SLOTS 8u  /* ... this many per peer */

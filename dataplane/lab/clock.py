@@ -6,7 +6,8 @@ pair (real, nominal) it was set at, so that nominal time runs on, without a
 jump, when k changes.  Every NIC engine of the lab maps it and follows each
 change of k as it comes (nic.c: nic_rescale); the workers and the bench time
 their runs in nominal nanoseconds from it; the engines add what they lost to
-it (late wake-ups, ring drops) for the governor to read.
+it (late wake-ups, ring drops, and the union of the spans they ran behind)
+for the governor and the bench's verdicts to read.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataplane.lab.core import ffi, lib
 
 REPORTS = (
     "lost_ns", "late_sum_ns", "late_wakeups", "ring_drops", "rx_wait_sum_ns", "rx_wait_frames",
-    "engines",
+    "any_late_ns", "engines",
 )  # fmt: skip
 PER_ENGINE = REPORTS[: lib.ETHP_CLOCK_PER_ENGINE]
 

@@ -259,6 +259,7 @@ class Fabric:
                 cb["rx_wait_frames"] - ca["rx_wait_frames"],
             )
             / base_rtt_real_ns,
+            any_behind_share=(cb["any_late_ns"] - ca["any_late_ns"]) / span_ns,
             busy_share=(b["busy"] - a["busy"]) / total if total > 0 else 0.0,
         )
 

@@ -7,8 +7,9 @@ Two parts:
 - ``Governor`` runs inside the fabric (fabric.py starts it for a governed
   lab).  Every INTERVAL_S it looks at every part that can fall behind: the
   switches' pacers (link time lost, delay added), the NIC engines (the link
-  time they lost and the frames their rings dropped, which they add to the
-  fabric clock: clock.py) and the machine's busy share.  When any of them
+  time they lost, the frames their rings dropped and the time any of them
+  was behind, which they add to the fabric clock: clock.py), the ranks'
+  wait for a CPU and the machine's busy share.  When any of them
   passes half of the threshold that would mark a size `behind`
   (fidelity.py), it raises k by RAISE (the fabric clock slows: every switch,
   host shaper and NIC engine follows at once); when every part has had
@@ -65,6 +66,7 @@ class Observation:
     engine_added_delay_share: float = 0.0  # NIC engines: the worst one's delay / base RTT
     ring_drops: int = 0  # NIC engines: frames their RX rings dropped
     engine_rx_delay_share: float = 0.0  # NIC engines: frames' mean wait in their rings / base RTT
+    any_behind_share: float = 0.0  # NIC engines: time some engine was behind (their union)
     waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
     busy_share: float = 0.0  # the machine
 
@@ -86,6 +88,8 @@ class Observation:
         if self.engine_rx_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
             share = self.engine_rx_delay_share
             return f"frames waited in NIC engines' rings {share:.1%} of a base RTT on average"
+        if self.any_behind_share > fidelity.ANY_BEHIND_MAX * RAISE_AT:
+            return f"some NIC engine was behind {self.any_behind_share:.1%} of the time"
         if self.waited_share > fidelity.WAITED_SHARE_MAX * RAISE_AT:
             return f"a rank waited for a CPU {self.waited_share:.0%} of the time"
         return None
@@ -98,6 +102,7 @@ class Observation:
             self.engine_lost_share / fidelity.LOST_SHARE_MAX,
             self.engine_added_delay_share / fidelity.ADDED_DELAY_MAX,
             self.engine_rx_delay_share / fidelity.ADDED_DELAY_MAX,
+            self.any_behind_share / fidelity.ANY_BEHIND_MAX,
             self.waited_share / fidelity.WAITED_SHARE_MAX,
         )
 
@@ -109,6 +114,7 @@ class Observation:
             or self.engine_lost_share > fidelity.LOST_SHARE_MAX
             or self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX
             or self.engine_rx_delay_share > fidelity.ADDED_DELAY_MAX
+            or self.any_behind_share > fidelity.ANY_BEHIND_MAX
             or self.waited_share > 2 * fidelity.WAITED_SHARE_MAX
         )
 
@@ -119,6 +125,7 @@ class Observation:
             and self.engine_lost_share < fidelity.LOST_SHARE_MAX * CALM_AT
             and self.engine_added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
             and self.engine_rx_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
+            and self.any_behind_share < fidelity.ANY_BEHIND_MAX * CALM_AT
             and not self.ring_drops
             and self.waited_share < fidelity.WAITED_SHARE_MAX * CALM_AT
             and self.busy_share < CALM_BUSY_MAX

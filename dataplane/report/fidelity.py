@@ -39,6 +39,14 @@ BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
 # kernel TCP's 16 MiB all-reduce on erack-8x4 waited 0.87 of the window at
 # k=6400, 151 GB/s, and 0.19 at k=25600, 183)
 WAITED_SHARE_MAX = 0.25
+# some NIC engine of the lab was behind its schedule (by more than a
+# hundredth of the real base RTT: nic.c, NIC_STALL_RTT_DIV) for more than
+# this share of the window: the union of every engine's late spans (the
+# clock's any_late_ns), since a collective waits for its slowest rank.
+# Measured (erack-8x4, 16 MiB all-reduce, k pinned): RoCE lost 16-23% of its
+# busbw with a share of 0.074-0.37 (receivers posting late: RNR and
+# go-back-N), and none at 0.051 or under; ethplus lost none at up to 0.18
+ANY_BEHIND_MAX = 0.05
 # A job's samples of the fabric (Fabric.sample): these counters of every
 # switch port, several times a second
 SAMPLE_FIELDS = ("tx_bytes", "q_bytes", "late_frames", "late_sum_ns", "tx_frames", "lost_link_ns")
@@ -114,9 +122,7 @@ def window(samples: list[dict], t0: float, t1: float, base_rtt_real_ns: float) -
         "lost_link_share": lost / span_ns,
         "added_delay_share": added / base_rtt_real_ns,
     }
-    out["fell_behind"] = (
-        out["lost_link_share"] > LOST_SHARE_MAX or out["added_delay_share"] > ADDED_DELAY_MAX
-    )
+    out["fell_behind"] = bool(pacing_why(out))
     return out
 
 
@@ -146,7 +152,9 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
     threads waited for a CPU for WAITED_SHARE_MAX of it was paced by the
     machine (kernel TCP's ranks too); one whose frames waited in its RX ring
     (rx_wait_ns) for more than ADDED_DELAY_MAX of the base RTT on average
-    delayed every frame it received.  None without the ranks' figures."""
+    delayed every frame it received; and the lab's engines together were
+    behind (some engine, any_late_ns) for more than ANY_BEHIND_MAX of it.
+    None without the ranks' figures."""
     engines = row.get("engines") or []
     if not engines:
         return None
@@ -171,17 +179,42 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
         "lost_share_max": worst.get("eng_lost_ns", 0) / span_ns,
         "lost_share_rank": worst["rank"],
         "waited_share_max": waited.get("waited_s", 0.0) * 1e9 / span_ns,
+        "any_behind_share": max(e.get("any_late_ns", 0) for e in engines) / span_ns,
         "rx_ring_drops": sum(e.get("rx_ring_drops", 0) for e in engines),
         "rx_delay_share": rx_wait / base_rtt_real_ns,
     }
-    out["fell_behind"] = (
-        out["lost_share_max"] > LOST_SHARE_MAX
-        or out["added_delay_share"] > ADDED_DELAY_MAX
-        or out["waited_share_max"] > WAITED_SHARE_MAX
-        or out["rx_ring_drops"] > 0
-        or out["rx_delay_share"] > ADDED_DELAY_MAX
-    )
+    out["why"] = endpoints_why(out)
+    out["fell_behind"] = bool(out["why"])
     return out
+
+
+def endpoints_why(e: dict) -> list[str]:
+    """Why engines_window() judged the endpoints behind ([] if it did not)."""
+    why = []
+    if e["lost_share_max"] > LOST_SHARE_MAX:
+        why.append(f"rank {e['lost_share_rank']}'s NIC engine lost"
+                   f" {e['lost_share_max']:.1%} of its link time")  # fmt: skip
+    if e["added_delay_share"] > ADDED_DELAY_MAX:
+        why.append(f"a NIC engine ran late by {e['added_delay_share']:.1%} of a base RTT")
+    if e["any_behind_share"] > ANY_BEHIND_MAX:
+        why.append(f"some NIC engine was behind {e['any_behind_share']:.1%} of the time")
+    if e["waited_share_max"] > WAITED_SHARE_MAX:
+        why.append(f"a rank waited for a CPU {e['waited_share_max']:.0%} of the time")
+    if e["rx_ring_drops"]:
+        why.append(f"NIC engines' RX rings dropped {e['rx_ring_drops']} frames")
+    if e["rx_delay_share"] > ADDED_DELAY_MAX:
+        why.append(f"frames waited in NIC engines' rings {e['rx_delay_share']:.1%} of a base RTT")
+    return why
+
+
+def pacing_why(w: dict) -> list[str]:
+    """Why window() judged the switches behind ([] if it did not)."""
+    why = []
+    if w["lost_link_share"] > LOST_SHARE_MAX:
+        why.append(f"a switch port lost {w['lost_link_share']:.1%} of its link time")
+    if w["added_delay_share"] > ADDED_DELAY_MAX:
+        why.append(f"switch delay lines ran {w['added_delay_share']:.1%} of a base RTT late")
+    return why
 
 
 def k_range(samples: list[dict], t0: float, t1: float) -> list[float] | None:
@@ -203,7 +236,8 @@ def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
     e = engines_window(row, base_rtt_real_ns)
     row["pacing"] = w
     row["endpoints"] = e
-    row["fell_behind"] = bool(w and w["fell_behind"]) or bool(e and e["fell_behind"])
+    row["behind_why"] = (pacing_why(w) if w else []) + (e["why"] if e else [])
+    row["fell_behind"] = bool(row["behind_why"])
 
 
 def link_rates(result: dict, rec: dict, top: int = 4) -> list[dict]:
@@ -384,6 +418,15 @@ def report(result: dict, rec: dict) -> dict:
         # kernel TCP's, over every connection (kernel.tcp_info; {} for the NIC)
         "kernel_tcp": kernel_tcp(result),
         "fell_behind_sizes": fell,
+        # each size behind, and why (fidelity.pacing_why, endpoints_why)
+        "behind_why": [
+            [r["size"], r.get("behind_why", [])] for r in result["rows"] if r.get("fell_behind")
+        ],  # fmt: skip
+        # the most of a size's timed window some NIC engine was behind
+        "any_behind_share_max": max(
+            ((r.get("endpoints") or {}).get("any_behind_share", 0.0) for r in result["rows"]),
+            default=0.0,
+        ),
         # the k each size's timed runs ran at (a governed lab's may move)
         "k_per_size": [[r["size"], r.get("k_range")] for r in result["rows"]],
         "clean": not fell and busy <= BUSY_MAX,
@@ -433,7 +476,8 @@ def render(f: dict) -> str:
         lines.append(
             f"  endpoints: {len(engs)} NIC engines; worst lateness {worst['late_max_ns'] / 1e6:.1f}"
             f" ms ({worst['node']}); {sum(e['late_wakeups'] for e in engs)} late passes;"
-            f" {len(lost)} lost link time beyond catch-up or RX frames"
+            f" {len(lost)} lost link time beyond catch-up or RX frames; some engine behind"
+            f" {f.get('any_behind_share_max', 0.0):.1%} of a size's timed runs at most"
         )
         slow = max(engs, key=lambda e: e.get("rx_wait_ns", 0))
         lines.append(
@@ -458,5 +502,8 @@ def render(f: dict) -> str:
             f"  FELL BEHIND at sizes {f['fell_behind_sizes']} (a switch's pacer or a NIC engine"
             " could not keep up: 'behind' in the table)"
         )
+        for size, why in f.get("behind_why", []):
+            if why:
+                lines.append(f"    {size} B: " + "; ".join(why))
     lines.append("  not time-scaled: " + "; ".join(f["not_time_scaled"]))
     return "\n".join(lines)

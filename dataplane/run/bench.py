@@ -3,8 +3,9 @@ reported as nccl-tests reports it.
 
 Columns (PROTOCOLS.md): size (B), count (elements), type, redop, time (us),
 algbw (GB/s), busbw (GB/s), #wrong, and one more, pacing: ``ok``, or
-``behind`` when the switches' pacers fell behind during that size (see
-dataplane/report/fidelity.py).  Times and bandwidths are nominal: real time / k and
+``behind`` when some part of the emulation (a switch's pacer, a NIC engine,
+a rank's CPU) fell behind during that size; the JSON's ``behind_why`` says
+which (see dataplane/report/fidelity.py).  Times and bandwidths are nominal: real time / k and
 real bandwidth x k, k being the lab's time scale.  algbw = size / time,
 busbw = algbw x the collective's factor; GB = 1e9 bytes.  The time of a size
 is the slowest rank's, averaged over the timed iterations.
@@ -163,6 +164,7 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = 
         "pacing": row.get("pacing"),
         "endpoints": row.get("endpoints"),
         "fell_behind": bool(row.get("fell_behind")),
+        "behind_why": row.get("behind_why", []),
         "k_range": row.get("k_range"),
     }
 

@@ -112,6 +112,11 @@ class Timer:
         t = time.monotonic()
         return t, self.clock.nominal_s() if self.clock is not None else self.scale.nominal_s(t)
 
+    def any_late_ns(self) -> int:
+        """Real ns so far that at least one NIC engine of the lab ran behind
+        (the clock's union of their late spans; 0 without a clock)."""
+        return self.clock.reports()["any_late_ns"] if self.clock is not None else 0
+
 
 def checked_run(
     link: Link, case: Case, barrier: str, timer: Timer | None = None
@@ -168,6 +173,7 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
                     case.run()
             link.barrier(f"time-{i}")
             c0, waited0 = t.counters(), cpu.process_waited_s(os.getpid())
+            late0 = timer.any_late_ns()
             t0, n0 = timer.now()
             ends, nends, run_s, run_ns = [], [], 0.0, 0.0
             for k in range(plan["iters"]):
@@ -183,6 +189,7 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
             c1 = t.counters()
             engine = {k: c1[k] - c0.get(k, 0) for k in ENGINE_KEYS if k in c1}
             engine["waited_s"] = cpu.process_waited_s(os.getpid()) - waited0
+            engine["any_late_ns"] = timer.any_late_ns() - late0
             timing = {"t0": t0, "t1": t1, "ends": ends, "n0": n0, "n1": n1, "nends": nends,
                       **({"run_s": run_s, "run_ns": run_ns} if every else {})}  # fmt: skip
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
