@@ -176,8 +176,13 @@ uint64_t ethp_clock_gen(const struct ethp_clock *c)
 
 uint64_t ethp_clock_nominal_ns(const struct ethp_clock *c)
 {
+    return ethp_clock_nominal_at_ns(c, ethp_now_ns());
+}
+
+uint64_t ethp_clock_nominal_at_ns(const struct ethp_clock *c, uint64_t real_ns)
+{
     struct clock_view v = clock_read(c->pg);
-    return nominal_at(&v, ethp_now_ns());
+    return nominal_at(&v, real_ns);
 }
 
 void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out)

@@ -847,6 +847,9 @@ double ethp_clock_k(const struct ethp_clock *c);
 uint64_t ethp_clock_gen(const struct ethp_clock *c);
 /* Nominal nanoseconds now (0 at the clock's creation). */
 uint64_t ethp_clock_nominal_ns(const struct ethp_clock *c);
+/* Nominal nanoseconds at real_ns (CLOCK_MONOTONIC, after the last change of
+ * k): a caller's real and nominal readings of one instant. */
+uint64_t ethp_clock_nominal_at_ns(const struct ethp_clock *c, uint64_t real_ns);
 void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out);
 void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v);
 /* An engine ran behind its schedule over [from_ns, now_ns] (CLOCK_MONOTONIC):

@@ -13,6 +13,7 @@ for the governor and the bench's verdicts to read.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from dataplane.errors import EthplusError
@@ -77,6 +78,12 @@ class Clock:
 
     def nominal_s(self) -> float:
         return lib.ethp_clock_nominal_ns(self._c) / 1e9
+
+    def now(self) -> tuple[float, float]:
+        """Real (time.monotonic) and nominal seconds of one instant: two
+        separate readings would differ by any preemption between them."""
+        real_ns = time.monotonic_ns()
+        return real_ns / 1e9, lib.ethp_clock_nominal_at_ns(self._c, real_ns) / 1e9
 
     def set_k(self, k: float) -> None:
         if lib.ethp_clock_set_k(self._c, float(k)) < 0:

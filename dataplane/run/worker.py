@@ -109,8 +109,10 @@ class Timer:
         self.scale = Scale(k)
 
     def now(self) -> tuple[float, float]:
+        if self.clock is not None:
+            return self.clock.now()
         t = time.monotonic()
-        return t, self.clock.nominal_s() if self.clock is not None else self.scale.nominal_s(t)
+        return t, self.scale.nominal_s(t)
 
     def any_late_ns(self) -> int:
         """Real ns so far that at least one NIC engine of the lab ran behind
