@@ -10,7 +10,7 @@ Two parts:
   time they lost, the frames their rings dropped and the time any of them
   was behind, which they add to the fabric clock: clock.py), the ranks'
   wait for a CPU and the machine's busy share.  When any of them
-  passes half of the threshold that would mark a size `behind`
+  passes RAISE_AT of the threshold that would mark a size `behind`
   (fidelity.py), it raises k by RAISE (the fabric clock slows: every switch,
   host shaper and NIC engine follows at once); when every part has had
   headroom for CALM_S it lowers k by LOWER, never under the floor (the k
