@@ -105,3 +105,22 @@ def test_a_large_lab_is_sampled_less_often():
     assert fidelity.sample_interval_s(lab(64)) == fidelity.SAMPLE_S
     assert fidelity.sample_interval_s(lab(512)) == fidelity.SAMPLE_S
     assert fidelity.sample_interval_s(lab(4096)) == pytest.approx(8 * fidelity.SAMPLE_S)
+
+
+def test_a_size_run_again_is_judged_by_its_last_run_and_named():
+    """A size that fell behind in the run and ran again clean at a larger k
+    (trials.py): the report's verdicts are the kept rows' and it names the
+    size run again, instead of listing it as fallen behind."""
+    f = {"fell_behind_sizes": [4 << 20], "behind_why": [[4 << 20, ["x"]]], "clean": False,
+         "cpu": {"saturated": False}}  # fmt: skip
+    rows = [{"size_bytes": 1 << 20, "fell_behind": False},
+            {"size_bytes": 4 << 20, "fell_behind": False}]  # fmt: skip
+    fidelity.after_reruns(f, rows, [{"size_bytes": 4 << 20, "k_range": [6400.0, 9600.0]}])
+    assert f["fell_behind_sizes"] == [] and f["clean"] and f["behind_why"] == []
+    f.update(time_scale=6400.0, links=[], pacer={"late_frames": 0, "tx_frames": 0,
+             "late_share": 0.0, "late_mean_ns": 0, "lost_link_ns": 0},
+             cpu={"fabric_cores": 0.1, "workers_cores": 0.1, "machine_busy_share": 0.5,
+                  "saturated": False}, drops={}, not_time_scaled=[])  # fmt: skip
+    text = fidelity.render(f)
+    assert "FELL BEHIND" not in text
+    assert "ran again at a larger k" in text and "4194304 B (behind at k=6400-9600)" in text

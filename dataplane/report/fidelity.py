@@ -440,6 +440,17 @@ def report(result: dict, rec: dict) -> dict:
     }
 
 
+def after_reruns(f: dict, rows: list[dict], reruns: list[dict]) -> None:
+    """A report f of a run whose sizes that fell behind ran again (trials.py):
+    the verdicts become those of the rows kept (bench rows), and the sizes
+    run again are named, with the k their behind runs had."""
+    behind = [r for r in rows if r["fell_behind"]]
+    f["fell_behind_sizes"] = [r["size_bytes"] for r in behind]
+    f["behind_why"] = [[r["size_bytes"], r.get("behind_why", [])] for r in behind]
+    f["clean"] = not behind and not f["cpu"]["saturated"]
+    f["ran_again"] = [[r["size_bytes"], r.get("k_range")] for r in reruns]
+
+
 def render(f: dict) -> str:
     """A few lines for a terminal."""
     lines = [f"fidelity (time scale k={f['time_scale']:g} at the start; real rate = nominal / k):"]
@@ -505,5 +516,14 @@ def render(f: dict) -> str:
         for size, why in f.get("behind_why", []):
             if why:
                 lines.append(f"    {size} B: " + "; ".join(why))
+    if f.get("ran_again"):
+        lines.append(
+            "  ran again at a larger k (the figures above are of the whole first run; the"
+            " table's row is the last run's): "
+            + ", ".join(
+                f"{size} B" + (f" (behind at k={kr[0]:g}-{kr[1]:g})" if kr else "")
+                for size, kr in f["ran_again"]
+            )
+        )
     lines.append("  not time-scaled: " + "; ".join(f["not_time_scaled"]))
     return "\n".join(lines)

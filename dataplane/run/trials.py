@@ -15,6 +15,7 @@ import time
 
 from dataplane.lab import labs
 from dataplane.lab.governor import INTERVAL_S, MAX_TRIALS, TRIAL_WAIT_S, governed
+from dataplane.report import fidelity
 from dataplane.run import bench
 
 
@@ -60,6 +61,8 @@ def run(spec, rec: dict, on_row=None, on_progress=None, nodes=None, log=None) ->
     )
     result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
     reruns = _rerun_behind(spec, rec, result["rows"], on_row, nodes, log)
+    if reruns and result.get("fidelity"):
+        fidelity.after_reruns(result["fidelity"], result["rows"], reruns)
     ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
     result["governor"] = {
         "setting": "auto",
