@@ -2,6 +2,8 @@
 raises k, when it lowers it, and when it holds.  (On real labs: test_bench's
 governed tests.)"""
 
+import dataclasses
+
 from dataplane.lab.governor import (
     CALM_S,
     FUTILE_RAISES,
@@ -44,6 +46,22 @@ def test_engines_behind_together_raise_k():
     assert g.step(obs, 0.0) == 1000 * RAISE
     assert "some NIC engine was behind" in g.events[-1]["why"]
     assert not Observation(any_behind_share=fidelity.ANY_BEHIND_MAX * 0.5).calm()
+
+
+def test_the_governor_and_the_verdicts_judge_the_same_figures():
+    """Each figure the governor watches (but the machine's busy share) is one
+    of the verdicts' checks, and each raises k by itself, saying what the
+    verdict would say; one past the verdict's own limit raises k faster."""
+    checked = {c.observed for c in fidelity.CHECKS}
+    fields = {f.name for f in dataclasses.fields(Observation)}
+    assert fields - checked == {"busy_share"} and checked <= fields
+    for c in fidelity.CHECKS:
+        near = Observation(**{c.observed: c.limit * 0.9 if c.limit else 1})
+        past = Observation(**{c.observed: c.limit * 2.5 if c.limit else 1})
+        g = Governor(1000)
+        assert g.step(near, 0.0) == 1000 * (RAISE_SEVERE if not c.limit else RAISE), c
+        assert g.events[-1]["why"] == c.says.format(v=getattr(near, c.observed))
+        assert past.severe() and not near.calm(), c
 
 
 def test_busy_cpus_alone_do_not_raise_k():

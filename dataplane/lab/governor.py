@@ -70,65 +70,30 @@ class Observation:
     waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
     busy_share: float = 0.0  # the machine
 
+    def _shares(self):
+        """(check, observed value) for each of fidelity's checks."""
+        return ((c, getattr(self, c.observed)) for c in fidelity.CHECKS)
+
     def behind(self) -> str | None:
         """Why this window is behind (RAISE_AT of a verdict's threshold), or None.
         The machine's busy share alone is no reason: a worker's numpy work
         fills the CPUs without making any part of the fabric late."""
-        if self.lost_link_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
-            return f"a switch port lost {self.lost_link_share:.1%} of its link time"
-        if self.added_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
-            return f"switch delay lines ran {self.added_delay_share:.1%} of a base RTT late"
-        if self.engine_lost_share > fidelity.LOST_SHARE_MAX * RAISE_AT:
-            return f"a NIC engine lost {self.engine_lost_share:.1%} of its link time"
-        if self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
-            share = self.engine_added_delay_share
-            return f"a NIC engine ran late by {share:.1%} of a base RTT on average"
-        if self.ring_drops:
-            return f"NIC engines' rings dropped {self.ring_drops} frames"
-        if self.engine_rx_delay_share > fidelity.ADDED_DELAY_MAX * RAISE_AT:
-            share = self.engine_rx_delay_share
-            return f"frames waited in NIC engines' rings {share:.1%} of a base RTT on average"
-        if self.any_behind_share > fidelity.ANY_BEHIND_MAX * RAISE_AT:
-            return f"some NIC engine was behind {self.any_behind_share:.1%} of the time"
-        if self.waited_share > fidelity.WAITED_SHARE_MAX * RAISE_AT:
-            return f"a rank waited for a CPU {self.waited_share:.0%} of the time"
-        return None
+        return next((fidelity.says(c, {}, v) for c, v in self._shares()
+                     if v > c.limit * RAISE_AT), None)  # fmt: skip
 
     def pressure(self) -> float:
         """The largest share as a fraction of its verdict's threshold."""
-        return max(
-            self.lost_link_share / fidelity.LOST_SHARE_MAX,
-            self.added_delay_share / fidelity.ADDED_DELAY_MAX,
-            self.engine_lost_share / fidelity.LOST_SHARE_MAX,
-            self.engine_added_delay_share / fidelity.ADDED_DELAY_MAX,
-            self.engine_rx_delay_share / fidelity.ADDED_DELAY_MAX,
-            self.any_behind_share / fidelity.ANY_BEHIND_MAX,
-            self.waited_share / fidelity.WAITED_SHARE_MAX,
-        )
+        return max(v / c.limit for c, v in self._shares() if c.limit)
 
     def severe(self) -> bool:
-        """Past a verdict's threshold itself: k goes up faster (RAISE_SEVERE)."""
-        return (
-            self.lost_link_share > fidelity.LOST_SHARE_MAX
-            or self.added_delay_share > fidelity.ADDED_DELAY_MAX
-            or self.engine_lost_share > fidelity.LOST_SHARE_MAX
-            or self.engine_added_delay_share > fidelity.ADDED_DELAY_MAX
-            or self.engine_rx_delay_share > fidelity.ADDED_DELAY_MAX
-            or self.any_behind_share > fidelity.ANY_BEHIND_MAX
-            or self.waited_share > 2 * fidelity.WAITED_SHARE_MAX
-        )
+        """Past a verdict's threshold itself: k goes up faster (RAISE_SEVERE).
+        A rank's wait for a CPU counts only at twice its threshold."""
+        return any(v > c.limit * (2 if c.observed == "waited_share" else 1)
+                   for c, v in self._shares())  # fmt: skip
 
     def calm(self) -> bool:
-        return (
-            self.lost_link_share < fidelity.LOST_SHARE_MAX * CALM_AT
-            and self.added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
-            and self.engine_lost_share < fidelity.LOST_SHARE_MAX * CALM_AT
-            and self.engine_added_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
-            and self.engine_rx_delay_share < fidelity.ADDED_DELAY_MAX * CALM_AT
-            and self.any_behind_share < fidelity.ANY_BEHIND_MAX * CALM_AT
-            and not self.ring_drops
-            and self.waited_share < fidelity.WAITED_SHARE_MAX * CALM_AT
-            and self.busy_share < CALM_BUSY_MAX
+        return self.busy_share < CALM_BUSY_MAX and not any(
+            v > c.limit * CALM_AT for c, v in self._shares()
         )
 
 

@@ -19,6 +19,7 @@ what is not time-scaled.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from array import array
 from collections.abc import Mapping
@@ -188,33 +189,64 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One way a part of the emulation falls behind: the figure that shows it,
+    in a part's window (window() for "pacing", engines_window() for
+    "endpoints") and in the governor's observations (governor.Observation),
+    the value past which a size is `behind`, and how a report says it.  The
+    verdicts and the governor (at RAISE_AT of it) read this one table."""
+
+    part: str  # "pacing" or "endpoints"
+    figure: str  # its key in that part's window
+    observed: str  # its field in governor.Observation
+    limit: float
+    says: str  # str.format, {v}: the figure
+    who: str | None = None  # a window's key naming the worst rank, if any
+
+
+CHECKS = (
+    Check("pacing", "lost_link_share", "lost_link_share", LOST_SHARE_MAX,
+          "a switch port lost {v:.1%} of its link time"),
+    Check("pacing", "added_delay_share", "added_delay_share", ADDED_DELAY_MAX,
+          "switch delay lines ran {v:.1%} of a base RTT late"),
+    Check("endpoints", "lost_share_max", "engine_lost_share", LOST_SHARE_MAX,
+          "a NIC engine lost {v:.1%} of its link time", who="lost_share_rank"),
+    Check("endpoints", "added_delay_share", "engine_added_delay_share", ADDED_DELAY_MAX,
+          "a NIC engine ran late by {v:.1%} of a base RTT"),
+    Check("endpoints", "rx_ring_drops", "ring_drops", 0,
+          "NIC engines' RX rings dropped {v} frames"),
+    Check("endpoints", "rx_delay_share", "engine_rx_delay_share", ADDED_DELAY_MAX,
+          "frames waited in NIC engines' rings {v:.1%} of a base RTT"),
+    Check("endpoints", "any_behind_share", "any_behind_share", ANY_BEHIND_MAX,
+          "some NIC engine was behind {v:.1%} of the time"),
+    Check("endpoints", "waited_share_max", "waited_share", WAITED_SHARE_MAX,
+          "a rank waited for a CPU {v:.0%} of the time"),
+)  # fmt: skip
+
+
+def says(check: Check, figures: dict, v: float) -> str:
+    text = check.says.format(v=v)
+    if check.who and figures.get(check.who) is not None:
+        text += f" (rank {figures[check.who]})"
+    return text
+
+
+def why(part: str, figures: dict, at: float = 1.0) -> list[str]:
+    """Why a part's window is behind ([] if it is not): each check of the
+    part whose figure passes `at` times its limit."""
+    return [says(c, figures, figures[c.figure]) for c in CHECKS
+            if c.part == part and figures[c.figure] > c.limit * at]  # fmt: skip
+
+
 def endpoints_why(e: dict) -> list[str]:
     """Why engines_window() judged the endpoints behind ([] if it did not)."""
-    why = []
-    if e["lost_share_max"] > LOST_SHARE_MAX:
-        why.append(f"rank {e['lost_share_rank']}'s NIC engine lost"
-                   f" {e['lost_share_max']:.1%} of its link time")  # fmt: skip
-    if e["added_delay_share"] > ADDED_DELAY_MAX:
-        why.append(f"a NIC engine ran late by {e['added_delay_share']:.1%} of a base RTT")
-    if e["any_behind_share"] > ANY_BEHIND_MAX:
-        why.append(f"some NIC engine was behind {e['any_behind_share']:.1%} of the time")
-    if e["waited_share_max"] > WAITED_SHARE_MAX:
-        why.append(f"a rank waited for a CPU {e['waited_share_max']:.0%} of the time")
-    if e["rx_ring_drops"]:
-        why.append(f"NIC engines' RX rings dropped {e['rx_ring_drops']} frames")
-    if e["rx_delay_share"] > ADDED_DELAY_MAX:
-        why.append(f"frames waited in NIC engines' rings {e['rx_delay_share']:.1%} of a base RTT")
-    return why
+    return why("endpoints", e)
 
 
 def pacing_why(w: dict) -> list[str]:
     """Why window() judged the switches behind ([] if it did not)."""
-    why = []
-    if w["lost_link_share"] > LOST_SHARE_MAX:
-        why.append(f"a switch port lost {w['lost_link_share']:.1%} of its link time")
-    if w["added_delay_share"] > ADDED_DELAY_MAX:
-        why.append(f"switch delay lines ran {w['added_delay_share']:.1%} of a base RTT late")
-    return why
+    return why("pacing", w)
 
 
 def k_range(samples: list[dict], t0: float, t1: float) -> list[float] | None:
