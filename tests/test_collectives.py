@@ -170,6 +170,56 @@ def test_check_all_counts_a_corruption_that_the_first_run_check_misses():
     assert sum(e for _, e in out) > 0
 
 
+def test_no_ring_slice_reaches_a_rank_before_it_has_posted_its_receives():
+    """A NIC turns away a message no receive is posted for (receiver not
+    ready; RoCE then resends all in flight behind it, go-back-N).  A rank
+    whose left neighbour is far ahead gets a slice, reduces it and would
+    pass the result on to a right neighbour that has not started yet: every
+    ring slice waits for that neighbour's 'ready' word, not the first ones
+    only.  Rank 2 starts late here; no message over the NIC's eager size
+    may reach a rank before its receive."""
+    import threading
+    import time
+
+    from localtransport import Hub, LocalTransport
+
+    from dataplane.run.collectives import Comm
+
+    world, count = 4, 1 << 20  # 1 MiB chunks: two slices a step
+    hub = Hub(world)
+    posted: set = set()
+    unready: list = []
+
+    class Strict(LocalTransport):
+        def _irecv(self, peer, tag, view):
+            with hub.cond:
+                posted.add((peer, self.rank, tag))
+            return super()._irecv(peer, tag, view)
+
+        def _isend(self, peer, tag, view):
+            with hub.cond:
+                if len(view) > 64 and (self.rank, peer, tag) not in posted:
+                    unready.append((self.rank, peer, tag))
+            return super()._isend(peer, tag, view)
+
+    out: list = [None] * world
+
+    def one(r: int) -> None:
+        buf = np.full(count, r + 1, np.float32)
+        if r == 2:
+            time.sleep(0.5)
+        Comm(Strict(hub, r), "float32").all_reduce(buf)
+        out[r] = buf
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(o is not None and (o == 10).all() for o in out)
+    assert not unready, f"sent before the receiver posted (from, to, tag): {unready[:5]}"
+
+
 @pytest.mark.parametrize("world", [4, 6, 9, 12, 20, 64])
 @pytest.mark.parametrize("count", [5, 2 * ref.PERIOD + 3])
 def test_the_hierarchical_all_reduce_is_exact_for_every_grouping(world, count):

@@ -115,7 +115,10 @@ class Comm:
         for k, (_, _, dst, src) in enumerate(plan):
             done = recvs[k] if dst is None else s.reduce(dst, src, after=[recvs[k]])
             if k + slices < len(plan):
-                s.send(right, tag(k + slices), plan[k + slices][1], after=[done])
+                # after the 'ready' too: a left neighbour far ahead may hand
+                # us a slice before the right one has posted its receives
+                # (seen: RoCE's RNR, then go-back-N, at a small k)
+                s.send(right, tag(k + slices), plan[k + slices][1], after=[done, ready])
         self._run(s)
 
     def _run(self, s: Schedule) -> None:
