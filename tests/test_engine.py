@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dataplane.lab import nic
+from dataplane.lab.core import DATAPLANE_NICE
 from dataplane.lab.memfabric import FabricSpec, MemFabric
 from dataplane.lab.nic import EngineGroup, NicError
 from dataplane.run import reference as ref
@@ -74,6 +75,34 @@ def _engine_threads() -> int:
         with open(f"/proc/self/task/{d}/comm") as f:
             n += f.read().strip() == "ethp-nic"
     return n
+
+
+def _engine_nices() -> list[int]:
+    out = []
+    for d in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{d}/comm") as f:
+            if f.read().strip() == "ethp-nic":
+                out.append(os.getpriority(os.PRIO_PROCESS, int(d)))
+    return out
+
+
+def _may_raise_priority() -> bool:
+    """CAP_SYS_NICE (bit 23) in this process's effective set."""
+    with open("/proc/self/status") as f:
+        caps = next(line for line in f if line.startswith("CapEff:"))
+    return bool(int(caps.split()[1], 16) >> 23 & 1)
+
+
+@pytest.mark.skipif(not _may_raise_priority(), reason="a higher priority needs CAP_SYS_NICE")
+def test_engine_threads_run_at_the_fabrics_priority(make):
+    """A NIC is hardware: its engine threads (or a group's one) run ahead of
+    the workers' numpy work, at the fabric's nice value; the process's
+    other threads stay as they were."""
+    me = os.getpriority(os.PRIO_PROCESS, 0)
+    make(3)
+    nices = _engine_nices()
+    assert nices and set(nices) == {DATAPLANE_NICE}, nices
+    assert os.getpriority(os.PRIO_PROCESS, 0) == me
 
 
 def test_an_engine_group_runs_many_engines_in_one_thread():

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 39
+#define ETHP_ABI_VERSION 40
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -603,6 +603,10 @@ enum {
     ETHP_NIC_ERR_NO_SUCH = -102,     /* unknown handle or peer */
     ETHP_NIC_ERR_NO_RECEIVE = -103,  /* the peer never posted a receive for the tag */
     ETHP_NIC_ERR_NO_GROUP = -104,    /* in-network all-reduce without ethp_nic_inc_setup */
+    /* An engine thread's nice value, the fabric's (fabric.py): a NIC is
+     * hardware, due when its pacers say, ahead of the workers' numpy work
+     * and kernels on the same cores (where the caller may raise priority) */
+    ETHP_NIC_NICE = -10,
 };
 
 /* The ETH+ transport's congestion control. */

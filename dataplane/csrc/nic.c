@@ -43,6 +43,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -628,6 +629,12 @@ static void nic_thread_setup(void)
     prctl(PR_SET_TIMERSLACK, 1UL);
     /* cpu.NIC_THREAD: a rank's dataplane thread, whose CPU wait is judged */
     prctl(PR_SET_NAME, (unsigned long)"ethp-nic");
+    /* this thread only (Linux: nice is per thread).  Measured on erack-8x4,
+     * 16 MiB all-reduce at k 9600: the engines' union of late spans fell
+     * from 0.016-0.037 of the window to 0.007-0.010 */
+    if (setpriority(PRIO_PROCESS, 0, ETHP_NIC_NICE) < 0) {
+        /* not allowed (a rootless lab): at the caller's priority */
+    }
 }
 
 static void *nic_main(void *arg)

@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 39
+ABI_VERSION = 40
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -33,6 +33,8 @@ if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
         "the extension is stale, rerun `pip install -e .`"
     )
 
+# the nice value of the fabric's process and of every NIC engine thread
+DATAPLANE_NICE = lib.ETHP_NIC_NICE
 ETH_HDR_BYTES = lib.ETHP_ETH_HDR_BYTES
 IPV4_HDR_BYTES = lib.ETHP_IPV4_HDR_BYTES
 UDP_HDR_BYTES = lib.ETHP_UDP_HDR_BYTES

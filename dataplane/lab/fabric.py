@@ -491,7 +491,7 @@ def main() -> int:
     # The fabric plays the wires: it must run when a frame is due, ahead of
     # the traffic generators and kernels it shares two cores with.
     with contextlib.suppress(OSError):
-        os.nice(-10)
+        os.nice(core.DATAPLANE_NICE)  # the NIC engines' too (nic.c)
     return uvloop.run(_main(name))
 
 
