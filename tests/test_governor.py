@@ -8,10 +8,13 @@ from dataplane.lab.governor import (
     CALM_S,
     FUTILE_RAISES,
     HOLD_S,
+    INTERVAL_S,
     LOWER,
     RAISE,
     RAISE_SEVERE,
+    WINDOW_S,
     Governor,
+    History,
     Observation,
 )
 from dataplane.report import fidelity
@@ -91,3 +94,21 @@ def test_raises_that_do_not_relieve_the_lateness_stop():
     assert g.k == 1000 * RAISE**FUTILE_RAISES
     assert "did not help" in g.events[-1]["why"]
     assert g.step(MILD, t) is None  # holding
+
+
+def test_a_window_never_reaches_back_past_a_change_of_k():
+    """The governor judges WINDOW_S of readings at one k: after a change,
+    nothing until the new k has run a whole window, then only its readings
+    (the old k's lateness, reported as engines wake, is not the new k's)."""
+    h = History({"t": 0.0, "k": 6400})
+    t, got = 0.0, []
+    while t < 3 * WINDOW_S:
+        t += INTERVAL_S
+        got.append(h.add({"t": t, "k": 6400 if t < WINDOW_S + 0.1 else 12800}))
+    windows = [w for w in got if w]
+    assert windows[0][0]["k"] == 6400 and windows[0][1]["t"] >= WINDOW_S * 0.9
+    after = [w for w in windows if w[1]["k"] == 12800]
+    assert after and all(a["k"] == 12800 and b["t"] - a["t"] >= WINDOW_S * 0.9 for a, b in after)
+    first_new = min(x["t"] for w in after for x in w)
+    assert first_new > WINDOW_S + 0.1  # the first reading at the new k
+    assert all(b["t"] - a["t"] <= WINDOW_S + INTERVAL_S for a, b in windows)

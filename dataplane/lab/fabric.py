@@ -16,7 +16,6 @@ counters and applies faults.  Requests are one JSON object per line:
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import json
@@ -218,8 +217,9 @@ class Fabric:
             self._pids = kernel.pids_in(self._host_ns)
             self._pids_at = now
         waited = {pid: cpu.threads_waited(pid) for pid in self._pids}
-        return {"t": now, "busy": busy, "total": total, "ports": ports, "waited": waited,
-                "clock": self.clock.reports(), "engines": self.clock.engines()}  # fmt: skip
+        return {"t": now, "k": self.k, "busy": busy, "total": total, "ports": ports,
+                "waited": waited, "clock": self.clock.reports(),
+                "engines": self.clock.engines()}  # fmt: skip
 
     def _observe(self, a: dict, b: dict) -> governor.Observation:
         span_ns = max((b["t"] - a["t"]) * 1e9, 1.0)
@@ -265,25 +265,20 @@ class Fabric:
 
     def govern(self, stop: threading.Event) -> None:
         """The governor's thread (see governor.py): observe over the last
-        WINDOW_S, decide, apply."""
-        history = collections.deque([self._readings()])
+        WINDOW_S at the current k, decide, apply."""
+        history = governor.History(self._readings())
         while not stop.wait(governor.INTERVAL_S):
             try:
-                cur = self._readings()
+                window = history.add(self._readings())
             except RuntimeError:
                 return  # the switches are closing
-            history.append(cur)
-            while len(history) > 2 and cur["t"] - history[1]["t"] >= governor.WINDOW_S:
-                history.popleft()
-            if cur["t"] - history[0]["t"] < governor.WINDOW_S * 0.9:
-                continue
             g = self.governor
-            if g is None or self.pinned:
+            if window is None or g is None or self.pinned:
                 continue
             try:
-                obs = self._observe(history[0], cur)
+                obs = self._observe(*window)
                 g.k = self.k
-                new = g.step(obs, cur["t"], self.clock.nominal_s())
+                new = g.step(obs, window[1]["t"], self.clock.nominal_s())
                 if new is not None and not self.pinned:
                     self.rescale(new)
             except Exception as exc:  # noqa: BLE001 - logged; the governor goes on

@@ -28,6 +28,7 @@ NAME K``, is not governed: its runs are only reported.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from dataplane.report import fidelity
@@ -95,6 +96,31 @@ class Observation:
         return self.busy_share < CALM_BUSY_MAX and not any(
             v > c.limit * CALM_AT for c, v in self._shares()
         )
+
+
+class History:
+    """The readings the governor judges (fabric.py's, each with its time t
+    and the k it was taken at): the last WINDOW_S of them, never reaching
+    back past a change of k.  A window that began before the change would
+    judge the new k by the old one's lateness (engines report a late span
+    when they wake, after it): seen raising k twice in a row, from 6400 to
+    12800 and then 25600, on the start of one all-reduce."""
+
+    def __init__(self, first: dict):
+        self.readings = collections.deque([first])
+
+    def add(self, cur: dict) -> tuple[dict, dict] | None:
+        """Take a reading; the window to judge (its first and last), or None
+        while the readings at this k do not yet span a window."""
+        q = self.readings
+        if q[-1]["k"] != cur["k"]:
+            q.clear()
+        q.append(cur)
+        while len(q) > 2 and cur["t"] - q[1]["t"] >= WINDOW_S:
+            q.popleft()
+        if cur["t"] - q[0]["t"] < WINDOW_S * 0.9:
+            return None
+        return q[0], cur
 
 
 class Governor:
