@@ -46,6 +46,14 @@ def main() -> int:
     ap.add_argument("--out", default="results/bench-scenarios")
     ap.add_argument("--pinned-4x", action="store_true", help="also pinned at 4x the governed k")
     ap.add_argument("--pin-factor", type=float, default=4.0, help="with --pinned-4x: not 4x")
+    ap.add_argument(
+        "--pin-under",
+        type=float,
+        metavar="K",
+        help="with --pinned-4x: pin at most at K, a smaller factor where the"
+        " factor's k would pass it (kernel TCP's minimum RTO is capped from"
+        " k = 120,000 with the lab's 1 ms: pin under that)",
+    )
     ap.add_argument("--transports", help="comma list: only these of each scenario's")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else [s.name for s in scenario.listing()]
@@ -60,9 +68,13 @@ def main() -> int:
             res = scenario.run(sc, rec, log=log)
             real_s = time.monotonic() - t0
             reports.write_scenario(str(Path(args.out) / name), res, rec)
-            ks = _k_used(rec, t0, k0)
+            ks, changes = _k_used(rec, t0, k0), _changes(rec, t0)
             pinned = None
             pin_k = args.pin_factor * ks[1] if ks else None
+            if pin_k and args.pin_under and pin_k > args.pin_under:
+                pin_k = args.pin_under
+                print(f"  pinned at k={pin_k:g}, {pin_k / ks[1]:.2f}x the governed k's top"
+                      f" (--pin-under)")  # fmt: skip
             if args.pinned_4x and ks:
                 labs.rescale(rec, pin_k)
                 t1 = time.monotonic()
@@ -81,6 +93,9 @@ def main() -> int:
         )
         if ks:
             print(f"  governed k {ks[0]:g}-{ks[1]:g} ({real_s:.0f} s real); advantages at that k")
+            for e in changes:  # the governor's trace
+                print(f"    +{e['t_real'] - t0:5.1f} s  k {e['k_from']:g} -> {e['k_to']:g}:"
+                      f" {e['why']}")  # fmt: skip
         _tcp_counts("governed", res)
         if pinned is not None:
             for t, v in s["figures"].items():
@@ -147,12 +162,17 @@ def _fig(v) -> str:
     return "stalled" if v is None else f"{v:.4g}"
 
 
+def _changes(rec: dict, t0: float) -> list[dict]:
+    """The governor's changes of k since t0 (its trace: when, from, to, why)."""
+    return [e for e in trials.fabric_governor(rec)["events"] if e["t_real"] >= t0]
+
+
 def _k_used(rec: dict, t0: float, k0) -> tuple[float, float] | None:
     """The lowest and highest k of the lab since t0 (None: not governed)."""
     g = trials.fabric_governor(rec)
     if not g["on"] or k0 is None:
         return None
-    ks = [float(k0)] + [e["k_to"] for e in g["events"] if e["t_real"] >= t0]
+    ks = [float(k0)] + [e["k_to"] for e in _changes(rec, t0)]
     return min(ks), max(ks)
 
 
