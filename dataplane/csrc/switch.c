@@ -387,13 +387,16 @@ static void enqueue(struct ethp_switch *sw, struct sw_port *e, struct ethp_pkt *
     q_push(&e->q[cls], p);
     activate(sw, e);
     e->cc[cls][ETHP_CC_enq_frames]++;
-    e->cc[cls][ETHP_CC_q_bytes] = e->q[cls].bytes;
-    if (e->q[cls].bytes > e->cc[cls][ETHP_CC_q_hwm_bytes])
-        e->cc[cls][ETHP_CC_q_hwm_bytes] = e->q[cls].bytes;
+    /* the queues a user reads (lab stats, the deepest queue a run left):
+     * the fabric's, as marks judge them (nominal_q) */
+    uint64_t qc = nominal_q(e, e->q[cls].bytes), qp = nominal_q(e, qb + p->len);
+    e->cc[cls][ETHP_CC_q_bytes] = qc;
+    if (qc > e->cc[cls][ETHP_CC_q_hwm_bytes])
+        e->cc[cls][ETHP_CC_q_hwm_bytes] = qc;
     e->c[ETHP_SC_q_frames]++;
-    e->c[ETHP_SC_q_bytes] = qb + p->len;
-    if (qb + p->len > e->c[ETHP_SC_q_hwm_bytes])
-        e->c[ETHP_SC_q_hwm_bytes] = qb + p->len;
+    e->c[ETHP_SC_q_bytes] = qp;
+    if (qp > e->c[ETHP_SC_q_hwm_bytes])
+        e->c[ETHP_SC_q_hwm_bytes] = qp;
     if (sw->cfg.lossless && !p->origin) {
         struct sw_port *in = &sw->ports[p->port];
         in->pfc_in_bytes[cls] += p->len;
@@ -809,9 +812,9 @@ static void schedule_until(struct ethp_switch *sw, struct sw_port *e, uint64_t u
         struct ethp_pkt *p = q_pop(&e->q[c]);
         __atomic_store_n(&sw->buffer_used_bytes, sw->buffer_used_bytes - p->len, __ATOMIC_RELAXED);
         e->cc[c][ETHP_CC_tx_frames]++;
-        e->cc[c][ETHP_CC_q_bytes] = e->q[c].bytes;
+        e->cc[c][ETHP_CC_q_bytes] = nominal_q(e, e->q[c].bytes);
         e->c[ETHP_SC_q_frames]--;
-        e->c[ETHP_SC_q_bytes] = e->q[0].bytes + e->q[1].bytes;
+        e->c[ETHP_SC_q_bytes] = nominal_q(e, e->q[0].bytes + e->q[1].bytes);
         if (sw->cfg.lossless && !p->origin) {
             struct sw_port *in = &sw->ports[p->port];
             in->pfc_in_bytes[c] -= p->len;
