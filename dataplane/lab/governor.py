@@ -87,10 +87,9 @@ class Observation:
         return max(v / c.limit for c, v in self._shares() if c.limit)
 
     def severe(self) -> bool:
-        """Past a verdict's threshold itself: k goes up faster (RAISE_SEVERE).
-        A rank's wait for a CPU counts only at twice its threshold."""
-        return any(v > c.limit * (2 if c.observed == "waited_share" else 1)
-                   for c, v in self._shares())  # fmt: skip
+        """Past a verdict's threshold itself (severe_at times it: a rank's
+        wait for a CPU at twice): k goes up faster (RAISE_SEVERE)."""
+        return any(v > c.limit * c.severe_at for c, v in self._shares())
 
     def calm(self) -> bool:
         return self.busy_share < CALM_BUSY_MAX and not any(

@@ -123,7 +123,7 @@ def window(samples: list[dict], t0: float, t1: float, base_rtt_real_ns: float) -
         "lost_link_share": lost / span_ns,
         "added_delay_share": added / base_rtt_real_ns,
     }
-    out["fell_behind"] = bool(pacing_why(out))
+    out["fell_behind"] = bool(why("pacing", out))
     return out
 
 
@@ -184,7 +184,7 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
         "rx_ring_drops": sum(e.get("rx_ring_drops", 0) for e in engines),
         "rx_delay_share": rx_wait / base_rtt_real_ns,
     }
-    out["why"] = endpoints_why(out)
+    out["why"] = why("endpoints", out)
     out["fell_behind"] = bool(out["why"])
     return out
 
@@ -203,6 +203,7 @@ class Check:
     limit: float
     says: str  # str.format, {v}: the figure
     who: str | None = None  # a window's key naming the worst rank, if any
+    severe_at: float = 1.0  # the governor raises k faster past this many limits
 
 
 CHECKS = (
@@ -221,7 +222,7 @@ CHECKS = (
     Check("endpoints", "any_behind_share", "any_behind_share", ANY_BEHIND_MAX,
           "some NIC engine was behind {v:.1%} of the time"),
     Check("endpoints", "waited_share_max", "waited_share", WAITED_SHARE_MAX,
-          "a rank waited for a CPU {v:.0%} of the time"),
+          "a rank waited for a CPU {v:.0%} of the time", severe_at=2.0),
 )  # fmt: skip
 
 
@@ -237,16 +238,6 @@ def why(part: str, figures: dict, at: float = 1.0) -> list[str]:
     part whose figure passes `at` times its limit."""
     return [says(c, figures, figures[c.figure]) for c in CHECKS
             if c.part == part and figures[c.figure] > c.limit * at]  # fmt: skip
-
-
-def endpoints_why(e: dict) -> list[str]:
-    """Why engines_window() judged the endpoints behind ([] if it did not)."""
-    return why("endpoints", e)
-
-
-def pacing_why(w: dict) -> list[str]:
-    """Why window() judged the switches behind ([] if it did not)."""
-    return why("pacing", w)
 
 
 def k_range(samples: list[dict], t0: float, t1: float) -> list[float] | None:
@@ -268,7 +259,7 @@ def mark_row(row: dict, samples: list[dict], rec: dict) -> None:
     e = engines_window(row, base_rtt_real_ns)
     row["pacing"] = w
     row["endpoints"] = e
-    row["behind_why"] = (pacing_why(w) if w else []) + (e["why"] if e else [])
+    row["behind_why"] = (why("pacing", w) if w else []) + (e["why"] if e else [])
     row["fell_behind"] = bool(row["behind_why"])
 
 
@@ -450,7 +441,7 @@ def report(result: dict, rec: dict) -> dict:
         # kernel TCP's, over every connection (kernel.tcp_info; {} for the NIC)
         "kernel_tcp": kernel_tcp(result),
         "fell_behind_sizes": fell,
-        # each size behind, and why (fidelity.pacing_why, endpoints_why)
+        # each size behind, and why (fidelity.why)
         "behind_why": [
             [r["size"], r.get("behind_why", [])] for r in result["rows"] if r.get("fell_behind")
         ],  # fmt: skip
