@@ -307,6 +307,8 @@ static void schedule_until(struct ethp_switch *sw, struct sw_port *e, uint64_t u
  * since the queue was last empty (lost_debt_ns). */
 static uint64_t nominal_q(const struct sw_port *e, uint64_t q)
 {
+    if (!e->lost_debt_ns) /* on time: the queue as it is (per frame: no arithmetic) */
+        return q;
     uint64_t owed = (uint64_t)((double)e->lost_debt_ns * (double)e->link.rate_bps / 8e9);
     return q > owed ? q - owed : 0;
 }
