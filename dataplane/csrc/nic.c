@@ -568,6 +568,25 @@ static int may_sleep(struct ethp_nic *n, struct nic_peer *p, uint64_t now)
            n->mode->due(n, p, now) == UINT64_MAX;
 }
 
+/* Can a port take a packet now. */
+static int any_port_free(const struct ethp_nic *n, uint64_t now)
+{
+    for (uint32_t i = 0; i < n->n_ports; i++)
+        if (nic_port_free(n, i, now))
+            return 1;
+    return 0;
+}
+
+/* Has a peer nothing to do but send new packets: while no port can take
+ * one, a pass leaves it be.  Measured: a late engine with 60 sends posted
+ * visited every one on each pass while its ports' pacers let a few go
+ * (a 64-peer fan-out: 126 visits idle, 826 on a loaded machine). */
+static int waits_only_for_a_port(const struct ethp_nic *n, const struct nic_peer *p, uint64_t now)
+{
+    return !n->mode->tick && p->sq_head && !p->ack_pending && !p->n_lost &&
+           (!p->rto_deadline || now < p->rto_deadline);
+}
+
 /* One pass of the engine, after its epoll set gave k events (evs): the
  * ports' events, commands, the clock, frames in, then every active peer. */
 static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, uint64_t due,
@@ -594,16 +613,20 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
      * port's free slots are shared among its peers (as a NIC's QP
      * scheduler shares them) rather than going to the first in the list. */
     uint32_t na = n->n_active, first = na ? n->rr++ % na : 0;
+    int open = any_port_free(n, now);
     n->c[ETHP_NC_eng_passes]++;
-    n->c[ETHP_NC_eng_peer_visits] += na;
     for (uint32_t i = 0; i < na; i++) {
         struct nic_peer *p = &n->peers[n->active[(first + i) % na]];
+        if (!open && waits_only_for_a_port(n, p, now))
+            continue; /* as a QP scheduler serves no QP while the port is full */
+        n->c[ETHP_NC_eng_peer_visits]++;
         if (p->ack_pending)
             n->mode->send_ack(n, p);
         if (n->mode->tick)
             n->mode->tick(n, p, now);
         nic_timers(n, p, now);
         n->mode->pump(n, p, now);
+        open = open && any_port_free(n, now);
     }
     uint32_t kept = 0;
     for (uint32_t j = 0; j < n->n_active; j++) {

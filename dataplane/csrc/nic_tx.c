@@ -68,8 +68,11 @@ void nic_plane_lost(struct ethp_nic *n, uint32_t plane, uint64_t now)
 uint32_t nic_pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_t psn,
                         int for_send)
 {
-    /* Oblivious: strict round robin over the planes that are up; a plane
-     * whose window is full holds the rest back.  Adaptive (REPS-like): the
+    /* Oblivious: strict round robin over the planes that are up, each
+     * peer's starting where the pair (this endpoint, that one) puts it; a
+     * plane whose window is full holds the rest back.  (Every peer's first
+     * packet took plane 0: a fan-out of one-packet messages used one plane
+     * and left the others idle.)  Adaptive (REPS-like): the
      * plane that frees first among those with window and no recent ECN mark,
      * trim or loss; any plane with window if all had one. */
     uint32_t best = UINT32_MAX;
@@ -100,7 +103,7 @@ uint32_t nic_pick_plane(struct ethp_nic *n, const struct nic_peer *p, uint32_t p
     nic_rotation(n, &now, &up, &live);
     if (!up)
         return UINT32_MAX;
-    uint32_t k = psn % (live ? live : up);
+    uint32_t k = (psn + n->cfg.ep + p->ep) % (live ? live : up);
     for (uint32_t i = 0; i < n->n_ports; i++)
         if (n->ports[i].up && !(live && nic_plane_failed(&n->ports[i], now)) && k-- == 0)
             return has_window(p, i) ? i : UINT32_MAX;
