@@ -705,6 +705,10 @@ def cmd_scenario_run(args) -> int:
                 f"--transports: unknown transport {bad[0]!r}"
                 f" (expected one of {scenario.run_names()})"
             )
+    if args.iters is not None:
+        if args.iters < 1:
+            raise BenchError(f"--iters: expected a positive number of iterations, got {args.iters}")
+        sc.set_iters(args.iters)
     labs.require_root("ethplus scenario run")
     out_dir = args.out or f"results/{sc.name}"
     with labs.session(args.lab or sc.lab, announce=_announce) as rec:
@@ -715,8 +719,10 @@ def cmd_scenario_run(args) -> int:
     for t, v in s["figures"].items():
         adv = s["ethplus_advantage"].get(t)
         wrong = sum(j.get("wrong", 0) for j in res["transports"][t]["jobs"].values())
+        spread = s["spread"].get(t)
         print(
             f"  {t:12s} {'stalled or failed' if v is None else f'{v:.3f}'}"
+            + (f" (iterations {spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
             + (f"   {s['reference']}'s advantage {adv:.2f}x" if adv else "")
             + f"   #wrong {wrong}"
             + ("   (fell behind: rerun at a larger time scale)" if t in s["fell_behind"] else "")
@@ -1042,6 +1048,13 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--short", action="store_true", help="the short form (CI: seconds)")
     sr.add_argument("--transports", help="only these (comma list)")
     sr.add_argument("--lab", help="a running lab or lab file instead of the scenario's")
+    sr.add_argument(
+        "--iters",
+        type=int,
+        metavar="N",
+        help="timed iterations of every job (default: the scenario file's); more narrow a"
+        " noisy transport's figure",
+    )
     sr.set_defaults(func=cmd_scenario_run)
 
     cl = sub.add_parser(

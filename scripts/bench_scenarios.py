@@ -16,7 +16,7 @@ at which the kernel caps tcp's minimum RTO (120 s real: a shorter minimum
 in nominal time than the lab's).  --transports runs only those.
 
     sudo .venv/bin/python scripts/bench_scenarios.py [--short] [--only NAME,...]
-        [--transports T,...] [--pinned-4x [--pin-factor F]] [--out DIR]
+        [--transports T,...] [--iters N] [--pinned-4x [--pin-factor F]] [--out DIR]
 """
 
 from __future__ import annotations
@@ -55,13 +55,24 @@ def main() -> int:
         " k = 120,000 with the lab's 1 ms: pin under that)",
     )
     ap.add_argument("--transports", help="comma list: only these of each scenario's")
+    ap.add_argument(
+        "--iters",
+        type=int,
+        metavar="N",
+        help="timed iterations of every job (default: each scenario's); more narrow a noisy"
+        " transport's figure (kernel TCP's incast)",
+    )
     args = ap.parse_args()
+    if args.iters is not None and args.iters < 1:
+        ap.error(f"--iters: expected a positive number of iterations, got {args.iters}")
     names = args.only.split(",") if args.only else [s.name for s in scenario.listing()]
     summary = {}
     for name in names:
         sc = scenario.load(name, short=args.short)
         if args.transports:
             sc.transports = [t for t in sc.transports if t in args.transports.split(",")]
+        if args.iters:
+            sc.set_iters(args.iters)
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         with labs.session(sc.lab) as rec:
             t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
@@ -86,7 +97,8 @@ def main() -> int:
         s = res["summary"]
         summary[name] = s
         figs = ", ".join(
-            f"{t} {'stalled' if v is None else f'{v:.3f}'}" for t, v in s["figures"].items()
+            f"{t} {'stalled' if v is None else f'{v:.3f}'}{_range(s, t)}"
+            for t, v in s["figures"].items()
         )
         print(
             f"{name} ({s['metric']}{', lower is better' if s['lower_is_better'] else ''}): {figs}"
@@ -101,7 +113,9 @@ def main() -> int:
             for t, v in s["figures"].items():
                 w = pinned["figures"].get(t)
                 ratio = "-" if v is None or not w else f"{v / w:.3f}"
-                print(f"  {t}: governed {_fig(v)}, pinned (k={pin_k:g}) {_fig(w)}: {ratio}")
+                apart = _told_apart(s, pinned, t)
+                print(f"  {t}: governed {_fig(v)}{_range(s, t)}, pinned (k={pin_k:g})"
+                      f" {_fig(w)}{_range(pinned, t)}: {ratio}{apart}")  # fmt: skip
             _tcp_counts(f"pinned (k={pin_k:g})", pinned_res)
             if "tcp" in s["figures"] and (capped := _tcp_rto_capped(rec, pin_k)):
                 print(f"  caution, tcp pinned: {capped}")
@@ -156,6 +170,22 @@ def _tcp_rto_capped(rec: dict, k: float) -> str:
         f"{kernel.TCP_RTO_MAX_MS * 1000 / rto_min_us:g}): each retransmit timeout costs less"
         " nominal time than at the governed k"
     )
+
+
+def _range(summary: dict, t: str) -> str:
+    r = summary.get("spread", {}).get(t)
+    return f" (iterations {r[0]:.4g}-{r[1]:.4g})" if r else ""
+
+
+def _told_apart(governed: dict, pinned: dict, t: str) -> str:
+    """Whether the two runs' iterations overlap: if they do, the ratio says
+    as much of the transport's run-to-run spread as of the clock."""
+    a, b = governed.get("spread", {}).get(t), pinned.get("spread", {}).get(t)
+    if not a or not b:
+        return ""
+    if a[0] <= b[1] and b[0] <= a[1]:
+        return " (the runs' iterations overlap: within this transport's own spread)"
+    return " (the runs' iterations do not overlap)"
 
 
 def _fig(v) -> str:

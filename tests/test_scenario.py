@@ -89,6 +89,23 @@ def test_a_seed_reproduces_faults_and_traffic(erack, tmp_path):
     assert first_tx[0] == first_tx[1]
 
 
+@pytest.mark.root
+def test_iters_sets_every_jobs_iterations_and_the_report_gives_their_range(clos, tmp_path):
+    res = _run(clos, "incast-alltoall", tmp_path / "ia", "--transports", "ethplus,tcp",
+               "--iters", "3")  # fmt: skip
+    s = res["summary"]
+    for t in ("ethplus", "tcp"):
+        (job,) = res["transports"][t]["jobs"].values()
+        assert len(job["iterations"]) == 3
+        lo, hi = s["spread"][t]
+        assert lo == min(x["busbw_GBps"] for x in job["iterations"]) <= hi
+        assert 0.95 * lo <= s["figures"][t] <= 1.05 * hi  # the mean lies within
+    md = (tmp_path / "ia" / "report.md").read_text()
+    assert "iterations' range" in md and f"{s['spread']['tcp'][0]:.3f}-" in md
+    r = ethplus("scenario", "run", "incast-alltoall", "--iters", "0")
+    assert r.returncode == 2 and "--iters" in r.stderr and "Traceback" not in r.stderr
+
+
 BAD = {
     "no-scenario": ('[[job]]\ncollective = "all-reduce"\nsizes = ["1M"]\n', "scenario"),
     "bad-collective": (
@@ -243,9 +260,10 @@ def test_scenario_times_are_nominal_and_a_behind_job_is_said():
     from dataplane.run import scenario as sc_mod
 
     sc = sc_mod.load("netns-labs/scenarios/ecmp-collision.toml")
+    its = [{"size": 1, "time_nominal_us": t} for t in (300.0, 400.0, 300.0)]
     out = {"transports": {
         "ethplus": {"jobs": {"a": {"status": "ok", "jct_real_s": 6.4, "jct_nominal_us": 1000.0,
-                                   "fell_behind": False}}},
+                                   "fell_behind": False, "iterations": its}}},
         "tcp": {"jobs": {"a": {"status": "ok", "jct_real_s": 12.8, "jct_nominal_us": 2000.0,
                                "fell_behind": True}}},
     }}  # fmt: skip
@@ -253,3 +271,5 @@ def test_scenario_times_are_nominal_and_a_behind_job_is_said():
     assert s["metric"] == "jct" and "nominal us" in s["unit"]
     assert s["figures"] == {"ethplus": 1000.0, "tcp": 2000.0}
     assert s["ethplus_advantage"] == {"tcp": 2.0} and s["fell_behind"] == ["tcp"]
+    # the JCT had every iteration been the best or the worst of the three
+    assert s["spread"] == {"ethplus": [900.0, 1200.0], "tcp": None}

@@ -65,6 +65,12 @@ class Scenario:
     faults: list[Fault]
     short: bool = False
 
+    def set_iters(self, iters: int) -> None:
+        """Every job runs iters timed iterations (more narrow a noisy
+        transport's figure: each iteration's busbw is reported)."""
+        for j in self.jobs:
+            j.iters = iters
+
 
 def split_run(name: str) -> tuple[str, str | None]:
     """A scenario's run name: a transport, or ethplus/CC with the congestion

@@ -350,16 +350,25 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         "",
     ]
     unit = scenario_file.METRIC_UNITS[s["metric"]]
+    spread = s.get("spread", {})
     rows = [
         [
             t,
             "stalled or failed" if v is None else f"{v:.3f}",
+            f"{spread[t][0]:.3f}-{spread[t][1]:.3f}" if spread.get(t) else "-",
             f"{s['ethplus_advantage'][t]:.2f}x" if t in s["ethplus_advantage"] else "-",
         ]
         for t, v in s["figures"].items()
     ]
     ref = s.get("reference") or "ethplus"
-    lines += _md_table(["transport", unit, f"{ref}'s advantage"], rows) + [""]
+    lines += _md_table(["transport", unit, "iterations' range", f"{ref}'s advantage"], rows)
+    lines += [
+        "",
+        "The range is the figure had every timed iteration been the job's best, or its"
+        " worst: a wide one says the figure moves from run to run (more iterations,"
+        " `--iters`, narrow what a run's figure stands for).",
+        "",
+    ]
     if s.get("fell_behind"):
         lines += [
             f"**Fell behind** in {', '.join(s['fell_behind'])}: some part of the emulation (a"

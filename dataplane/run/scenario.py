@@ -189,7 +189,13 @@ def _iterations(result: dict, t0: float) -> list[dict]:
             dt = rr["nends"][i] - nstart if "nends" in rr else scale.nominal_s(end - start)
             bw = rr["size"] / dt / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
             out.append(
-                {"size": rr["size"], "start_s": start - t0, "end_s": end - t0, "busbw_GBps": bw}
+                {
+                    "size": rr["size"],
+                    "start_s": start - t0,
+                    "end_s": end - t0,
+                    "time_nominal_us": dt * 1e6,
+                    "busbw_GBps": bw,
+                }
             )
             start = end
             nstart = rr["nends"][i] if "nends" in rr else None
@@ -331,14 +337,18 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
 def summary(sc: Scenario, out: dict) -> dict:
     """The scenario's headline figure per transport, and ethplus's ratio to each."""
     fig: dict[str, float | None] = {}
+    spread: dict[str, list[float] | None] = {}
     for t, r in out["transports"].items():
         jobs = [j for j in r["jobs"].values() if j["status"] != "failed"]
+        spread[t] = None
         if len(jobs) != len(r["jobs"]):
             fig[t] = None
         elif sc.metric == "jct":  # nominal: comparable across time scales and machines
-            fig[t] = max(j["jct_nominal_us"] for j in jobs)
+            job = max(jobs, key=lambda j: j["jct_nominal_us"])
+            fig[t], spread[t] = job["jct_nominal_us"], _spread("jct", job)
         elif sc.metric == "busbw":
-            fig[t] = min(j["busbw_GBps"] for j in jobs)
+            job = min(jobs, key=lambda j: j["busbw_GBps"])
+            fig[t], spread[t] = job["busbw_GBps"], _spread("busbw", job)
         elif sc.metric == "slowdown":
             fig[t] = (
                 max((j["slowdown_vs_alone"] or 0.0) for j in jobs)
@@ -370,9 +380,29 @@ def summary(sc: Scenario, out: dict) -> dict:
         "fell_behind": behind,  # runs where some part of the emulation fell behind
         "lower_is_better": lower_better,
         "figures": fig,
+        # the figure if every iteration had been the job's best or worst
+        "spread": spread,
         "reference": ref,
         "ethplus_advantage": ratios,  # the reference run's, over each other run
     }
+
+
+def _spread(metric: str, job: dict) -> list[float] | None:
+    """The range a job's timed iterations give its figure: busbw, the lowest
+    and highest iteration of its last size; a job completion time, n times the
+    shortest and the longest of its n iterations (one size only).  A
+    transport whose iterations spread wider than a comparison's band cannot
+    be told apart at that band by one run."""
+    its = job.get("iterations")
+    if not its:
+        return None
+    if metric == "busbw":
+        last = [x["busbw_GBps"] for x in its if x["size"] == its[-1]["size"]]
+        return [min(last), max(last)]
+    if metric == "jct" and len({x["size"] for x in its}) == 1:
+        ts = [x["time_nominal_us"] for x in its]
+        return [min(ts) * len(ts), max(ts) * len(ts)]
+    return None
 
 
 def reference_run(names: list[str]) -> str | None:
