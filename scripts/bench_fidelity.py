@@ -8,8 +8,10 @@ governed, against busbw pinned at 4x the highest k the governor used in
 the timed runs (a k at which the machine is surely not the bottleneck),
 and (--hog) governed while a busy loop holds one of the two cores for the
 whole run.  Prints each ratio (target: 0.93-1.07 for ethplus and roce,
-0.90-1.10 for tcp), the range of k the governor used, and the real seconds
-each run took.  Each transport starts governed from the lab's floor.
+0.90-1.10 for tcp), the range of k the governor used, each figure's
+iterations' range (their slowest and fastest busbw) and whether the
+governed and the pinned run's overlap, and the real seconds each run took.
+Each transport starts governed from the lab's floor.
 
     sudo .venv/bin/python scripts/bench_fidelity.py [--lab erack-8x4] [--size 16M[,1M]]
         [--iters 3] [--transports ethplus,roce,tcp] [--collectives all-reduce,all-to-all]
@@ -127,18 +129,24 @@ def main() -> int:
                        "k_governed": _k(g), "busbw_governed": g["rows"][0]["busbw_GBps"],
                        "behind_governed": g["rows"][0]["fell_behind"], "real_s_governed": g_s,
                        "trials_governed": len(g["governor"]["trials"])}  # fmt: skip
+                g_range = g["rows"][0]["busbw_range_GBps"]
+                row["busbw_range_governed"] = g_range
                 line = (f"{collective:10s} {t:8s} {size_text(size):>6s}"
                         f" governed k={_k(g):<13s}"
-                        f" {row['busbw_governed']:7.1f} GB/s"
+                        f" {row['busbw_governed']:7.1f} GB/s{bench.range_text(g_range)}"
                         f" {_verdict(row['behind_governed'])} ({g_s:5.1f} s real,"
                         f" {row['trials_governed']} trials)")  # fmt: skip
                 if p is not None:
+                    p_range = p["rows"][0]["busbw_range_GBps"]
                     row.update(busbw_pinned_4x=p["rows"][0]["busbw_GBps"],
+                               busbw_range_pinned_4x=p_range,
                                behind_pinned_4x=p["rows"][0]["fell_behind"],
                                real_s_pinned_4x=p_s)  # fmt: skip
                     line += (f"  pinned 4x k={4 * kg:<7g} {row['busbw_pinned_4x']:7.1f} GB/s"
+                             f"{bench.range_text(p_range)}"
                              f" {_verdict(row['behind_pinned_4x'])} ({p_s:5.1f} s)  governed/pinned"
-                             f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}")  # fmt: skip
+                             f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}"
+                             f"{bench.overlap_text(g_range, p_range)}")  # fmt: skip
                 if args.hog:
                     hog = multiprocessing.Process(target=_hog, daemon=True)
                     hog.start()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from dataplane.lab import kernel, labs
 from dataplane.report import fidelity, reports
-from dataplane.run import scenario, trials
+from dataplane.run import bench, scenario, trials
 
 TARGETS = {
     "ecmp-collision": ("job completion time, ethplus faster by", {"tcp": 1.5, "roce": 1.5}),
@@ -173,19 +173,11 @@ def _tcp_rto_capped(rec: dict, k: float) -> str:
 
 
 def _range(summary: dict, t: str) -> str:
-    r = summary.get("spread", {}).get(t)
-    return f" (iterations {r[0]:.4g}-{r[1]:.4g})" if r else ""
+    return bench.range_text(summary.get("spread", {}).get(t))
 
 
 def _told_apart(governed: dict, pinned: dict, t: str) -> str:
-    """Whether the two runs' iterations overlap: if they do, the ratio says
-    as much of the transport's run-to-run spread as of the clock."""
-    a, b = governed.get("spread", {}).get(t), pinned.get("spread", {}).get(t)
-    if not a or not b:
-        return ""
-    if a[0] <= b[1] and b[0] <= a[1]:
-        return " (the runs' iterations overlap: within this transport's own spread)"
-    return " (the runs' iterations do not overlap)"
+    return bench.overlap_text(governed.get("spread", {}).get(t), pinned.get("spread", {}).get(t))
 
 
 def _fig(v) -> str:

@@ -129,6 +129,9 @@ def test_bench_output_json_and_csv(erack, tmp_path):
     f = bus_factor("all-gather", result["world"])
     for row in result["rows"]:
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * f)
+        # its two timed iterations' busbw: the mean's time lies between theirs
+        lo, hi = row["busbw_range_GBps"]
+        assert lo <= hi and 0.99 * lo <= row["busbw_GBps"] <= 1.01 * hi
         # k held still: the fabric clock's nominal time is real / k (to its 1 ns grain)
         k = result["lab"]["time_scale"]
         assert row["time_us"] == pytest.approx(row["time_real_us"] / k, rel=1e-3)
@@ -485,6 +488,9 @@ def test_check_all_verifies_every_warm_up_and_timed_run(erack, transport_name, t
     rows = json.loads(js.read_text())["rows"]
     assert [x["wrong"] for x in rows] == [0, 0]
     assert all(x["time_us"] > 0 for x in rows)
+    for x in rows:  # each iteration's busbw too is of its run alone, not its check
+        lo, hi = x["busbw_range_GBps"]
+        assert 0.99 * lo <= x["busbw_GBps"] <= 1.01 * hi, x
 
 
 @pytest.fixture

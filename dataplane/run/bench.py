@@ -136,6 +136,39 @@ def ideal_busbw_Bps(rec: dict, algo: str = "ring", world: int = 0) -> float:
     return cap * bus_factor("all-reduce", world) if algo == "in-network" else cap
 
 
+# a job row's real times, and the fabric clock's, per size (what a report
+# needs to place each timed iteration)
+REAL_ROW_KEYS = ("size", "t0", "t1", "ends", "n0", "n1", "nends", "nruns")
+
+
+def iteration_times_s(row: dict) -> list[float] | None:
+    """Each timed iteration's nominal seconds (from when the previous one had
+    ended on every rank to when this one had; with --check all, the slowest
+    rank's run alone), from a job's row; None for a row without the fabric
+    clock's times."""
+    if "nruns" in row:
+        return row["nruns"]
+    if "nends" not in row or row.get("n0") is None:
+        return None
+    starts = [row["n0"], *row["nends"][:-1]]
+    return [end - start for start, end in zip(starts, row["nends"], strict=True)]
+
+
+def range_text(r: list[float] | None) -> str:
+    """' (iterations LO-HI)' for a figure's iterations' range, '' without one."""
+    return f" (iterations {r[0]:.4g}-{r[1]:.4g})" if r else ""
+
+
+def overlap_text(a: list[float] | None, b: list[float] | None) -> str:
+    """Whether two runs' iterations' ranges overlap: if they do, the ratio of
+    their figures says as much of the runs' own spread as of what differed."""
+    if not a or not b:
+        return ""
+    if a[0] <= b[1] and b[0] <= a[1]:
+        return " (the runs' iterations overlap: within their own spread)"
+    return " (the runs' iterations do not overlap)"
+
+
 def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = False) -> dict:
     """A job's row in nominal units (from the fabric clock: time_nominal_s;
     real seconds / k for a row without it), with the bandwidths; an
@@ -144,6 +177,8 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = 
     t_s = row.get("time_nominal_s")
     t_s = Scale(k).nominal_s(row["time_real_s"]) if t_s is None else t_s
     alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
+    bus = bus_factor(spec.collective, world)
+    its = [x for x in iteration_times_s(row) or [] if x > 0]
     chosen = {}
     if spec.collective == "all-reduce":
         algo, why = spec.algo, ""
@@ -158,7 +193,11 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = 
         "redop": spec.op if spec.collective in ("all-reduce", "reduce-scatter") else "none",
         "time_us": t_s * 1e6,
         "algbw_GBps": alg,
-        "busbw_GBps": alg * bus_factor(spec.collective, world),
+        "busbw_GBps": alg * bus,
+        # the slowest and the fastest timed iteration's busbw
+        "busbw_range_GBps": [row["size"] / max(its) / 1e9 * bus, row["size"] / min(its) / 1e9 * bus]
+        if its
+        else None,
         "wrong": row["wrong"],
         "time_real_us": row["time_real_s"] * 1e6,
         "pacing": row.get("pacing"),
@@ -329,10 +368,7 @@ class Run:
             "workers_peak_rss_bytes": int(fidelity.per_process(res["ranks"], "peak_rss_bytes")),
             "wall_s": res["wall_s"],
             "series": series(res, self.rec),
-            "real_rows": [
-                {k: r[k] for k in ("size", "t0", "t1", "ends", "n0", "n1", "nends") if k in r}
-                for r in res["rows"]
-            ],
+            "real_rows": [{k: r[k] for k in REAL_ROW_KEYS if k in r} for r in res["rows"]],
         }
 
 

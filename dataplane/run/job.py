@@ -444,6 +444,12 @@ class Job:
             # when each timed iteration had ended on every rank
             "ends": [max(e) for e in zip(*(x["ends"] for x in per_rank), strict=True)],
             "nends": [max(e) for e in zip(*(x["nends"] for x in per_rank), strict=True)],
+            # --check all: each iteration's run alone, its check left out
+            **(
+                {"nruns": [max(e) for e in zip(*(x["nruns"] for x in per_rank), strict=True)]}
+                if "nruns" in per_rank[0]
+                else {}
+            ),
             # each rank's NIC engine over its timed window (none for kernel TCP)
             "engines": [
                 {"rank": r, **x["engine"]} for r, x in enumerate(per_rank) if x.get("engine")

@@ -184,9 +184,9 @@ def _iterations(result: dict, t0: float) -> list[dict]:
     scale = Scale.of(result["lab"])
     for rr in result.get("real_rows", []):
         start = rr["t0"]
-        nstart = rr.get("n0")
+        nominal = bench.iteration_times_s(rr)
         for i, end in enumerate(rr["ends"]):
-            dt = rr["nends"][i] - nstart if "nends" in rr else scale.nominal_s(end - start)
+            dt = nominal[i] if nominal else scale.nominal_s(end - start)
             bw = rr["size"] / dt / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
             out.append(
                 {
@@ -198,7 +198,6 @@ def _iterations(result: dict, t0: float) -> list[dict]:
                 }
             )
             start = end
-            nstart = rr["nends"][i] if "nends" in rr else None
     return out
 
 
