@@ -239,3 +239,37 @@ def test_the_report_says_how_far_tcp_can_back_off_at_this_k():
     notes = {k: " ".join(kernel.tcp_timer_notes({**rec, "time_scale": k})) for k in (6400, 122880)}
     assert "18750 us nominal at this k: 4 doublings" in notes[6400]
     assert "976.562 us nominal at this k: 0 doublings" in notes[122880]
+
+
+def test_a_connection_held_back_by_its_peers_window_is_counted_and_reported():
+    """A receiver that does not read: its sender's time held back by the
+    receive window comes from the kernel (TCP_INFO), and the report says
+    it (a lost window update waits for the zero-window probe, timed by the
+    RTO).  On loopback: the kernel's own TCP, no lab needed."""
+    import socket
+    import time
+
+    from dataplane.report import fidelity
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    cli = socket.create_connection(srv.getsockname())
+    peer, _ = srv.accept()
+    try:
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        cli.setblocking(False)
+        chunk, deadline = b"x" * 65536, time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the peer's window is shut
+            try:
+                cli.send(chunk)
+            except BlockingIOError:
+                time.sleep(0.05)
+                if kernel.tcp_info(cli).get("tcp_rwnd_limited_us", 0) > 0:
+                    break
+        got = kernel.tcp_info(cli)
+        assert got["tcp_rwnd_limited_us"] > 0, got
+        assert kernel.tcp_info(peer)["tcp_rwnd_limited_us"] == 0  # it sent nothing
+        text = fidelity.kernel_tcp_text({"tcp_retx_segs": 0, **got})
+        assert "held back by the receivers' windows" in text, text
+    finally:
+        for s in (cli, peer, srv):
+            s.close()

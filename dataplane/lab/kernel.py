@@ -351,6 +351,7 @@ def check_tcp(spec) -> None:
 # kernel gives a shorter struct and those counters are left out.
 _TCPI_FIELDS = (  # counter, offset, struct format
     ("tcp_retx_segs", 100, "I"),  # tcpi_total_retrans: segments resent
+    ("tcp_rwnd_limited_us", 176, "Q"),  # tcpi_rwnd_limited: real us held by the peer's window
     ("tcp_retx_bytes", 208, "Q"),  # tcpi_bytes_retrans
     ("tcp_rtos", 240, "H"),  # tcpi_total_rto: retransmit timeouts, repeats included
     ("tcp_rto_recoveries", 242, "H"),  # tcpi_total_rto_recoveries
@@ -360,8 +361,9 @@ TCP_INFO_BYTES = 248
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:
-    """A connection's retransmissions and retransmit timeouts, from the
-    kernel (what ``ss -ti`` shows); {} for a socket that is gone."""
+    """A connection's retransmissions, retransmit timeouts and time held
+    back by its peer's receive window, from the kernel (what ``ss -ti``
+    shows); {} for a socket that is gone."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
     except OSError:

@@ -315,6 +315,13 @@ def kernel_tcp_text(t: dict[str, int]) -> str:
             f", {t['tcp_rtos']} retransmit timeouts ({t['tcp_rto_time_ms']} ms real in RTO"
             " recovery, every connection added)"
         )
+    if t.get("tcp_rwnd_limited_us"):
+        # a receiver that reads late, or a lost window update that only the
+        # zero-window probe (timed by the RTO, so by k) recovers
+        line += (
+            f"; {t['tcp_rwnd_limited_us'] / 1000:.0f} ms real held back by the receivers'"
+            " windows (every connection added)"
+        )
     if t.get("tcp_setup_rtos"):
         line += (
             f"; of those, {t['tcp_setup_rtos']} timeouts and {t.get('tcp_setup_retx_segs', 0)}"
