@@ -235,11 +235,22 @@ def test_down_kills_what_runs_inside_the_lab(lab_name):
             proc.kill()
 
 
-def test_down_unknown_lab_is_a_clear_error():
+def test_down_unknown_lab_is_a_clear_error(monkeypatch, capsys):
     r = ethplus("lab", "down", "no-such-lab-here")
     assert r.returncode == 1 and "no lab named 'no-such-lab-here'" in r.stderr
-    r = ethplus("lab", "down")
-    assert r.returncode == 1 and "--all" in r.stderr
+    # no name and no --all is refused; run in this process with every way of
+    # removing a lab made to fail, so a regression cannot take down the
+    # developer's running labs
+    from cli import main as cli_main
+    from dataplane.lab import labs
+
+    def removing(*_a, **_k):
+        raise AssertionError("lab down with no name removed a lab")
+
+    monkeypatch.setattr(labs, "down_all", removing)
+    monkeypatch.setattr(labs, "down", removing)
+    assert cli_main.main(["lab", "down"]) == 1
+    assert "--all" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- trust
