@@ -173,7 +173,10 @@ def _tcp_rto_capped(rec: dict, k: float) -> str:
 
 
 def _range(summary: dict, t: str) -> str:
-    return bench.range_text(summary.get("spread", {}).get(t))
+    """A figure's iterations' range and its verdict (behind: some part of
+    the emulation fell behind in a size of one of its jobs)."""
+    verdict = "behind" if t in summary.get("fell_behind", []) else "ok"
+    return bench.range_text(summary.get("spread", {}).get(t)) + f" {verdict}"
 
 
 def _told_apart(governed: dict, pinned: dict, t: str) -> str:
