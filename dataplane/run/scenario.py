@@ -308,6 +308,7 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
                 "jct_nominal_us": _jct_nominal_s(r) * 1e6,
                 "wrong": sum(x["wrong"] for x in r["rows"]),
                 "busbw_GBps": r["rows"][-1]["busbw_GBps"],
+                "busbw_range_GBps": r["rows"][-1]["busbw_range_GBps"],
                 "iterations": iters,
                 "phases": _phases(iters, res["faults"]),
                 "slowdown_vs_alone": (
@@ -392,13 +393,10 @@ def _spread(metric: str, job: dict) -> list[float] | None:
     shortest and the longest of its n iterations (one size only).  A
     transport whose iterations spread wider than a comparison's band cannot
     be told apart at that band by one run."""
-    its = job.get("iterations")
-    if not its:
-        return None
     if metric == "busbw":
-        last = [x["busbw_GBps"] for x in its if x["size"] == its[-1]["size"]]
-        return [min(last), max(last)]
-    if metric == "jct" and len({x["size"] for x in its}) == 1:
+        return job.get("busbw_range_GBps")  # bench's, of the job's last size
+    its = job.get("iterations")
+    if metric == "jct" and its and len({x["size"] for x in its}) == 1:
         ts = [x["time_nominal_us"] for x in its]
         return [min(ts) * len(ts), max(ts) * len(ts)]
     return None

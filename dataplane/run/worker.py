@@ -177,11 +177,11 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
             c0, waited0 = t.counters(), cpu.process_waited_s(os.getpid())
             late0 = timer.any_late_ns()
             t0, n0 = timer.now()
-            ends, nends, nruns, run_s, run_ns = [], [], [], 0.0, 0.0
+            ends, nends, nruns, run_s = [], [], [], 0.0
             for k in range(plan["iters"]):
                 if every:
                     w, dt, dn = checked_run(link, case, f"time-{i}-{k}", timer)
-                    wrong, run_s, run_ns = wrong + w, run_s + dt, run_ns + dn
+                    wrong, run_s = wrong + w, run_s + dt
                     nruns.append(dn)
                 else:
                     case.run()
@@ -195,7 +195,7 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
             engine["any_late_ns"] = timer.any_late_ns() - late0
             timing = {"t0": t0, "t1": t1, "ends": ends, "n0": n0, "n1": n1, "nends": nends}
             if every:  # the runs alone, their checks left out
-                timing.update(run_s=run_s, run_ns=run_ns, nruns=nruns)
+                timing.update(run_s=run_s, nruns=nruns)
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
                               **timing, "engine": engine, "cpu_s": _cpu_s(),
                               "pid": os.getpid()})  # fmt: skip
