@@ -273,3 +273,60 @@ def test_a_connection_held_back_by_its_peers_window_is_counted_and_reported():
     finally:
         for s in (cli, peer, srv):
             s.close()
+
+
+def test_a_namespaces_zero_window_probes_are_counted_in_that_namespace_alone():
+    """A receiver that never reads, in one namespace: its sender's
+    zero-window probes (timed by the RTO) are counted in that namespace's
+    own counters (what the fidelity report adds over a job's hosts), and
+    not in another namespace's."""
+    import socket
+    import time
+
+    from dataplane.lab import core
+    from dataplane.report import fidelity
+
+    names = [f"ethp{RUN_ID}zw{i}" for i in range(2)]
+    paths = [f"/run/netns/{n}" for n in names]
+    socks: list[socket.socket] = []
+    try:
+        for n in names:
+            subprocess.run(["ip", "netns", "add", n], check=True)
+            subprocess.run(["ip", "-n", n, "link", "set", "lo", "up"], check=True)
+        before = [kernel.netns_tcp_counts(p) for p in paths]
+        assert before[0].get("tcp_win_probes") == 0, before  # a new namespace counts from 0
+
+        def sock() -> socket.socket:
+            fd = core.netns_socket(paths[0], socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(fileno=fd)
+            socks.append(s)
+            return s
+
+        srv = sock()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # before the handshake
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        cli = sock()
+        cli.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        cli.connect(srv.getsockname())
+        peer, _ = srv.accept()
+        socks.append(peer)
+        cli.setblocking(False)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the receiver never reads
+            try:
+                cli.send(b"x" * 65536)
+            except BlockingIOError:
+                if kernel.netns_tcp_counts(paths[0])["tcp_win_probes"] > 0:
+                    break
+                time.sleep(0.05)
+        got = kernel.netns_tcp_counts(paths[0])
+        assert got["tcp_zero_window_adv"] > 0 and got["tcp_win_probes"] > 0, got
+        assert kernel.netns_tcp_counts(paths[1]) == before[1]
+        text = fidelity.kernel_tcp_text({"tcp_retx_segs": 0, **got})
+        assert f"{got['tcp_win_probes']} zero-window probes" in text, text
+    finally:
+        for s in socks:
+            s.close()
+        for n in names:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 40
+#define ETHP_ABI_VERSION 41
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -879,6 +879,10 @@ int ethp_netns_socket(const char *path, int domain, int type, int protocol);
 /* Write value to /proc/sys/<key> as seen inside the namespace at path
  * (key like "net/ipv6/conf/all/disable_ipv6").  0 or negative errno. */
 int ethp_netns_sysctl(const char *path, const char *key, const char *value);
+/* Read /proc/thread-self/net/<name> (e.g. "netstat": the namespace's own
+ * TCP counters) as seen inside the namespace at path, up to cap bytes into
+ * buf.  Returns the bytes read (the rest cut) or a negative errno. */
+int ethp_netns_proc_net(const char *path, const char *name, char *buf, int cap);
 /* Move the calling thread into the namespace at path for good, with a
  * private mount namespace whose /sys shows that network namespace (as
  * `ip netns exec` does).  For a process about to exec.  0 or negative errno. */

@@ -223,6 +223,39 @@ int ethp_netns_sysctl(const char *path, const char *key, const char *value)
     return rc;
 }
 
+int ethp_netns_proc_net(const char *path, const char *name, char *buf, int cap)
+{
+    char file[256];
+    if (cap < 1 || strchr(name, '/') || !name[0] || !strcmp(name, ".") || !strcmp(name, ".."))
+        return -EINVAL;
+    if (snprintf(file, sizeof(file), "/proc/thread-self/net/%s", name) >= (int)sizeof(file))
+        return -ENAMETOOLONG;
+    int saved, rc = ethp_netns_enter(path, &saved);
+    if (rc)
+        return rc;
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = -errno;
+    } else {
+        int got = 0;
+        while (got < cap) {
+            ssize_t n = read(fd, buf + got, (size_t)(cap - got));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                rc = n < 0 ? -errno : 0;
+                break;
+            }
+            got += (int)n;
+        }
+        close(fd);
+        if (!rc)
+            rc = got;
+    }
+    ethp_netns_leave(saved);
+    return rc;
+}
+
 int ethp_netns_move_thread(const char *path)
 {
     int saved, rc = ethp_netns_enter(path, &saved);

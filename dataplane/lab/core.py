@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 40
+ABI_VERSION = 41
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -406,6 +406,17 @@ def netns_sysctl(path: str, key: str, value: str) -> None:
         lib.ethp_netns_sysctl(path.encode(), key.encode(), value.encode()),
         f"cannot set {key} in {path}",
     )
+
+
+def netns_proc_net(path: str, name: str, cap_bytes: int = 1 << 16) -> str:
+    """/proc/net/<name> as seen inside the namespace at path (the calling
+    thread enters it and returns)."""
+    buf = ffi.new("char[]", cap_bytes)
+    n = _check(
+        lib.ethp_netns_proc_net(path.encode(), name.encode(), buf, cap_bytes),
+        f"cannot read /proc/net/{name} in {path}",
+    )
+    return ffi.unpack(buf, n).decode()
 
 
 def netns_join(path: str) -> None:

@@ -375,6 +375,39 @@ def tcp_info(sock: socket.socket) -> dict[str, int]:
     }
 
 
+# A namespace's own TCP counters (/proc/net/netstat, TcpExt; what `nstat`
+# shows): the timer-driven events tcp_info does not count.  Named tcp_* as
+# _TCPI_FIELDS' are (the fidelity report sums them over the ranks).
+_NETSTAT_FIELDS = (  # counter, TcpExt name
+    ("tcp_win_probes", "TCPWinProbe"),  # zero-window probes sent (timed by the RTO)
+    ("tcp_zero_window_adv", "TCPToZeroWindowAdv"),  # windows closed to zero by a receiver
+    ("tcp_loss_probes", "TCPLossProbes"),  # tail-loss probes sent
+    ("tcp_delayed_acks", "DelayedACKs"),  # acks sent by the delayed-ACK timer
+)
+
+
+def netstat_counts(text: str) -> dict[str, int]:
+    """_NETSTAT_FIELDS' counters from a /proc/net/netstat text (those this
+    kernel has)."""
+    rows: dict[str, dict[str, int]] = {}
+    lines = text.splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        head, _, names = names.partition(":")
+        head2, _, values = values.partition(":")
+        if head == head2:
+            rows[head] = dict(zip(names.split(), map(int, values.split()), strict=False))
+    ext = rows.get("TcpExt", {})
+    return {name: ext[key] for name, key in _NETSTAT_FIELDS if key in ext}
+
+
+def netns_tcp_counts(netns_path: str) -> dict[str, int]:
+    """netstat_counts() of the namespace at netns_path ({} if unreadable)."""
+    try:
+        return netstat_counts(core.netns_proc_net(netns_path, "netstat"))
+    except OSError:
+        return {}
+
+
 def tcp_timer_notes(rec: dict) -> list[str]:
     """What a report says of kernel TCP (its routes' settings, its timers)
     at the lab's k now."""

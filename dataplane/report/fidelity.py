@@ -322,6 +322,18 @@ def kernel_tcp_text(t: dict[str, int]) -> str:
             f"; {t['tcp_rwnd_limited_us'] / 1000:.0f} ms real held back by the receivers'"
             " windows (every connection added)"
         )
+    probes = [
+        f"{t[name]} {what}"
+        for name, what in (
+            ("tcp_win_probes", "zero-window probes (each waited an RTO: a window update lost,"
+             " or a receiver that read late)"),
+            ("tcp_loss_probes", "tail-loss probes"),
+            ("tcp_delayed_acks", "delayed acks (the 40 ms real timer)"),
+        )
+        if t.get(name)
+    ]  # fmt: skip
+    if probes:
+        line += "; the hosts' namespaces counted " + ", ".join(probes)
     if t.get("tcp_setup_rtos"):
         line += (
             f"; of those, {t['tcp_setup_rtos']} timeouts and {t.get('tcp_setup_retx_segs', 0)}"

@@ -140,6 +140,9 @@ class TcpTransport(Transport):
         # What the kernel counted before any message: the handshakes'
         # (counters() tells set-up from traffic)
         self._setup_counts: dict[str, int] = self._kernel_counts()
+        # the namespace's own counters (kernel.netns_tcp_counts) from here
+        self._netns = rec["namespaces"][node]
+        self._netns_counts0 = kernel.netns_tcp_counts(self._netns)
 
     def _connect_all(self, listeners: list[socket.socket]) -> None:
         """Open every stream to the peers ranked above, all at once, while
@@ -443,14 +446,18 @@ class TcpTransport(Transport):
     def counters(self) -> dict[str, int]:
         """Bytes and messages, and the kernel's retransmissions and
         retransmit timeouts over this rank's connections (kernel.tcp_info),
-        those of the connections' set-up also apart (tcp_setup_*: a SYN
+        its namespace's zero-window and tail-loss probes and delayed acks
+        since the connections were up (kernel.netns_tcp_counts), the
+        connections' set-up's also apart (tcp_setup_*: a SYN
         times out on the kernel's 1 s initial RTO, real time, wherever a
         handshake's round trip at the lab's k is longer)."""
         setup = {
             f"tcp_setup_{name[4:]}": self._setup_counts.get(name, 0)
             for name in ("tcp_retx_segs", "tcp_rtos", "tcp_rto_time_ms")
         }
-        return {**self._bytes, **self._kernel_counts(), **setup}
+        now = kernel.netns_tcp_counts(self._netns)
+        netns = {name: v - self._netns_counts0.get(name, 0) for name, v in now.items()}
+        return {**self._bytes, **self._kernel_counts(), **setup, **netns}
 
     def _kernel_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
