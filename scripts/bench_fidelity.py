@@ -11,11 +11,15 @@ whole run.  Prints each ratio (target: 0.93-1.07 for ethplus and roce,
 0.90-1.10 for tcp), the range of k the governor used, each figure's
 iterations' range (their slowest and fastest busbw) and whether the
 governed and the pinned run's overlap, and the real seconds each run took.
-Each transport starts governed from the lab's floor.
+Each transport starts governed from the lab's floor.  With --repeat N each
+configuration runs N times and its figure is the median run's, printed
+with every run's: an all-to-all's figure moves run to run at one pinned k
+(RoCE's 42-55 GB/s, kernel TCP's 30-83 seen), and a ratio of two single
+runs says no more than that spread.
 
     sudo .venv/bin/python scripts/bench_fidelity.py [--lab erack-8x4] [--size 16M[,1M]]
         [--iters 3] [--transports ethplus,roce,tcp] [--collectives all-reduce,all-to-all]
-        [--hog] [--no-pinned] [--json FILE] [--keep DIR]
+        [--repeat N] [--hog] [--no-pinned] [--json FILE] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import multiprocessing
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -67,11 +72,101 @@ def _one(spec: bench.Spec, rec: dict, govern: bool) -> tuple[dict, float]:
     return res, time.monotonic() - t0
 
 
+def _figure(runs: list[tuple[dict, float]]) -> dict:
+    """A configuration's runs as one figure: the median run's busbw (the
+    mean over its timed iterations), every run's, the iterations' range over
+    all of them, whether any fell behind, the k range and the real seconds."""
+    rows = [res["rows"][0] for res, _ in runs]
+    figures = sorted(r["busbw_GBps"] for r in rows)
+    ranges = [r["busbw_range_GBps"] for r in rows if r.get("busbw_range_GBps")]
+    return {
+        "busbw": statistics.median(figures),
+        "runs": [r["busbw_GBps"] for r in rows],
+        "range": [min(x[0] for x in ranges), max(x[1] for x in ranges)] if ranges else None,
+        "behind": any(r["fell_behind"] for r in rows),
+        "k": ", ".join(_k(res) if "governor" in res else f"{res['lab']['time_scale']:g}"
+                       for res, _ in runs),
+        "real_s": sum(s for _, s in runs),
+    }  # fmt: skip
+
+
+def _text(f: dict) -> str:
+    runs = "" if len(f["runs"]) < 2 else " runs " + "/".join(f"{x:.1f}" for x in f["runs"]) + ","
+    return (
+        f"k={f['k']} {f['busbw']:7.1f} GB/s{runs}{bench.range_text(f['range'])}"
+        f" {_verdict(f['behind'])} ({f['real_s']:5.1f} s real)"
+    )
+
+
+def _spread(f: dict) -> str:
+    """The runs' own spread at one configuration (max/min of their figures)."""
+    return "" if len(f["runs"]) < 2 else f", runs spread {max(f['runs']) / min(f['runs']):.2f}x"
+
+
+def _compare(spec, rec: dict, floor: float, args, kept) -> tuple[dict, str]:
+    """spec governed, pinned at 4x and (--hog) governed beside a hog,
+    --repeat times each: the row and the line printed."""
+    gov = []
+    for _ in range(args.repeat):
+        _from_floor(rec, floor)
+        gov.append(_one(spec, rec, True))
+        kept(gov[-1][0], f"governed-{len(gov)}")
+    g = _figure(gov)
+    size = spec.sizes[0]
+    row = {"collective": spec.collective, "transport": spec.transport, "size_bytes": size,
+           "governed": g,
+           "trials_governed": [len(r["governor"]["trials"]) for r, _ in gov]}  # fmt: skip
+    line = f"{spec.collective:10s} {spec.transport:8s} {size_text(size):>6s} governed {_text(g)}"
+    line += _spread(g)
+    p = None
+    if not args.no_pinned:
+        k_pinned = 4 * max(r["governor"]["k_max"] for r, _ in gov)
+        labs.rescale(rec, k_pinned)  # pinned
+        pinned = []
+        try:
+            for _ in range(args.repeat):
+                pinned.append(_one(spec, rec, False))
+                kept(pinned[-1][0], f"pinned-4x-{len(pinned)}")
+        finally:
+            _from_floor(rec, floor)
+        p = _figure(pinned)
+        row["pinned_4x"] = p
+        line += (f"  pinned 4x {_text(p)}{_spread(p)}"
+                 f"  governed/pinned {g['busbw'] / p['busbw']:.3f}"
+                 f"{bench.overlap_text(g['range'], p['range'])}")  # fmt: skip
+    if args.hog:
+        hogged = []
+        for _ in range(args.repeat):
+            hog = multiprocessing.Process(target=_hog, daemon=True)
+            hog.start()
+            try:
+                hogged.append(_one(spec, rec, True))
+            finally:
+                hog.terminate()
+                hog.join()
+            kept(hogged[-1][0], f"hog-{len(hogged)}")
+            _from_floor(rec, floor)
+        h = _figure(hogged)
+        row["hog"] = h
+        line += f"  hog: {_text(h)}"
+        if p is not None:
+            line += f", hog/pinned {h['busbw'] / p['busbw']:.3f}"
+    return row, line
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", default="erack-8x4", help="a lab of netns-labs/ (its stem)")
     ap.add_argument("--size", default="16M", help="bytes per rank; a comma list runs each")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each configuration (governed, pinned, hog): its figure is their median,"
+        " printed with each run's and their spread (a workload's run-to-run spread at one k"
+        " is the floor under any governed/pinned ratio)",
+    )
     ap.add_argument("--transports", default="ethplus,roce,tcp")
     ap.add_argument("--collectives", default="all-reduce,all-to-all")
     ap.add_argument("--hog", action="store_true", help="also governed with a CPU hog")
@@ -92,6 +187,9 @@ def main() -> int:
     if keep:
         keep.mkdir(parents=True, exist_ok=True)
 
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+
     def kept(res: dict, how: str) -> None:
         if keep:
             name = f"{res['collective']}-{res['transport']}-{res['rows'][0]['size_bytes']}-{how}"
@@ -110,61 +208,10 @@ def main() -> int:
                 spec = bench.Spec(collective=collective, transport=t, sizes=[size],
                                   iters=args.iters, warmup=1, uneven=uneven).validate()  # fmt: skip
                 try:
-                    _from_floor(rec, floor)
-                    g, g_s = _one(spec, rec, True)
-                    kept(g, "governed")
-                    kg = g["governor"]["k_max"]
-                    p = p_s = None
-                    if not args.no_pinned:
-                        labs.rescale(rec, 4 * kg)  # pinned
-                        try:
-                            p, p_s = _one(spec, rec, False)
-                            kept(p, "pinned-4x")
-                        finally:
-                            _from_floor(rec, floor)
+                    row, line = _compare(spec, rec, floor, args, kept)
                 except JobError as e:
                     print(f"{collective:10s} {t:8s} {size} B failed: {e}", flush=True)
                     continue
-                row = {"collective": collective, "transport": t, "size_bytes": size,
-                       "k_governed": _k(g), "busbw_governed": g["rows"][0]["busbw_GBps"],
-                       "behind_governed": g["rows"][0]["fell_behind"], "real_s_governed": g_s,
-                       "trials_governed": len(g["governor"]["trials"])}  # fmt: skip
-                g_range = g["rows"][0]["busbw_range_GBps"]
-                row["busbw_range_governed"] = g_range
-                line = (f"{collective:10s} {t:8s} {size_text(size):>6s}"
-                        f" governed k={_k(g):<13s}"
-                        f" {row['busbw_governed']:7.1f} GB/s{bench.range_text(g_range)}"
-                        f" {_verdict(row['behind_governed'])} ({g_s:5.1f} s real,"
-                        f" {row['trials_governed']} trials)")  # fmt: skip
-                if p is not None:
-                    p_range = p["rows"][0]["busbw_range_GBps"]
-                    row.update(busbw_pinned_4x=p["rows"][0]["busbw_GBps"],
-                               busbw_range_pinned_4x=p_range,
-                               behind_pinned_4x=p["rows"][0]["fell_behind"],
-                               real_s_pinned_4x=p_s)  # fmt: skip
-                    line += (f"  pinned 4x k={4 * kg:<7g} {row['busbw_pinned_4x']:7.1f} GB/s"
-                             f"{bench.range_text(p_range)}"
-                             f" {_verdict(row['behind_pinned_4x'])} ({p_s:5.1f} s)  governed/pinned"
-                             f" {row['busbw_governed'] / row['busbw_pinned_4x']:.3f}"
-                             f"{bench.overlap_text(g_range, p_range)}")  # fmt: skip
-                if args.hog:
-                    hog = multiprocessing.Process(target=_hog, daemon=True)
-                    hog.start()
-                    try:
-                        h, h_s = _one(spec, rec, True)
-                    finally:
-                        hog.terminate()
-                        hog.join()
-                    kept(h, "hog")
-                    _from_floor(rec, floor)
-                    row.update(k_hog=_k(h), busbw_hog=h["rows"][0]["busbw_GBps"],
-                               behind_hog=h["rows"][0]["fell_behind"], real_s_hog=h_s)  # fmt: skip
-                    line += (
-                        f"  hog: k={row['k_hog']} {row['busbw_hog']:.1f} GB/s"
-                        f" {_verdict(row['behind_hog'])} ({row['real_s_hog']:.1f} s)"
-                    )
-                    if p is not None:
-                        line += f", hog/pinned {row['busbw_hog'] / row['busbw_pinned_4x']:.3f}"
                 out.append(row)
                 print(line, flush=True)
     if args.json:
