@@ -178,7 +178,9 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = 
     t_s = Scale(k).nominal_s(row["time_real_s"]) if t_s is None else t_s
     alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
     bus = bus_factor(spec.collective, world)
-    its = [x for x in iteration_times_s(row) or [] if x > 0]
+    # the row's time is the slowest rank's own: its range is each rank's own
+    # iterations' (a row from before rank_iters_range_s: the job's)
+    its = row.get("rank_iters_range_s") or [x for x in iteration_times_s(row) or [] if x > 0]
     chosen = {}
     if spec.collective == "all-reduce":
         algo, why = spec.algo, ""
@@ -194,7 +196,7 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = 
         "time_us": t_s * 1e6,
         "algbw_GBps": alg,
         "busbw_GBps": alg * bus,
-        # the slowest and the fastest timed iteration's busbw
+        # the slowest and the fastest timed iteration's busbw (on any rank)
         "busbw_range_GBps": [row["size"] / max(its) / 1e9 * bus, row["size"] / min(its) / 1e9 * bus]
         if its
         else None,

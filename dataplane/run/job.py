@@ -197,6 +197,21 @@ def fabric_sample(lab: str, prev: dict | None = None) -> dict:
     return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports}
 
 
+def _rank_iters_range_s(per_rank: list[dict]) -> list[float] | None:
+    """The shortest and the longest timed iteration of any rank, nominal
+    seconds, each rank's from its own clock readings (its runs alone with
+    --check all); None without the fabric clock's."""
+    its = []
+    for x in per_rank:
+        if "nruns" in x:
+            its += x["nruns"]
+        elif x.get("n0") is not None and x.get("nends"):
+            starts = [x["n0"], *x["nends"][:-1]]
+            its += [end - start for start, end in zip(starts, x["nends"], strict=True)]
+    its = [t for t in its if t > 0]
+    return [min(its), max(its)] if its else None
+
+
 class Job:
     def __init__(
         self,
@@ -453,6 +468,9 @@ class Job:
                 if "nruns" in per_rank[0]
                 else {}
             ),
+            # the fastest and the slowest timed iteration on any rank, as the
+            # time above reads them (each rank's own): its mean lies between
+            "rank_iters_range_s": _rank_iters_range_s(per_rank),
             # each rank's NIC engine over its timed window (none for kernel TCP)
             "engines": [
                 {"rank": r, **x["engine"]} for r, x in enumerate(per_rank) if x.get("engine")

@@ -141,8 +141,9 @@ class TcpTransport(Transport):
         # (counters() tells set-up from traffic)
         self._setup_counts: dict[str, int] = self._kernel_counts()
         # the namespace's own counters (kernel.netns_tcp_counts) from here
-        self._netns = rec["namespaces"][node]
-        self._netns_counts0 = kernel.netns_tcp_counts(self._netns)
+        # (none for a transport outside a lab: on loopback, in tests)
+        self._netns = rec.get("namespaces", {}).get(node)
+        self._netns_counts0 = kernel.netns_tcp_counts(self._netns) if self._netns else {}
 
     def _connect_all(self, listeners: list[socket.socket]) -> None:
         """Open every stream to the peers ranked above, all at once, while
@@ -455,7 +456,7 @@ class TcpTransport(Transport):
             f"tcp_setup_{name[4:]}": self._setup_counts.get(name, 0)
             for name in ("tcp_retx_segs", "tcp_rtos", "tcp_rto_time_ms")
         }
-        now = kernel.netns_tcp_counts(self._netns)
+        now = kernel.netns_tcp_counts(self._netns) if self._netns else {}
         netns = {name: v - self._netns_counts0.get(name, 0) for name, v in now.items()}
         return {**self._bytes, **self._kernel_counts(), **setup, **netns}
 
