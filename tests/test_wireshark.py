@@ -112,7 +112,8 @@ def lab_pcap(lab, tmp_path_factory):
         ):
             r = ethplus("bench", *args, "--lab", lab, "--iters", "1", "--warmup", "0",
                         check=True)  # fmt: skip
-            (pcap.parent / "runs.txt").open("a").write(r.stdout)
+            with (pcap.parent / "runs.txt").open("a") as f:
+                f.write(r.stdout)
     finally:
         cap.send_signal(signal.SIGINT)
         try:

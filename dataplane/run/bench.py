@@ -26,7 +26,7 @@ from dataplane.model import catalog
 from dataplane.model.catalog import ALGORITHMS, bus_factor, canonical, pick_all_reduce
 from dataplane.report import fidelity
 from dataplane.run import inc, reference
-from dataplane.run.job import Job, Plan, Workload, ranks_per_host
+from dataplane.run.job import Job, Plan, Workload, iteration_times_s, ranks_per_host
 from dataplane.scale import Scale
 from dataplane.units import parse_size
 
@@ -139,19 +139,6 @@ def ideal_busbw_Bps(rec: dict, algo: str = "ring", world: int = 0) -> float:
 # a job row's real times, and the fabric clock's, per size (what a report
 # needs to place each timed iteration)
 REAL_ROW_KEYS = ("size", "t0", "t1", "ends", "n0", "n1", "nends", "nruns")
-
-
-def iteration_times_s(row: dict) -> list[float] | None:
-    """Each timed iteration's nominal seconds (from when the previous one had
-    ended on every rank to when this one had; with --check all, the slowest
-    rank's run alone), from a job's row; None for a row without the fabric
-    clock's times."""
-    if "nruns" in row:
-        return row["nruns"]
-    if "nends" not in row or row.get("n0") is None:
-        return None
-    starts = [row["n0"], *row["nends"][:-1]]
-    return [end - start for start, end in zip(starts, row["nends"], strict=True)]
 
 
 def range_text(r: list[float] | None) -> str:

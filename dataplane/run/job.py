@@ -197,18 +197,23 @@ def fabric_sample(lab: str, prev: dict | None = None) -> dict:
     return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports}
 
 
+def iteration_times_s(timing: dict) -> list[float] | None:
+    """Each timed iteration's nominal seconds, from one rank's timing (from
+    when its previous one ended; with --check all, its run alone) or from a
+    job's row (from when the previous one had ended on every rank; the
+    slowest rank's run alone); None without the fabric clock's times."""
+    if "nruns" in timing:
+        return timing["nruns"]
+    if "nends" not in timing or timing.get("n0") is None:
+        return None
+    starts = [timing["n0"], *timing["nends"][:-1]]
+    return [end - start for start, end in zip(starts, timing["nends"], strict=True)]
+
+
 def _rank_iters_range_s(per_rank: list[dict]) -> list[float] | None:
     """The shortest and the longest timed iteration of any rank, nominal
-    seconds, each rank's from its own clock readings (its runs alone with
-    --check all); None without the fabric clock's."""
-    its = []
-    for x in per_rank:
-        if "nruns" in x:
-            its += x["nruns"]
-        elif x.get("n0") is not None and x.get("nends"):
-            starts = [x["n0"], *x["nends"][:-1]]
-            its += [end - start for start, end in zip(starts, x["nends"], strict=True)]
-    its = [t for t in its if t > 0]
+    seconds, each rank's from its own clock readings (iteration_times_s)."""
+    its = [t for x in per_rank for t in iteration_times_s(x) or [] if t > 0]
     return [min(its), max(its)] if its else None
 
 
