@@ -556,8 +556,8 @@ def render(f: dict) -> str:
             " could not keep up: 'behind' in the table)"
         )
         for size, why in f.get("behind_why", []):
-            if why:
-                lines.append(f"    {size} B: " + "; ".join(why))
+            if why:  # never a line that starts with a number, as the table's rows do
+                lines.append(f"    at {size} B: " + "; ".join(why))
     if f.get("ran_again"):
         lines.append(
             "  ran again at a larger k (the figures above are of the whole first run; the"
