@@ -259,3 +259,55 @@ def test_frames_a_host_sends_beyond_its_queue_are_counted(erack):
                    check=True, timeout=60)  # fmt: skip
     after = fabric_stats(lab.name)["hosts"]["h4"]["uplink_drops"]
     assert after - before > 0
+
+
+FROZEN_RECEIVER = """
+import sys
+import numpy as np
+from dataplane.lab.nic import Endpoint
+ep = Endpoint(sys.argv[1], sys.argv[2])
+dst = np.zeros(int(sys.argv[4]), dtype=np.uint8)
+h = ep.post_recv(int(sys.argv[3]), 7, dst)
+print("ready", flush=True)
+n = ep.wait(h, 120)
+print(n, int(dst.astype(np.uint64).sum()), flush=True)
+ep.close()
+"""
+
+
+def test_an_engine_frozen_with_nothing_due_counts_as_behind_while_frames_wait(erack):
+    """A receiver's process frozen (SIGSTOP) for a second with a receive
+    posted and nothing of its own due: no timer of its engine ran late, but
+    the frames sent to it meanwhile waited in its RX ring, and that second
+    is in the lab's union of stalls (a bench's `some NIC engine was behind`).
+    Before, the engine woke with nothing due and counted nothing (CI saw a
+    frozen rank counted 0.39 s of its second)."""
+    import signal
+    import subprocess
+    import sys
+
+    lab, size = erack, 256 * 1024
+    src = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)
+    with Endpoint(lab.name, "h6") as a:
+        rx = subprocess.Popen(
+            [sys.executable, "-c", FROZEN_RECEIVER, lab.name, "h7", str(a.rank), str(size)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        clk = Clock(lab.name)
+        try:
+            assert rx.stdout.readline().strip() == "ready"
+            time.sleep(0.2)  # into its idle wait
+            late0 = clk.reports()["any_late_ns"]
+            rx.send_signal(signal.SIGSTOP)
+            h = a.post_send(int(lab.nodes["h7"]["index"]), 7, src)
+            time.sleep(1.0)
+            rx.send_signal(signal.SIGCONT)
+            assert a.wait(h, 120) == size
+            n, total = map(int, rx.stdout.readline().split())
+            late_s = (clk.reports()["any_late_ns"] - late0) / 1e9
+        finally:
+            rx.kill()
+            rx.wait()
+            clk.close()
+    assert n == size and total == int(src.astype(np.uint64).sum())
+    assert 0.7 < late_s < 1.5, late_s

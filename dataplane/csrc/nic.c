@@ -64,6 +64,7 @@ struct rx_ctx {
     uint64_t wall_ns;      /* CLOCK_REALTIME when this round of reading began */
     uint64_t wait_sum_ns;  /* frames' waits in the ring before it (rx_wait_*) */
     uint64_t wait_frames;
+    uint64_t wait_max_ns;  /* the longest of them */
 };
 
 /* ---------------------------------------------------------------- connection epochs
@@ -226,6 +227,8 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
         if (stamp && stamp < c->wall_ns) { /* (a frame that came in since: no wait) */
             uint64_t wait = c->wall_ns - stamp;
             c->wait_sum_ns += wait;
+            if (wait > c->wait_max_ns)
+                c->wait_max_ns = wait;
             if (wait > n->c[ETHP_NC_rx_wait_max_ns])
                 n->c[ETHP_NC_rx_wait_max_ns] = wait;
         }
@@ -313,8 +316,12 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
 /* Read every frame waiting; how long they waited in the ring (the kernel's
  * arrival stamps against the time reading began) is the engine's RX
  * backlog: time an engine kept from running by the machine adds to every
- * frame's delay, even when nothing it had to send was late. */
-static void rx(struct ethp_nic *n, uint64_t now)
+ * frame's delay, even when nothing it had to send was late.  A frame left
+ * unread for longer than NIC_RX_STALL_NS puts the rest of its wait in the
+ * lab's union of stalls (*stall_from, the earliest start of this pass's
+ * stall): an engine stopped while it had nothing due (its process frozen,
+ * say) is found out by what came in meanwhile. */
+static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 {
     struct rx_ctx c = {.n = n, .now = now};
     if (n->io.rx_stamp_ns) {
@@ -332,6 +339,9 @@ static void rx(struct ethp_nic *n, uint64_t now)
         ethp_clock_report(n->clock, ETHP_CLOCK_R_RX_WAIT_SUM_NS, c.wait_sum_ns);
         ethp_clock_report(n->clock, ETHP_CLOCK_R_RX_WAIT_FRAMES, c.wait_frames);
     }
+    uint64_t over = c.wait_max_ns > NIC_RX_STALL_NS ? c.wait_max_ns - NIC_RX_STALL_NS : 0;
+    if (over && over < now && now - over < *stall_from)
+        *stall_from = now - over;
 }
 
 /* ---------------------------------------------------------------- timers, loop */
@@ -386,17 +396,18 @@ static uint64_t next_due(struct ethp_nic *n)
 /* Did the engine run when its next packet or timer was due?  Lateness
  * against the earlier of the due time and the previous pass (each ns of it
  * counted once); what the pacers' catch-up cannot make up is link time
- * lost.  Lateness over a hundredth of the real base RTT also goes to the
- * lab's union of stalls: a collective waits for its slowest rank, so the
+ * lost.  Lateness over a hundredth of the real base RTT also belongs in the
+ * lab's union of stalls (returned: where the stall began, else UINT64_MAX;
+ * nic_pass reports it): a collective waits for its slowest rank, so the
  * time any engine is behind holds every rank up.  The fidelity report's
  * verdict on the endpoints (fidelity.py). */
-static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uint64_t now)
+static uint64_t engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uint64_t now)
 {
     if (due == UINT64_MAX)
-        return;
+        return UINT64_MAX;
     uint64_t from = due > prev ? due : prev;
     if (now <= from + NIC_LATE_NS)
-        return;
+        return UINT64_MAX;
     uint64_t late = now - from;
     n->c[ETHP_NC_eng_late_wakeups]++;
     n->c[ETHP_NC_eng_late_sum_ns] += late;
@@ -407,11 +418,10 @@ static void engine_lateness(struct ethp_nic *n, uint64_t due, uint64_t prev, uin
     if (n->clock) {
         ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_WAKEUPS, 1);
         ethp_clock_report(n->clock, ETHP_CLOCK_R_LATE_SUM_NS, late);
-        if (late > n->cfg.base_rtt_ns / NIC_STALL_RTT_DIV)
-            ethp_clock_report_late(n->clock, from, now);
         if (late > NIC_CATCHUP_NS)
             ethp_clock_report(n->clock, ETHP_CLOCK_R_LOST_NS, late - NIC_CATCHUP_NS);
     }
+    return late > n->cfg.base_rtt_ns / NIC_STALL_RTT_DIV ? from : UINT64_MAX;
 }
 
 /* ---------------------------------------------------------------- time scale */
@@ -601,12 +611,13 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
         }
     take_commands(n);
     uint64_t now = ethp_now_ns();
-    if (!idle_wait)
-        engine_lateness(n, due, n->prev_pass_ns, now);
+    uint64_t stall_from = idle_wait ? UINT64_MAX : engine_lateness(n, due, n->prev_pass_ns, now);
     n->prev_pass_ns = now;
     if (n->clock)
         follow_clock(n, now);
-    rx(n, now);
+    rx(n, now, &stall_from);
+    if (n->clock && stall_from < now) /* one span: the clock's union only grows forward */
+        ethp_clock_report_late(n->clock, stall_from, now);
     nic_sched_pump(n); /* schedules: reductions and next sends for what came in */
     wake_due(n, now);
     /* Peers take turns: the one served first moves on every pass, so a

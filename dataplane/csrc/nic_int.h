@@ -41,6 +41,10 @@ struct nic_mode_ops;
 /* lateness over base RTT / this counts in the lab's union of stalls (at
  * the floor k of erack-8x4 about 0.2 ms real; see fidelity.ANY_BEHIND_MAX) */
 #define NIC_STALL_RTT_DIV 100
+/* a frame still unread this long after it came in (more than the RX ring's
+ * block timer, a jiffy or two of up to 10 ms, and its timer's slack) means
+ * the engine was not running: the rest of its wait counts in the union */
+#define NIC_RX_STALL_NS 20000000ull
 #define NIC_CLOCK_POLL_NS 50000000ull /* an idle engine's look at the clock */
 #define NIC_EAGER_BYTES 64u /* a message this small may come before its receive */
 #define NIC_EAGER_SLOTS 8u  /* ... this many per peer */

@@ -109,12 +109,15 @@ struct ethp_port {
     int helper_live;
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
     uint8_t *scratch;        /* ETHP_RX_CHUNK frames from one_fd */
-    uint64_t one_wall_ns;    /* while one_fd's frames are visited: when they were read */
+    uint64_t one_wall_ns;    /* while one_fd's frames are visited: when the one visited came
+                              * (its kernel stamp), else when it was read */
+    int one_stamped;         /* ... and it was the kernel's stamp */
     /* Frames received into scratch and not yet visited: [held_next, held) */
     uint32_t held, held_next;
     uint32_t held_len[ETHP_RX_CHUNK];
     int held_ifindex[ETHP_RX_CHUNK];
-    uint64_t held_wall_ns;
+    uint64_t held_stamp_ns[ETHP_RX_CHUNK]; /* the kernel's arrival stamps (0: none) */
+    uint64_t held_wall_ns;                 /* when they were read */
     uint32_t held_until_block; /* parking: visit them once the ring's reader is past this */
     int parked_read;           /* parked: the block being filled was read in place */
     char netns_path[256];
@@ -316,7 +319,9 @@ static void ring_close(struct ethp_port *p)
  * fanout group (a unique id the kernel picks), with every frame steered to
  * it.  -EINVAL from a kernel that refuses PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
  * one that ignored it would hand the group the port's own frames, so both
- * receive paths also drop any frame marked outgoing. */
+ * receive paths also drop any frame marked outgoing.  Each frame carries
+ * the kernel's arrival stamp (SO_TIMESTAMPNS), as the ring's do: how long
+ * it waited before a thread read it is the reader's lateness. */
 static int one_by_one_open(struct ethp_port *p)
 {
     int one = 1, b = ETHP_ONE_BY_ONE_RCVBUF_BYTES;
@@ -331,6 +336,7 @@ static int one_by_one_open(struct ethp_port *p)
     int v = fanout_arg(p, 1), id = 0;
     socklen_t sl = sizeof(id);
     if (set_buf(p->one_fd, SO_RCVBUFFORCE, SO_RCVBUF, b) < 0 ||
+        setsockopt(p->one_fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one)) < 0 ||
         setsockopt(p->one_fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)) < 0 ||
         bind(p->one_fd, (struct sockaddr *)&sll, sizeof(sll)) < 0 ||
         setsockopt(p->one_fd, SOL_PACKET, PACKET_FANOUT, &v, sizeof(v)) < 0 ||
@@ -718,15 +724,21 @@ static uint32_t one_by_one_recv(struct ethp_port *p, uint64_t now)
     struct mmsghdr mm[ETHP_RX_CHUNK];
     struct iovec iov[ETHP_RX_CHUNK];
     struct sockaddr_ll from[ETHP_RX_CHUNK];
+    union {
+        char buf[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr align;
+    } ctl[ETHP_RX_CHUNK];
     for (uint32_t i = 0; i < ETHP_RX_CHUNK; i++) {
         iov[i] = (struct iovec){.iov_base = p->scratch + (size_t)i * ETHP_MAX_FRAME_BYTES,
                                 .iov_len = ETHP_MAX_FRAME_BYTES};
         mm[i].msg_hdr = (struct msghdr){.msg_name = &from[i], .msg_namelen = sizeof(from[i]),
-                                        .msg_iov = &iov[i], .msg_iovlen = 1};
+                                        .msg_iov = &iov[i], .msg_iovlen = 1,
+                                        .msg_control = ctl[i].buf,
+                                        .msg_controllen = sizeof(ctl[i].buf)};
     }
     int r = recvmmsg(p->one_fd, mm, ETHP_RX_CHUNK, MSG_DONTWAIT, NULL);
     uint32_t got = r > 0 ? (uint32_t)r : 0;
-    if (got) { /* read now, not stamped on arrival: close enough */
+    if (got) { /* for a frame the kernel did not stamp */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         p->held_wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -743,6 +755,16 @@ static uint32_t one_by_one_recv(struct ethp_port *p, uint64_t now)
             memmove(p->scratch + (size_t)p->held * ETHP_MAX_FRAME_BYTES, iov[i].iov_base,
                     mm[i].msg_len);
         p->held_len[p->held] = mm[i].msg_len;
+        p->held_stamp_ns[p->held] = 0;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mm[i].msg_hdr); cm;
+             cm = CMSG_NXTHDR(&mm[i].msg_hdr, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_TIMESTAMPNS &&
+                cm->cmsg_len >= CMSG_LEN(sizeof(struct timespec))) {
+                struct timespec ts;
+                memcpy(&ts, CMSG_DATA(cm), sizeof(ts));
+                p->held_stamp_ns[p->held] = (uint64_t)ts.tv_sec * 1000000000ull +
+                                            (uint64_t)ts.tv_nsec;
+            }
         p->held_ifindex[p->held++] = from[i].sll_ifindex;
     }
     if (now - p->window_ns >= ETHP_RING_WINDOW_NS) {
@@ -759,9 +781,10 @@ static uint32_t one_by_one_recv(struct ethp_port *p, uint64_t now)
 static uint32_t held_visit(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void *ctx)
 {
     uint32_t seen = 0;
-    p->one_wall_ns = p->held_wall_ns;
     for (; seen < n && p->held_next < p->held; seen++, p->held_next++) {
         uint32_t i = p->held_next;
+        p->one_stamped = p->held_stamp_ns[i] != 0;
+        p->one_wall_ns = p->one_stamped ? p->held_stamp_ns[i] : p->held_wall_ns;
         fn(ctx, p->scratch + (size_t)i * ETHP_MAX_FRAME_BYTES, p->held_len[i],
            p->held_ifindex[i]);
         p->c[ETHP_PC_rx_one_by_one]++;
@@ -864,8 +887,8 @@ uint32_t ethp_port_rx_each(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, vo
 
 uint64_t ethp_port_rx_stamp_ns(const struct ethp_port *p)
 {
-    if (p->one_wall_ns) /* read one by one: when the port read it, not when it came */
-        return 0;
+    if (p->one_wall_ns) /* read one by one: its kernel stamp, if it had one */
+        return p->one_stamped ? p->one_wall_ns : 0;
     return p->next ? (uint64_t)p->next->tp_sec * 1000000000ull + p->next->tp_nsec : 0;
 }
 
