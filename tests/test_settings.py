@@ -295,6 +295,8 @@ def test_a_namespaces_zero_window_probes_are_counted_in_that_namespace_alone():
             subprocess.run(["ip", "-n", n, "link", "set", "lo", "up"], check=True)
         before = [kernel.netns_tcp_counts(p) for p in paths]
         assert before[0].get("tcp_win_probes") == 0, before  # a new namespace counts from 0
+        # every counter the report names, this kernel has (a misspelt one would be missing)
+        assert set(before[0]) == {name for name, _ in kernel._NETSTAT_FIELDS}, before
 
         def sock() -> socket.socket:
             fd = core.netns_socket(paths[0], socket.AF_INET, socket.SOCK_STREAM)

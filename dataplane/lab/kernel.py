@@ -382,6 +382,11 @@ _NETSTAT_FIELDS = (  # counter, TcpExt name
     ("tcp_win_probes", "TCPWinProbe"),  # zero-window probes sent (timed by the RTO)
     ("tcp_zero_window_adv", "TCPToZeroWindowAdv"),  # windows closed to zero by a receiver
     ("tcp_loss_probes", "TCPLossProbes"),  # tail-loss probes sent
+    # ... that repaired a lost tail: each one waited its probe timeout, which
+    # with one segment in flight is 2 RTT + rto_min (Linux adds rto_min for a
+    # delayed ack), cut to the RTO's deadline: a tail loss then stalls the
+    # connection about an RTO and counts as a probe, not a timeout
+    ("tcp_loss_probe_recoveries", "TCPLossProbeRecovery"),
     ("tcp_delayed_acks", "DelayedACKs"),  # acks sent by the delayed-ACK timer
 )
 

@@ -328,6 +328,9 @@ def kernel_tcp_text(t: dict[str, int]) -> str:
             ("tcp_win_probes", "zero-window probes (each waited an RTO: a window update lost,"
              " or a receiver that read late)"),
             ("tcp_loss_probes", "tail-loss probes"),
+            ("tcp_loss_probe_recoveries", "tail losses the probes repaired (with one segment"
+             " in flight each waited 2 RTT + the minimum RTO, about an RTO, as an RTO"
+             " would: Linux allows for a delayed ack)"),
             ("tcp_delayed_acks", "delayed acks (the 40 ms real timer)"),
         )
         if t.get(name)
