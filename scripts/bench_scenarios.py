@@ -117,7 +117,7 @@ def main() -> int:
                 print(f"  {t}: governed {_fig(v)}{_range(s, t)}, pinned (k={pin_k:g})"
                       f" {_fig(w)}{_range(pinned, t)}: {ratio}{apart}")  # fmt: skip
             _tcp_counts(f"pinned (k={pin_k:g})", pinned_res)
-            if "tcp" in s["figures"] and (capped := _tcp_rto_capped(rec, pin_k)):
+            if "tcp" in s["figures"] and (capped := kernel.tcp_rto_capped_note(rec, pin_k)):
                 print(f"  caution, tcp pinned: {capped}")
                 pinned["tcp_rto_capped"] = capped
             print(
@@ -153,23 +153,6 @@ def _tcp_counts(which: str, res: dict) -> None:
     f = (res["transports"].get("tcp") or {}).get("fidelity") or {}
     if f.get("kernel_tcp"):
         print(f"  tcp {which}: {fidelity.kernel_tcp_text(f['kernel_tcp'])}")
-
-
-def _tcp_rto_capped(rec: dict, k: float) -> str:
-    """Why kernel TCP pinned at k is not the lab's TCP ('' if it is): past
-    the k where the lab's minimum RTO times k reaches the kernel's 120 s cap,
-    the route gets the cap, a shorter minimum RTO in nominal time, and a
-    retransmit timeout costs the job less there than at the governed k."""
-    rto_min_us = kernel.tcp_settings(rec)[0]
-    if not kernel.tcp_rto_min_capped(rto_min_us, k):
-        return ""
-    nominal_us = kernel.TCP_RTO_MAX_MS * 1000 / k
-    return (
-        f"at k={k:g} the kernel's 120 s cap makes its minimum RTO {nominal_us:.0f} us nominal,"
-        f" not the lab's {rto_min_us:g} us (the same only up to k="
-        f"{kernel.TCP_RTO_MAX_MS * 1000 / rto_min_us:g}): each retransmit timeout costs less"
-        " nominal time than at the governed k"
-    )
 
 
 def _range(summary: dict, t: str) -> str:

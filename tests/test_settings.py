@@ -332,3 +332,15 @@ def test_a_namespaces_zero_window_probes_are_counted_in_that_namespace_alone():
             s.close()
         for n in names:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def test_past_the_k_where_120_s_caps_the_minimum_rto_a_report_says_tcp_is_not_the_labs():
+    """A lab's 1 ms nominal minimum RTO is 120 s real at k 120,000: past
+    that the kernel's cap cuts it (at 138,240, 868 us nominal) and a pinned
+    comparison says so, with the k up to which TCP is still the lab's
+    (bench_fidelity and bench_scenarios pin below it, or warn)."""
+    rec = {"tcp": {"rto_min_us": 1000.0}}
+    assert kernel.tcp_rto_min_k_cap(1000.0) == 120_000
+    assert kernel.tcp_rto_capped_note(rec, 100_000) == ""
+    note = kernel.tcp_rto_capped_note(rec, 138_240)
+    assert "868 us nominal, not the lab's 1000 us" in note and "k=120000" in note, note

@@ -263,6 +263,30 @@ def tcp_rto_min_capped(rto_min_us: float, k: float) -> bool:
     return tcp_rto_min_ms(rto_min_us, k) >= TCP_RTO_MAX_MS
 
 
+def tcp_rto_min_k_cap(rto_min_us: float) -> float:
+    """The time scale at which the kernel's 120 s cap reaches a nominal
+    rto_min: from there on the route's minimum RTO is shorter, in nominal
+    time, than the lab's."""
+    return TCP_RTO_MAX_MS * 1000 / rto_min_us
+
+
+def tcp_rto_capped_note(rec: dict, k: float) -> str:
+    """Why kernel TCP at k is not the lab's TCP ('' if it is): past
+    tcp_rto_min_k_cap the route gets the cap, a shorter minimum RTO in
+    nominal time, and a retransmit timeout (or a lone tail's probe, timed
+    by it) costs the job less nominal time than at a smaller k."""
+    rto_min_us = tcp_settings(rec)[0]
+    if not tcp_rto_min_capped(rto_min_us, k):
+        return ""
+    nominal_us = TCP_RTO_MAX_MS * 1000 / k
+    return (
+        f"at k={k:g} the kernel's 120 s cap makes its minimum RTO {nominal_us:.0f} us nominal,"
+        f" not the lab's {rto_min_us:g} us (the same only up to k="
+        f"{tcp_rto_min_k_cap(rto_min_us):g}): each retransmit timeout costs less"
+        " nominal time than at a smaller k"
+    )
+
+
 def rto_backoff_doublings(rto_min_real_ms: int) -> int:
     """How often an RTO can double from the minimum before the kernel's
     120 s cap (real time, so fewer at a larger k)."""
