@@ -461,7 +461,8 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
         " (1 s), "
         + ("" if quickack else "the delayed-ACK timer (40 ms at least), ")
-        + "the tail-loss probe (10 ms at least), the 120 s RTO cap, keepalive and TIME-WAIT;"
+        + "the tail-loss probe's 2 ms floor (with one segment in flight it waits 2 RTT + the"
+        " minimum RTO, which follows k), the 120 s RTO cap, keepalive and TIME-WAIT;"
         " its RTT-driven timers follow the scaled RTT by themselves; a change of k reaches a"
         " connection at its next route lookup",
         "kernel TCP acks every segment at once (route quickack): no delayed-ACK timer"
@@ -470,6 +471,16 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         " 40 ms / k nominal, shorter than a real one and shorter at a larger k (`[tcp]"
         " quickack = true` removes it)",
     ]
+    if cc == "cubic":
+        # measured (performance.md, session 37): uneven all-to-all, 20
+        # iterations, segments resent 2,823 at k 14,400 and 11,510 at 57,600
+        # with cubic; 5,127 and 5,402 with reno
+        notes.append(
+            "cubic's window growth runs on real time (its curve's time since the last loss, in"
+            " seconds): it regrows to its last maximum in k times fewer round trips at k times"
+            " the time scale, so it pushes harder, and loses more, at a larger k (reno grows per"
+            ' round trip, the same at any k: `[tcp] congestion_control = "reno"`)'
+        )
     if cc == "bbr":
         notes.append(
             "bbr's own timers are real time, not time-scaled: its min-RTT window (10 s) and"
