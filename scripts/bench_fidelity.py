@@ -112,14 +112,13 @@ def _pinned_k(spec, rec: dict, k_governed: float) -> tuple[float, str]:
     would cut the lab's minimum RTO (there a timeout, or a lone tail's probe,
     costs less nominal time: not the same TCP as the governed run's)."""
     k = 4 * k_governed
-    if spec.transport != "tcp" or not kernel.tcp_rto_capped_note(rec, k):
+    note = kernel.tcp_rto_capped_note(rec, k) if spec.transport == "tcp" else ""
+    if not note:
         return k, ""
     k_cap = 0.9 * kernel.tcp_rto_min_k_cap(kernel.tcp_settings(rec)[0])
     if k_cap <= k_governed:  # governed past it already: no k is the same TCP
-        return k, f"4x (caution: {kernel.tcp_rto_capped_note(rec, k)})"
-    return k_cap, (
-        f"{k_cap / k_governed:.2f}x (not 4x, k={k:g}: {kernel.tcp_rto_capped_note(rec, k)})"
-    )
+        return k, f"4x (caution: {note})"
+    return k_cap, f"{k_cap / k_governed:.2f}x (not 4x, k={k:g}: {note})"
 
 
 def _compare(spec, rec: dict, floor: float, args, kept) -> tuple[dict, str]:

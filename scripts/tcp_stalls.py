@@ -26,9 +26,11 @@ import signal
 import statistics
 import sys
 
+from dataplane.errors import EthplusError, UsageError
 from dataplane.lab import labs
 from dataplane.run import bench
 from dataplane.run.job import JobError, iteration_times_s
+from dataplane.units import parse_size
 
 COUNTS = ("tcp_rtos", "tcp_loss_probes", "tcp_loss_probe_recoveries", "tcp_retx_segs")
 
@@ -60,7 +62,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 1 or args.iters < 1:
         ap.error("--runs and --iters must be at least 1")
-    spec = bench.Spec(collective="all-to-all", transport="tcp", sizes=[bench.parse_size(args.size)],
+    try:
+        size = parse_size(args.size, "--size")
+    except UsageError as e:
+        ap.error(str(e))
+    spec = bench.Spec(collective="all-to-all", transport="tcp", sizes=[size],
                       iters=args.iters, warmup=1, uneven=True).validate()  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the lab comes down
     out = []
@@ -86,4 +92,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except EthplusError as e:  # a bad lab file, a lab of that name running: no traceback
+        print(f"tcp_stalls.py: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
