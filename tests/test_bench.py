@@ -463,6 +463,23 @@ def test_kernel_tcp_handshakes_longer_than_its_initial_rto_are_counted_as_set_up
     assert "in the connections' set-up" in r.stdout, r.stdout
 
 
+def test_kernel_tcp_on_a_shipped_lab_slows_down_for_the_switches_ecn_marks(erack, tmp_path):
+    """The shipped labs' kernel TCP asks for ECN ([tcp] ecn = true), as a
+    datacentre's does: an uneven all-to-all builds queues the switches mark,
+    the senders count segments delivered CE-marked, and the report says so.
+    Without it TCP only learns of a full queue by losing a segment."""
+    js = tmp_path / "r.json"
+    r = ethplus("bench", "all-to-all", "--uneven", "--lab", erack, "--transport", "tcp",
+                "--sizes", "4M", "--iters", "2", "--warmup", "0", "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    f = json.loads(js.read_text())["fidelity"]
+    marked = sum(d.get("ecn_marked", 0) for d in f["drops"].values())
+    assert marked > 0, f["drops"]
+    ce = f["kernel_tcp"].get("tcp_delivered_ce", 0)
+    assert ce > 0, f["kernel_tcp"]
+    assert f"{ce} segments delivered CE-marked" in r.stdout, r.stdout
+
+
 # a busy loop above the ranks' priority (nice 0) and below the fabric's (-10)
 RANK_HOG = "import os\nos.nice(-5)\nwhile True:\n    pass\n"
 

@@ -412,6 +412,9 @@ _NETSTAT_FIELDS = (  # counter, TcpExt name
     # connection about an RTO and counts as a probe, not a timeout
     ("tcp_loss_probe_recoveries", "TCPLossProbeRecovery"),
     ("tcp_delayed_acks", "DelayedACKs"),  # acks sent by the delayed-ACK timer
+    # segments the receiver got CE-marked (a switch's ECN mark), counted by
+    # the sender from the echo it acted on: none unless [tcp] ecn
+    ("tcp_delivered_ce", "TCPDeliveredCE"),
 )
 
 
@@ -472,14 +475,20 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         " quickack = true` removes it)",
     ]
     if cc == "cubic":
-        # measured (performance.md, session 37): uneven all-to-all, 20
-        # iterations, segments resent 2,823 at k 14,400 and 11,510 at 57,600
-        # with cubic; 5,127 and 5,402 with reno
-        notes.append(
+        # measured (performance.md, sessions 37-38): uneven all-to-all, 20
+        # iterations, segments resent at k 14,400 and 57,600: cubic 2,823 and
+        # 11,510, reno 5,127 and 5,402; with ECN, cubic 5 and 4
+        growth = (
             "cubic's window growth runs on real time (its curve's time since the last loss, in"
             " seconds): it regrows to its last maximum in k times fewer round trips at k times"
-            " the time scale, so it pushes harder, and loses more, at a larger k (reno grows per"
-            ' round trip, the same at any k: `[tcp] congestion_control = "reno"`)'
+            " the time scale, so it pushes harder at a larger k"
+        )
+        notes.append(
+            growth + "; ECN (asked for) stops it at the switches' marks before a queue"
+            " overflows, so its losses hardly move with k"
+            if ecn
+            else growth + ", and loses more (`[tcp] ecn = true` lets the switches' marks stop"
+            ' it; reno grows per round trip, the same at any k: `congestion_control = "reno"`)'
         )
     if cc == "bbr":
         notes.append(

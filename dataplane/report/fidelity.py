@@ -332,6 +332,8 @@ def kernel_tcp_text(t: dict[str, int]) -> str:
              " in flight each waited 2 RTT + the minimum RTO, about an RTO, as an RTO"
              " would: Linux allows for a delayed ack)"),
             ("tcp_delayed_acks", "delayed acks (the 40 ms real timer)"),
+            ("tcp_delivered_ce", "segments delivered CE-marked (the switches' ECN marks,"
+             " each echoed to its sender, which slowed down)"),
         )
         if t.get(name)
     ]  # fmt: skip
