@@ -333,7 +333,7 @@ def kernel_tcp_text(t: dict[str, int]) -> str:
              " would: Linux allows for a delayed ack)"),
             ("tcp_delayed_acks", "delayed acks (the 40 ms real timer)"),
             ("tcp_delivered_ce", "segments delivered CE-marked (the switches' ECN marks,"
-             " each echoed to its sender, which slowed down)"),
+             " echoed to the senders, which cut their windows: once a round trip at most)"),
         )
         if t.get(name)
     ]  # fmt: skip
