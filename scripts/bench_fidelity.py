@@ -17,8 +17,8 @@ governed and the pinned run's overlap, and the real seconds each run took.
 Each transport starts governed from the lab's floor.  With --repeat N each
 configuration runs N times and its figure is the median run's, printed
 with every run's: an all-to-all's figure moves run to run at one pinned k
-(RoCE's 42-55 GB/s, kernel TCP's 30-83 seen), and a ratio of two single
-runs says no more than that spread.
+(RoCE's 42-55 GB/s; kernel TCP's 30-83 without ECN, 75-78 with it), and a
+ratio of two single runs says no more than that spread.
 
     sudo .venv/bin/python scripts/bench_fidelity.py [--lab erack-8x4] [--size 16M[,1M]]
         [--iters 3] [--transports ethplus,roce,tcp] [--collectives all-reduce,all-to-all]
