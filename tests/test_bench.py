@@ -463,7 +463,7 @@ def test_kernel_tcp_handshakes_longer_than_its_initial_rto_are_counted_as_set_up
     assert "in the connections' set-up" in r.stdout, r.stdout
 
 
-def test_kernel_tcp_on_a_shipped_lab_slows_down_for_the_switches_ecn_marks(erack, tmp_path):
+def test_kernel_tcp_on_a_shipped_lab_gets_and_counts_the_switches_ecn_marks(erack, tmp_path):
     """The shipped labs' kernel TCP asks for ECN ([tcp] ecn = true), as a
     datacentre's does: an uneven all-to-all builds queues the switches mark,
     the senders count segments delivered CE-marked, and the report says so.
