@@ -74,6 +74,38 @@ def test_engines_late_spans_count_once_however_many_engines_were_late(tmp_path):
     assert union_ns() == 5_000
 
 
+def test_a_stall_reported_after_later_spans_counts_whole(tmp_path):
+    """A frozen engine reports its stall when it wakes, after other engines
+    reported shorter spans that ended later: the union still takes all of
+    its stall that nobody else covered.  (It took only what came after the
+    latest end: CI saw a 1 s freeze counted 0.11 s.)  Many disjoint spans
+    later, spans out of order still count once."""
+    err = ffi.new("int *")
+    path = str(tmp_path / "clock").encode()
+    a = ffi.gc(lib.ethp_clock_map(path, 1, 1000.0, err), lib.ethp_clock_unmap)
+    b = ffi.gc(lib.ethp_clock_map(path, 0, 0.0, err), lib.ethp_clock_unmap)
+    out = ffi.new("uint64_t[]", lib.ETHP_CLOCK_NREPORTS)
+
+    def union_ns() -> int:
+        lib.ethp_clock_reports(a, out)
+        return dict(zip(REPORTS, out, strict=True))["any_late_ns"]
+
+    lib.ethp_clock_report_late(b, 900_000, 910_000)  # a peer, late now and then
+    lib.ethp_clock_report_late(b, 990_000, 1_000_000)
+    lib.ethp_clock_report_late(a, 0, 1_000_500)  # the frozen one wakes
+    assert union_ns() == 1_000_500
+    lib.ethp_clock_report_late(b, 950_000, 960_000)  # inside it: nothing new
+    assert union_ns() == 1_000_500
+    # 200 disjoint spans (more than the page keeps apart), then each again
+    base = 2_000_000
+    for i in range(200):
+        lib.ethp_clock_report_late(b, base + 100 * i, base + 100 * i + 50)
+    assert union_ns() == 1_000_500 + 200 * 50
+    for i in reversed(range(150, 200)):  # the latest ones, out of order: covered
+        lib.ethp_clock_report_late(a, base + 100 * i + 10, base + 100 * i + 40)
+    assert union_ns() == 1_000_500 + 200 * 50
+
+
 def test_a_real_and_nominal_reading_are_of_one_instant(tmp_path):
     """Clock.now() reads real time once and derives nominal from it, so a
     run's real and nominal durations agree to the clock's 1 ns grain (two

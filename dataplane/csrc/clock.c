@@ -9,12 +9,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CLOCK_MAGIC 0x6b636f6c63687465ull /* "ethclock" */
+#define CLOCK_MAGIC 0x3230636f6c636874ull /* "thcloc02" (02: late spans kept, not an end) */
+#define CLOCK_LATE_SPANS 64
 #define CLOCK_PAGE_BYTES 32768
 #define K_MAX 1e9
 
@@ -26,17 +28,28 @@ struct clock_page {
     uint64_t anchor_real_ns, anchor_nominal_ns;
     uint64_t reports[ETHP_CLOCK_NREPORTS];
     uint64_t engines_attached; /* slots handed out so far (they wrap) */
-    uint64_t late_until_ns;    /* the end of the union of engines' late spans so far */
+    /* The union of engines' late spans so far: its latest disjoint spans,
+     * in order (older ones folded into the first), under a process-shared
+     * robust mutex (a process killed holding it leaves it to the next). */
+    pthread_mutex_t late_lock;
+    uint32_t n_late;
+    uint64_t late_from_ns[CLOCK_LATE_SPANS], late_to_ns[CLOCK_LATE_SPANS];
     /* each engine's own lost and late time (its per-engine reports) */
     uint64_t engine[ETHP_CLOCK_MAX_ENGINES][ETHP_CLOCK_PER_ENGINE];
 };
 
 _Static_assert(sizeof(struct clock_page) <= CLOCK_PAGE_BYTES, "clock page too small");
 
+#define CLOCK_PENDING_SPANS 8
+
 struct ethp_clock {
     struct clock_page *pg;
     int engine;        /* counted in ETHP_CLOCK_R_ENGINES */
     uint32_t slot;     /* its row in engine[] */
+    /* late spans not in the union yet: its lock was held (never waited for:
+     * the holder may be a process stopped mid-report) */
+    uint32_t n_pending;
+    uint64_t pending_from_ns[CLOCK_PENDING_SPANS], pending_to_ns[CLOCK_PENDING_SPANS];
 };
 
 static int k_ok(double k) { return isfinite(k) && k >= 1.0 && k <= K_MAX; }
@@ -116,6 +129,20 @@ struct ethp_clock *ethp_clock_map(const char *path, int create, double k, int *e
     }
     c->pg = m;
     if (create) {
+        pthread_mutexattr_t a;
+        int rc = pthread_mutexattr_init(&a);
+        if (!rc)
+            rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        if (!rc)
+            rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+        if (!rc)
+            rc = pthread_mutex_init(&c->pg->late_lock, &a);
+        pthread_mutexattr_destroy(&a);
+        if (rc) {
+            ethp_clock_unmap(c);
+            *err = -rc;
+            return NULL;
+        }
         c->pg->k_bits = k_bits(k);
         c->pg->anchor_real_ns = ethp_now_ns();
         c->pg->gen = 1;
@@ -136,6 +163,7 @@ void ethp_clock_unmap(struct ethp_clock *c)
 {
     if (!c)
         return;
+    ethp_clock_flush_late(c);
     if (c->engine)
         __atomic_fetch_sub(&c->pg->reports[ETHP_CLOCK_R_ENGINES], 1, __ATOMIC_RELAXED);
     munmap(c->pg, CLOCK_PAGE_BYTES);
@@ -223,20 +251,97 @@ void ethp_clock_attach_engine(struct ethp_clock *c)
     }
 }
 
-/* The union of every engine's late spans.  Spans are reported as they end,
- * so in nearly the order of their ends: the part of one past the union's
- * end so far is new (a span reported after a later-ending one counts only
- * past that one's end, a slight undercount).  Lock-free across processes. */
+/* A span into the union's list (lock held): returns the part of it no
+ * span there covered.  Spans overlapping or touching it become one; past
+ * CLOCK_LATE_SPANS the two oldest are folded into one (the gap between
+ * them then counts as covered: a slight undercount, for a span reported
+ * that far out of order). */
+static uint64_t late_spans_add(struct clock_page *pg, uint64_t from, uint64_t to)
+{
+    uint32_t n = pg->n_late, i = 0, j;
+    uint64_t lo = from, hi = to, covered = 0;
+    while (i < n && pg->late_to_ns[i] < from)
+        i++;
+    for (j = i; j < n && pg->late_from_ns[j] <= to; j++) {
+        uint64_t a = from > pg->late_from_ns[j] ? from : pg->late_from_ns[j];
+        uint64_t b = to < pg->late_to_ns[j] ? to : pg->late_to_ns[j];
+        covered += b > a ? b - a : 0;
+        lo = pg->late_from_ns[j] < lo ? pg->late_from_ns[j] : lo;
+        hi = pg->late_to_ns[j] > hi ? pg->late_to_ns[j] : hi;
+    }
+    /* spans [i, j) become [lo, hi], at i */
+    uint32_t tail = n - j, m = n - (j - i) + 1;
+    memmove(&pg->late_from_ns[i + 1], &pg->late_from_ns[j], tail * sizeof(uint64_t));
+    memmove(&pg->late_to_ns[i + 1], &pg->late_to_ns[j], tail * sizeof(uint64_t));
+    pg->late_from_ns[i] = lo;
+    pg->late_to_ns[i] = hi;
+    if (m > CLOCK_LATE_SPANS - 1) { /* keep one free for the next insertion */
+        pg->late_to_ns[0] = pg->late_to_ns[1];
+        memmove(&pg->late_from_ns[1], &pg->late_from_ns[2], (m - 2) * sizeof(uint64_t));
+        memmove(&pg->late_to_ns[1], &pg->late_to_ns[2], (m - 2) * sizeof(uint64_t));
+        m--;
+    }
+    pg->n_late = m;
+    return to - from - covered;
+}
+
+/* The list as a process killed mid-change left it: kept if whole and in
+ * order, else started again (what it held stays counted). */
+static void late_spans_repair(struct clock_page *pg)
+{
+    uint32_t n = pg->n_late;
+    int ok = n < CLOCK_LATE_SPANS;
+    for (uint32_t i = 0; ok && i < n; i++)
+        ok = pg->late_from_ns[i] < pg->late_to_ns[i] &&
+             (i == 0 || pg->late_to_ns[i - 1] < pg->late_from_ns[i]);
+    if (!ok)
+        pg->n_late = 0;
+}
+
+/* The union of every engine's late spans: what a span adds is the part no
+ * span reported before covers, whatever order they come in (a frozen
+ * engine reports its stall when it wakes, after others' later spans).
+ * The lock is never waited for: a span that finds it held is kept here
+ * and added at the engine's next report or flush. */
 void ethp_clock_report_late(struct ethp_clock *c, uint64_t from_ns, uint64_t now_ns)
 {
+    if (now_ns <= from_ns)
+        return;
+    uint32_t i = c->n_pending;
+    if (i && c->pending_to_ns[i - 1] >= from_ns && c->pending_from_ns[i - 1] <= now_ns) {
+        i--; /* overlaps the last one kept: one span */
+        c->pending_from_ns[i] = from_ns < c->pending_from_ns[i] ? from_ns : c->pending_from_ns[i];
+        c->pending_to_ns[i] = now_ns > c->pending_to_ns[i] ? now_ns : c->pending_to_ns[i];
+    } else {
+        if (i == CLOCK_PENDING_SPANS) { /* full: the last one stretches */
+            i--;
+            from_ns = c->pending_from_ns[i] < from_ns ? c->pending_from_ns[i] : from_ns;
+        }
+        c->pending_from_ns[i] = from_ns;
+        c->pending_to_ns[i] = now_ns;
+        c->n_pending = i + 1;
+    }
+    ethp_clock_flush_late(c);
+}
+
+void ethp_clock_flush_late(struct ethp_clock *c)
+{
+    if (!c->n_pending)
+        return;
     struct clock_page *pg = c->pg;
-    uint64_t until = __atomic_load_n(&pg->late_until_ns, __ATOMIC_RELAXED);
-    uint64_t start;
-    do {
-        if (now_ns <= until)
-            return;
-        start = from_ns > until ? from_ns : until;
-    } while (!__atomic_compare_exchange_n(&pg->late_until_ns, &until, now_ns, 1, __ATOMIC_RELAXED,
-                                          __ATOMIC_RELAXED));
-    __atomic_fetch_add(&pg->reports[ETHP_CLOCK_R_ANY_LATE_NS], now_ns - start, __ATOMIC_RELAXED);
+    int rc = pthread_mutex_trylock(&pg->late_lock);
+    if (rc == EOWNERDEAD) {
+        late_spans_repair(pg);
+        pthread_mutex_consistent(&pg->late_lock);
+    } else if (rc) {
+        return; /* EBUSY: another time */
+    }
+    if (pg->n_late >= CLOCK_LATE_SPANS) /* (the page is every engine's to write) */
+        pg->n_late = 0;
+    uint64_t added = 0;
+    for (uint32_t i = 0; i < c->n_pending; i++)
+        added += late_spans_add(pg, c->pending_from_ns[i], c->pending_to_ns[i]);
+    c->n_pending = 0;
+    pthread_mutex_unlock(&pg->late_lock);
+    __atomic_fetch_add(&pg->reports[ETHP_CLOCK_R_ANY_LATE_NS], added, __ATOMIC_RELAXED);
 }

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 41
+#define ETHP_ABI_VERSION 42
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -857,8 +857,12 @@ uint64_t ethp_clock_nominal_at_ns(const struct ethp_clock *c, uint64_t real_ns);
 void ethp_clock_reports(const struct ethp_clock *c, uint64_t *out);
 void ethp_clock_report(struct ethp_clock *c, uint32_t which, uint64_t v);
 /* An engine ran behind its schedule over [from_ns, now_ns] (CLOCK_MONOTONIC):
- * added to ETHP_CLOCK_R_ANY_LATE_NS where no report so far covers it. */
+ * added to ETHP_CLOCK_R_ANY_LATE_NS where no report so far covers it, in
+ * whatever order reports come (at once, or at the next report or flush
+ * if another process held the union's lock). */
 void ethp_clock_report_late(struct ethp_clock *c, uint64_t from_ns, uint64_t now_ns);
+/* Add the late spans this mapping still keeps (a cheap no-op if none). */
+void ethp_clock_flush_late(struct ethp_clock *c);
 /* Each attached engine's own report which (< ETHP_CLOCK_PER_ENGINE), by
  * slot: up to n of them into out; returns how many. */
 uint32_t ethp_clock_engines(const struct ethp_clock *c, uint32_t which, uint64_t *out, uint32_t n);

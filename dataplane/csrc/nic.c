@@ -616,8 +616,10 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
     if (n->clock)
         follow_clock(n, now);
     rx(n, now, &stall_from);
-    if (n->clock && stall_from < now) /* one span: the clock's union only grows forward */
+    if (n->clock && stall_from < now)
         ethp_clock_report_late(n->clock, stall_from, now);
+    else if (n->clock)
+        ethp_clock_flush_late(n->clock); /* spans kept while the union's lock was held */
     nic_sched_pump(n); /* schedules: reductions and next sends for what came in */
     wake_due(n, now);
     /* Peers take turns: the one served first moves on every pass, so a
