@@ -526,7 +526,10 @@ def _announce(rec: dict) -> None:
     )
 
 
-def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool = True) -> dict:
+def _run_one(
+    spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool = True,
+    k_check: bool = True,
+) -> dict:  # fmt: skip
     from cli.progress import Reporter
     from dataplane.lab import governor
     from dataplane.run import bench, trials
@@ -541,7 +544,7 @@ def _run_one(spec, rec: dict, nodes=None, echo_rows: bool = True, govern: bool =
                 return bench.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
                                  nodes=nodes)  # fmt: skip
         return trials.run(spec, rec, on_row=rep.on_row, on_progress=rep.on_progress,
-                            nodes=nodes, log=log)  # fmt: skip
+                          nodes=nodes, log=log, k_check=k_check)  # fmt: skip
 
 
 def _governs(args, rec: dict) -> bool:
@@ -562,9 +565,17 @@ def _governor_line(result: dict) -> str | None:
         f"; {r['size_bytes']} B fell behind at k={_k_text(r['k_range'])} and ran again"
         for r in g.get("reruns", [])
     )
+    checked = [c for c in g.get("k_checks", []) if c["moved"]]
+    moved = "".join(
+        f"; {c['size_bytes']} B moved {c['ratio'] - 1:+.1%} at k={c['k']:g}, its row is that k's"
+        for c in checked
+    )
+    held = len({c["size_bytes"] for c in g.get("k_checks", []) if not c["moved"]})
+    held_text = f"; {held} size(s) held within 5% at 4x their k" if held else ""
     return (
         f"# governed time scale: k={_k_text([g['k'], g['k_max']])} over the timed runs"
-        f" (floor {g['floor_k']:g}; the largest size tried first at {tried}{again})"
+        f" (floor {g['floor_k']:g}; the largest size tried first at {tried}{again}{moved}"
+        f"{held_text})"
     )
 
 
@@ -585,7 +596,7 @@ def cmd_bench(args) -> int:
     with labs.session(args.lab, args.time_scale, announce=_announce) as rec:
         nodes = bench.check_nodes(args.nodes, rec)
         print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
-        result = _run_one(spec, rec, nodes, govern=not args.no_govern)
+        result = _run_one(spec, rec, nodes, govern=not args.no_govern, k_check=not args.no_k_check)
     print(bench.footer(result))
     if _governor_line(result):
         print(_governor_line(result))
@@ -610,7 +621,7 @@ def _compare(args, collectives: list[str], transports: list[str], in_network: bo
 
     def run_one(spec, rec: dict, nodes) -> dict:
         print(bench.header(bench.meta(spec, rec, nodes), _governs(args, rec)), flush=True)
-        res = _run_one(spec, rec, nodes, govern=not args.no_govern)
+        res = _run_one(spec, rec, nodes, govern=not args.no_govern, k_check=not args.no_k_check)
         if _governor_line(res):
             print(_governor_line(res), file=sys.stderr)
         print(bench.footer(res))
@@ -816,6 +827,11 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-govern", action="store_true",
                    help="on a lab whose time scale is auto, run at its k as it is, without the"
                    " governor (default: the smallest k at which every part keeps up)")  # fmt: skip
+    p.add_argument("--no-k-check", action="store_true",
+                   help="governed: do not run the sizes again at 4x their k (default: the"
+                   " smallest ones, within half the run's real time or 5 s; a size whose"
+                   " nominal time moved by more than 5%% is then reported at the larger"
+                   " k)")  # fmt: skip
 
 
 # ---------------------------------------------------------------- parser
@@ -1029,6 +1045,7 @@ def build_parser() -> argparse.ArgumentParser:
         engine_per_rank=False,
         no_check=False,
         no_govern=False,
+        no_k_check=False,
         check="first",
         seed=1,
         time_scale=None,

@@ -579,6 +579,40 @@ def test_a_size_pinned_where_it_saturates_is_behind_and_governed_is_not(governed
     assert "governed time scale" in r.stdout
 
 
+def test_a_governed_bench_checks_its_small_sizes_at_four_times_their_k(governed_lab, tmp_path):
+    """After a governed run, its smallest size runs again with k pinned at
+    4x the k it ran at: a row whose nominal time moved past 5% is the larger
+    k's run, one that held stays as it was; the JSON, the governor's line
+    and the fidelity report say which, and the governor has the lab again
+    after.  --no-k-check runs none."""
+    name = governed_lab
+    js = tmp_path / "c.json"
+    common = ["all-reduce", "--transport", "ethplus", "--sizes", "64K,4M", "--iters", "3",
+              "--warmup", "1", "--lab", name]  # fmt: skip
+    r = ethplus("bench", *common, "--json", str(js))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(js.read_text())
+    checks = res["governor"]["k_checks"]
+    assert checks and checks[0]["size_bytes"] == 64 * 1024, checks
+    for c in checks:
+        assert c["k"] == 4 * c["k_range"][1]
+        assert c["ratio"] == pytest.approx(c["time_us"] / c["time_us_at_k"])
+        assert c["moved"] == (abs(c["ratio"] - 1) > 0.05)
+    row = next(x for x in res["rows"] if x["size_bytes"] == 64 * 1024)
+    last = row["k_checks"][-1]
+    if last["moved"]:  # (then the check at the larger k is the row, checked in turn)
+        assert row["k_range"][1] == last["k"] and row["time_us"] == last["time_us_at_k"]
+    else:
+        assert row["time_us"] == last["time_us"] and row["k_range"] == last["k_range"]
+    assert [c for c in checks if c["size_bytes"] == 64 * 1024] == row["k_checks"]
+    said = "moved" if any(c["moved"] for c in checks) else "held within 5% at 4x their k"
+    assert said in r.stdout and "checked at 4x the k" in r.stdout
+    assert labs.control(name, {"op": "governor"})["governor"]["on"]
+    r = ethplus("bench", *common, "--no-k-check", "--json", str(js))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(js.read_text())["governor"]["k_checks"] == []
+
+
 def test_no_govern_leaves_a_k_pinned_by_hand_pinned(governed_lab):
     """`ethplus lab scale` pinned k; a bench with --no-govern runs at it and
     leaves it pinned there (it used to hand k back to the governor)."""

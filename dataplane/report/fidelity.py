@@ -29,6 +29,11 @@ from dataplane.scale import Scale
 from dataplane.units import rate_text
 
 LOST_SHARE_MAX = 0.05  # a link lost more than 5% of its time: the rate was not honoured
+# A governed run's sizes are run again at K_CHECK_FACTOR x their k
+# (trials.check_k); a nominal time that moves by more than K_MOVED_MAX then
+# held the host's own latencies.
+K_CHECK_FACTOR = 4.0
+K_MOVED_MAX = 0.05
 ADDED_DELAY_MAX = 0.10  # mean lateness above 10% of the base RTT: the delay was not honoured
 BUSY_MAX = 0.97  # the machine's CPUs busier than this during a run: saturated
 # (a NIC engine that runs behind its schedule delays its packets and acks as
@@ -487,15 +492,18 @@ def report(result: dict, rec: dict) -> dict:
     }
 
 
-def after_reruns(f: dict, rows: list[dict], reruns: list[dict]) -> None:
-    """A report f of a run whose sizes that fell behind ran again (trials.py):
-    the verdicts become those of the rows kept (bench rows), and the sizes
-    run again are named, with the k their behind runs had."""
+def after_reruns(f: dict, rows: list[dict], reruns: list[dict], checks=()) -> None:
+    """A report f of a run whose sizes that fell behind ran again, or that
+    were checked at a larger k (trials.py): the verdicts and the k per size
+    become those of the rows kept (bench rows), and the sizes run again are
+    named, with the k their behind runs had, and each check."""
     behind = [r for r in rows if r["fell_behind"]]
     f["fell_behind_sizes"] = [r["size_bytes"] for r in behind]
     f["behind_why"] = [[r["size_bytes"], r.get("behind_why", [])] for r in behind]
     f["clean"] = not behind and not f["cpu"]["saturated"]
     f["ran_again"] = [[r["size_bytes"], r.get("k_range")] for r in reruns]
+    f["k_per_size"] = [[r["size_bytes"], r.get("k_range")] for r in rows]
+    f["k_checks"] = list(checks)
 
 
 def render(f: dict) -> str:
@@ -570,6 +578,17 @@ def render(f: dict) -> str:
             + ", ".join(
                 f"{size} B" + (f" (behind at k={kr[0]:g}-{kr[1]:g})" if kr else "")
                 for size, kr in f["ran_again"]
+            )
+        )
+    if f.get("k_checks"):
+        lines.append(
+            f"  checked at {K_CHECK_FACTOR:g}x the k (the run's nominal time against that"
+            f" k's; past {K_MOVED_MAX:.0%} the host's latency was in it, and the table's row is"
+            " the larger k's): "
+            + ", ".join(
+                f"{c['size_bytes']} B k={c['k_range'][1]:g}->{c['k']:g} {c['ratio'] - 1:+.1%}"
+                + (" moved" if c["moved"] else "")
+                for c in f["k_checks"]
             )
         )
     lines.append("  not time-scaled: " + "; ".join(f["not_time_scaled"]))
