@@ -829,7 +829,7 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
                    " governor (default: the smallest k at which every part keeps up)")  # fmt: skip
     p.add_argument("--no-k-check", action="store_true",
                    help="governed: do not run the sizes again at 4x their k (default: the"
-                   " smallest ones, within half the run's real time or 5 s; a size whose"
+                   " smallest ones, within half the run's real time or 10 s; a size whose"
                    " nominal time moved by more than 5%% is then reported at the larger"
                    " k)")  # fmt: skip
 

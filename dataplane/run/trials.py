@@ -128,7 +128,7 @@ def _rerun_behind(spec, rec: dict, rows: list[dict], on_row, nodes, log) -> list
 K_CHECK_FACTOR = fidelity.K_CHECK_FACTOR
 K_MOVED_MAX = fidelity.K_MOVED_MAX  # |nominal time ratio - 1| past this: it moved with k
 K_CHECK_SHARE = 0.5  # of the run's own real time, spent on checks at most ...
-K_CHECK_MIN_S = 5.0  # ... or this many real seconds, if more
+K_CHECK_MIN_S = 10.0  # ... or this many real seconds, if more
 K_CHECK_ITERS = 5  # timed iterations of a check at most (1 warm-up): at 4x k they vary less
 K_CHECK_LEVELS = 3  # a size that moved is checked again, at 4x that k
 K_CHECK_MAX = 1e8
@@ -182,9 +182,9 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
                 checks.append(check)
                 if moved is None:
                     break
-                say(f"# k check: {row['size_bytes']} B took {moved - 1:+.1%} of nominal time"
-                    f" at k={_k(lo, hi)} against k={k:g}: the host's latency was in it;"
-                    f" its row is now k={k:g}'s")  # fmt: skip
+                say(f"# k check: {row['size_bytes']} B's nominal time at k={_k(lo, hi)} was"
+                    f" {moved:.3f}x its time at k={k:g}: the host's latency was in it; its row"
+                    f" is now k={k:g}'s run")  # fmt: skip
                 rows[i] = again
                 if on_row:
                     on_row(again)
