@@ -16,7 +16,8 @@ at which the kernel caps tcp's minimum RTO (120 s real: a shorter minimum
 in nominal time than the lab's).  --transports runs only those.
 
     sudo .venv/bin/python scripts/bench_scenarios.py [--short] [--only NAME,...]
-        [--transports T,...] [--iters N] [--pinned-4x [--pin-factor F]] [--out DIR]
+        [--transports T,...] [--iters N] [--pinned-4x [--pin-factor F]] [--lab FILE|NAME]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def main() -> int:
     )
     ap.add_argument("--transports", help="comma list: only these of each scenario's")
     ap.add_argument(
+        "--lab",
+        metavar="FILE|NAME",
+        help="every scenario on this lab (a lab file, say a shipped one's copy with another"
+        " [tcp] congestion_control) instead of its own",
+    )
+    ap.add_argument(
         "--iters",
         type=int,
         metavar="N",
@@ -74,7 +81,7 @@ def main() -> int:
         if args.iters:
             sc.set_iters(args.iters)
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        with labs.session(sc.lab) as rec:
+        with labs.session(args.lab or sc.lab) as rec:
             t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
             res = scenario.run(sc, rec, log=log)
             real_s = time.monotonic() - t0
