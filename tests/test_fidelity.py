@@ -2,7 +2,7 @@
 
 import pytest
 
-from dataplane.report import fidelity
+from dataplane.report import fidelity, reports
 
 
 def _sample(t: float, tx_frames: int, late_sum_ns: int, lost_ns: int) -> dict:
@@ -124,3 +124,25 @@ def test_a_size_run_again_is_judged_by_its_last_run_and_named():
     text = fidelity.render(f)
     assert "FELL BEHIND" not in text
     assert "ran again at a larger k" in text and "4194304 B (behind at k=6400-9600)" in text
+
+
+def test_sizes_checked_at_a_larger_k_are_named_with_their_k_and_ratio():
+    """After trials.check_k the report's k per size is the kept rows' (a size
+    that moved is reported at the larger k), and the terminal report and the
+    markdown one list each check, saying which moved."""
+    f = {"fell_behind_sizes": [], "behind_why": [], "clean": True, "cpu": {"saturated": False},
+         "k_per_size": [[1 << 20, [6400.0, 6400.0]]]}  # fmt: skip
+    rows = [{"size_bytes": 1 << 20, "fell_behind": False, "k_range": [25600.0, 25600.0]}]
+    checks = [{"size_bytes": 1 << 20, "k_range": [6400.0, 6400.0], "k": 25600.0, "ratio": 1.072,
+               "moved": True}]  # fmt: skip
+    fidelity.after_reruns(f, rows, [], checks)
+    assert f["k_per_size"] == [[1 << 20, [25600.0, 25600.0]]] and f["k_checks"] == checks
+    f.update(time_scale=6400.0, links=[], pacer={"late_frames": 0, "tx_frames": 0,
+             "late_share": 0.0, "late_mean_ns": 0, "lost_link_ns": 0},
+             cpu={"fabric_cores": 0.1, "workers_cores": 0.1, "machine_busy_share": 0.5,
+                  "saturated": False}, drops={}, not_time_scaled=[])  # fmt: skip
+    text = fidelity.render(f)
+    assert "1048576 B k=25600" in text  # time scale per size: the kept row's
+    assert "checked at 4x the k" in text and "1048576 B k=6400->25600 +7.2% moved" in text
+    md = reports._k_checks_md(f)
+    assert md and "1 MiB k 6400 -> 25600: 1.072 moved" in md[0]

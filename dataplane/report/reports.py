@@ -20,7 +20,7 @@ from dataplane.model import (
     catalog,  # noqa: E402
     scenario_file,  # noqa: E402
 )
-from dataplane.report.fidelity import kernel_tcp_text
+from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX, kernel_tcp_text
 from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
 
@@ -160,6 +160,23 @@ def markdown(results: list[dict], rec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _k_checks_md(f: dict) -> list[str]:
+    """The sizes checked at a larger k (trials.check_k): each one's nominal
+    time against that k's, and which moved (their rows are the larger k's)."""
+    if not f.get("k_checks"):
+        return []
+    return [
+        f"- Checked at {K_CHECK_FACTOR:g}x their k (a size that moved past {K_MOVED_MAX:.0%}"
+        " held the host's latency, and its row is the larger k's run): "
+        + ", ".join(
+            f"{size_text(c['size_bytes'])} k {c['k_range'][1]:g} -> {c['k']:g}:"
+            f" {c['ratio']:.3f}{' moved' if c['moved'] else ''}"
+            for c in f["k_checks"]
+        )
+        + "."
+    ]
+
+
 def _fidelity_md(r: dict) -> list[str]:
     f = r["fidelity"]
     p, c = f["pacer"], f["cpu"]
@@ -204,6 +221,7 @@ def _fidelity_md(r: dict) -> list[str]:
         f" NIC retransmissions: {f['nic_retransmissions']}"
         + (f"; kernel TCP: {kernel_tcp_text(f['kernel_tcp'])}." if f.get("kernel_tcp") else "."),
         f"- Sizes where the emulation fell behind (switches or endpoints): {behind or 'none'}.",
+        *_k_checks_md(f),
         f"- Time scale {f['time_scale']:g}. Not time-scaled: "
         + "; ".join(f["not_time_scaled"])
         + ".",
