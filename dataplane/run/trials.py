@@ -17,6 +17,7 @@ from dataplane.lab import labs
 from dataplane.lab.governor import INTERVAL_S, MAX_TRIALS, TRIAL_WAIT_S, governed
 from dataplane.report import fidelity
 from dataplane.run import bench
+from dataplane.run.job import JobError
 
 
 @contextlib.contextmanager
@@ -170,8 +171,13 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
                     break
                 labs.control(rec["name"], {"op": "scale", "k": k})
                 t0 = time.monotonic()
-                again = bench.run(one, rec, nodes=nodes)["rows"][0]
-                budget_s -= time.monotonic() - t0
+                try:
+                    again = bench.run(one, rec, nodes=nodes)["rows"][0]
+                except JobError as e:  # the run stands; its check could not be made
+                    say(f"# k check: {row['size_bytes']} B at k={k:g} failed: {e}")
+                    break
+                finally:
+                    budget_s -= time.monotonic() - t0
                 moved = k_moved(row, again)
                 check = {
                     "size_bytes": row["size_bytes"], "k_range": [lo, hi], "k": k,
