@@ -65,19 +65,8 @@ def run(
     )
     result = bench.run(spec, rec, on_row=on_row, on_progress=on_progress, nodes=nodes)
     reruns = _rerun_behind(spec, rec, result["rows"], on_row, nodes, log)
-    checks = (
-        check_k(
-            spec,
-            rec,
-            result["rows"],
-            max(K_CHECK_MIN_S, K_CHECK_SHARE * result["wall_s"]),
-            on_row,
-            nodes,
-            log,
-        )  # fmt: skip
-        if k_check
-        else []
-    )
+    budget_s = max(K_CHECK_MIN_S, K_CHECK_SHARE * result["wall_s"])
+    checks = check_k(spec, rec, result["rows"], budget_s, on_row, nodes, log) if k_check else []
     if (reruns or checks) and result.get("fidelity"):
         fidelity.after_reruns(result["fidelity"], result["rows"], reruns, checks)
     ks = [r["k_range"] for r in result["rows"] if r.get("k_range")]
@@ -186,6 +175,10 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
                 }  # fmt: skip
                 history.append(check)
                 checks.append(check)
+                if again["wrong"]:  # never hidden, whichever run the row ends up being
+                    say(f"# k check: {row['size_bytes']} B at k={k:g}: {again['wrong']} wrong")
+                    row["wrong"] += again["wrong"]
+                    again["wrong"] = row["wrong"]
                 if moved is None:
                     break
                 say(f"# k check: {row['size_bytes']} B's nominal time at k={_k(lo, hi)} was"
