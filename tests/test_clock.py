@@ -50,11 +50,10 @@ def _forcing(lab: Lab, done: threading.Event, seen: list) -> threading.Thread:
     return t
 
 
-def test_engines_late_spans_count_once_however_many_engines_were_late(tmp_path):
-    """The clock's any_late_ns is the union of the spans engines report
-    they ran behind (a collective waits for its slowest rank): spans that
-    overlap count once, disjoint ones add, and one inside another adds
-    nothing; two mappings of the page (two processes' engines) share it."""
+@pytest.fixture
+def two_mappings(tmp_path):
+    """A clock page mapped twice (two processes' engines), and its union of
+    late spans (any_late_ns) as a function."""
     err = ffi.new("int *")
     path = str(tmp_path / "clock").encode()
     a = ffi.gc(lib.ethp_clock_map(path, 1, 1000.0, err), lib.ethp_clock_unmap)
@@ -65,6 +64,15 @@ def test_engines_late_spans_count_once_however_many_engines_were_late(tmp_path):
         lib.ethp_clock_reports(a, out)
         return dict(zip(REPORTS, out, strict=True))["any_late_ns"]
 
+    return a, b, union_ns
+
+
+def test_engines_late_spans_count_once_however_many_engines_were_late(two_mappings):
+    """The clock's any_late_ns is the union of the spans engines report
+    they ran behind (a collective waits for its slowest rank): spans that
+    overlap count once, disjoint ones add, and one inside another adds
+    nothing; two mappings of the page (two processes' engines) share it."""
+    a, b, union_ns = two_mappings
     lib.ethp_clock_report_late(a, 1_000, 3_000)
     lib.ethp_clock_report_late(b, 2_000, 5_000)  # overlaps: adds 3000..5000
     assert union_ns() == 4_000
@@ -74,22 +82,13 @@ def test_engines_late_spans_count_once_however_many_engines_were_late(tmp_path):
     assert union_ns() == 5_000
 
 
-def test_a_stall_reported_after_later_spans_counts_whole(tmp_path):
+def test_a_stall_reported_after_later_spans_counts_whole(two_mappings):
     """A frozen engine reports its stall when it wakes, after other engines
     reported shorter spans that ended later: the union still takes all of
     its stall that nobody else covered.  (It took only what came after the
     latest end: CI saw a 1 s freeze counted 0.11 s.)  Many disjoint spans
     later, spans out of order still count once."""
-    err = ffi.new("int *")
-    path = str(tmp_path / "clock").encode()
-    a = ffi.gc(lib.ethp_clock_map(path, 1, 1000.0, err), lib.ethp_clock_unmap)
-    b = ffi.gc(lib.ethp_clock_map(path, 0, 0.0, err), lib.ethp_clock_unmap)
-    out = ffi.new("uint64_t[]", lib.ETHP_CLOCK_NREPORTS)
-
-    def union_ns() -> int:
-        lib.ethp_clock_reports(a, out)
-        return dict(zip(REPORTS, out, strict=True))["any_late_ns"]
-
+    a, b, union_ns = two_mappings
     lib.ethp_clock_report_late(b, 900_000, 910_000)  # a peer, late now and then
     lib.ethp_clock_report_late(b, 990_000, 1_000_000)
     lib.ethp_clock_report_late(a, 0, 1_000_500)  # the frozen one wakes
