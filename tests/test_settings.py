@@ -361,4 +361,5 @@ def test_the_report_says_cubic_grows_on_real_time_and_reno_does_not():
     assert "loses more (`[tcp] ecn = true`" in notes("cubic", False)
     assert "ECN (asked for) stops it" in notes("cubic", True)
     assert "loses more" not in notes("cubic", True)
+    assert "its marks and its share of a congested link do" in notes("cubic", True)
     assert "window growth runs on real time" not in notes("reno", False)
