@@ -555,35 +555,36 @@ def _governs(args, rec: dict) -> bool:
 
 
 def _governor_line(result: dict) -> str | None:
+    from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX
+    from dataplane.run.trials import k_text
+
     g = result.get("governor")
     if not g:
         return None
     tried = ", ".join(
-        f"k={_k_text(t['k_range'])} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"]
+        f"k={k_text(t['k_range'])} {'behind' if t['fell_behind'] else 'ok'}" for t in g["trials"]
     )
     again = "".join(
-        f"; {r['size_bytes']} B fell behind at k={_k_text(r['k_range'])} and ran again"
+        f"; {r['size_bytes']} B fell behind at k={k_text(r['k_range'])} and ran again"
         for r in g.get("reruns", [])
     )
-    checked = [c for c in g.get("k_checks", []) if c["moved"]]
+    checks = g.get("k_checks", [])
     moved = "".join(
         f"; {c['size_bytes']} B moved {c['ratio'] - 1:+.1%} at k={c['k']:g}, its row is that k's"
-        for c in checked
+        for c in checks
+        if c["moved"]
     )
-    held = len({c["size_bytes"] for c in g.get("k_checks", []) if not c["moved"]})
-    held_text = f"; {held} size(s) held within 5% at 4x their k" if held else ""
+    held = len({c["size_bytes"] for c in checks if not c["moved"]})
+    held_text = (
+        f"; {held} size(s) held within {K_MOVED_MAX:.0%} at {K_CHECK_FACTOR:g}x their k"
+        if held
+        else ""
+    )
     return (
-        f"# governed time scale: k={_k_text([g['k'], g['k_max']])} over the timed runs"
+        f"# governed time scale: k={k_text([g['k'], g['k_max']])} over the timed runs"
         f" (floor {g['floor_k']:g}; the largest size tried first at {tried}{again}{moved}"
         f"{held_text})"
     )
-
-
-def _k_text(k_range) -> str:
-    if not k_range:
-        return "?"
-    lo, hi = k_range
-    return f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g}"
 
 
 def cmd_bench(args) -> int:

@@ -17,7 +17,6 @@ the k each size ended at, whether it moved, and its figure against the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -83,8 +82,7 @@ def main() -> int:
         print(f"real time pinned at k={k:g}: {out['pinned'][k]['real_s']:.1f} s")
     print(f"real time governed with its checks: {out['governed']['real_s']:.1f} s")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+        bench.write_json(out, args.json)
     return 0
 
 

@@ -285,8 +285,9 @@ static uint64_t late_spans_add(struct clock_page *pg, uint64_t from, uint64_t to
     return to - from - covered;
 }
 
-/* The list as a process killed mid-change left it: kept if whole and in
- * order, else started again (what it held stays counted). */
+/* The list as a process killed mid-change, or a stray write (the page is
+ * every engine's to write), left it: kept if whole and in order, else
+ * started again (what it held stays counted). */
 static void late_spans_repair(struct clock_page *pg)
 {
     uint32_t n = pg->n_late;
@@ -330,14 +331,11 @@ void ethp_clock_flush_late(struct ethp_clock *c)
         return;
     struct clock_page *pg = c->pg;
     int rc = pthread_mutex_trylock(&pg->late_lock);
-    if (rc == EOWNERDEAD) {
-        late_spans_repair(pg);
+    if (rc == EOWNERDEAD)
         pthread_mutex_consistent(&pg->late_lock);
-    } else if (rc) {
+    else if (rc)
         return; /* EBUSY: another time */
-    }
-    if (pg->n_late >= CLOCK_LATE_SPANS) /* (the page is every engine's to write) */
-        pg->n_late = 0;
+    late_spans_repair(pg);
     uint64_t added = 0;
     for (uint32_t i = 0; i < c->n_pending; i++)
         added += late_spans_add(pg, c->pending_from_ns[i], c->pending_to_ns[i]);

@@ -177,11 +177,10 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
                 checks.append(check)
                 if again["wrong"]:  # never hidden, whichever run the row ends up being
                     say(f"# k check: {row['size_bytes']} B at k={k:g}: {again['wrong']} wrong")
-                    row["wrong"] += again["wrong"]
-                    again["wrong"] = row["wrong"]
+                    row["wrong"] = again["wrong"] = row["wrong"] + again["wrong"]
                 if moved is None:
                     break
-                say(f"# k check: {row['size_bytes']} B's nominal time at k={_k(lo, hi)} was"
+                say(f"# k check: {row['size_bytes']} B's nominal time at k={k_text([lo, hi])} was"
                     f" {moved:.3f}x its time at k={k:g}: the host's latency was in it; its row"
                     f" is now k={k:g}'s run")  # fmt: skip
                 rows[i] = again
@@ -196,7 +195,11 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
     return checks
 
 
-def _k(lo: float, hi: float) -> str:
+def k_text(k_range) -> str:
+    """A k range as a run's lines give it: "6400", "6400..9600", "?" if none."""
+    if not k_range:
+        return "?"
+    lo, hi = k_range
     return f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g}"
 
 
