@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import RUN_ID, ethplus
@@ -22,6 +23,7 @@ from dataplane.model import labfile
 
 pytestmark = pytest.mark.root
 
+LAB_FILES = Path(__file__).resolve().parent.parent / "netns-labs"
 K = 100  # the lab's time scale, pinned: every conversion is at this k
 # values a generic rule cannot pick (the NIC takes 1 to 16 queue pairs)
 SPECIAL = {"roce_qps": 1, "jitter_ns": 100, "mtu_bytes": 9000}
@@ -354,7 +356,8 @@ def test_the_report_says_cubic_grows_on_real_time_and_reno_does_not():
     names the cure that the lab does not use."""
 
     def notes(cc: str, ecn: bool) -> str:
-        rec = {"tcp": {"congestion_control": cc, "ecn": ecn}, "time_scale": 6400}
+        rec = labfile.load(LAB_FILES / "clos-16.toml").to_dict()
+        rec.update(tcp={"congestion_control": cc, "ecn": ecn}, time_scale=6400)
         return " ".join(kernel.tcp_timer_notes(rec))
 
     assert "cubic's window growth runs on real time" in notes("cubic", False)
@@ -363,3 +366,39 @@ def test_the_report_says_cubic_grows_on_real_time_and_reno_does_not():
     assert "loses more" not in notes("cubic", True)
     assert "its marks and its share of a congested link do" in notes("cubic", True)
     assert "window growth runs on real time" not in notes("reno", False)
+
+
+def _cubic_regrowth_leader(rec: dict, k: float) -> str:
+    """Which of Linux's cubic's two windows is back at the last maximum W
+    first after a cut to beta W, at time scale k: 'curve' (C (t - K)^3 + W,
+    t in real seconds since the cut, one round trip = base RTT x k) or
+    'estimate' (its reno-friendly window, 3 (1 - beta) / (1 + beta) segments
+    more each round trip)."""
+    w = kernel.cubic_window_segments(rec)
+    beta, c = kernel.CUBIC_BETA, kernel.CUBIC_C
+    k_s = ((1 - beta) * w / c) ** (1 / 3)
+    rtt_real_s = rec["topology"]["base_rtt_ns"] * k / 1e9
+    est = beta * w
+    for n in range(1, 100_000):
+        est += 3 * (1 - beta) / (1 + beta)
+        curve = c * (n * rtt_real_s - k_s) ** 3 + w
+        if curve >= w or est >= w:
+            return "curve" if curve > est else "estimate"
+    raise AssertionError("neither regrew")
+
+
+@pytest.mark.parametrize("lab", ["erack-8x4", "clos-16"])
+def test_the_report_says_up_to_which_k_cubic_regrows_as_on_the_real_fabric(lab):
+    """Below cubic_k_max, cubic's reno-friendly estimate regrows a cut window
+    before its real-time curve does (as on the real fabric, k = 1); above
+    it, the curve first: cubic pushes harder than on the fabric it stands
+    for.  clos-16's 10 us round trip puts that below the floor k (a flow
+    filling a link: 145 segments); erack-8x4's 2 us at about 85,000."""
+    rec = labfile.load(LAB_FILES / f"{lab}.toml").to_dict()
+    k_max = kernel.cubic_k_max(rec)
+    assert _cubic_regrowth_leader(rec, 1) == "estimate"
+    assert _cubic_regrowth_leader(rec, 0.9 * k_max) == "estimate"
+    assert _cubic_regrowth_leader(rec, 1.1 * k_max) == "curve"
+    assert (k_max < 6400) == (lab == "clos-16"), k_max
+    rec.update(tcp={"congestion_control": "cubic", "ecn": True}, time_scale=6400)
+    assert f"holds up to k={k_max:.3g} only" in " ".join(kernel.tcp_timer_notes(rec))

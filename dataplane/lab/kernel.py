@@ -306,6 +306,44 @@ def rto_backoff_note(rto_min_real_ms: int, k: float) -> str:
     )
 
 
+# Linux's cubic (net/ipv4/tcp_cubic.c): a window cut to beta = 717/1024 of
+# its maximum W regrows on W(t) = C (t - K)^3 + W, t in real seconds since
+# the cut, C = 41 x 10 / 1024, K = cbrt(W (1 - beta) / C); unless its
+# reno-friendly estimate, which grows 3 (1 - beta) / (1 + beta) segments per
+# round trip, is larger.  That estimate is back at W after (1 + beta) / 3 x
+# W round trips.
+CUBIC_BETA = 717 / 1024
+CUBIC_C = 41 * 10 / 1024
+TCP_IP_HEADERS_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12
+
+
+def cubic_window_segments(rec: dict) -> float:
+    """The window (segments) one kernel TCP flow filling a host link of the
+    lab reaches before it is cut: the link's bandwidth-delay product at the
+    base RTT, and the queue where the switches start marking CE (ECN asked
+    for) or the port's buffer (a loss)."""
+    link = next(x for x in rec["topology"]["links"] if x["tier"] == "host")["params"]
+    bdp_bytes = link["rate_bps"] * rec["topology"]["base_rtt_ns"] / 8e9
+    ecn = tcp_settings(rec)[2] and rec["switch"].get("ecn", True)
+    queue_bytes = rec["switch"]["ecn_kmin_bytes"] if ecn else link["buffer_bytes"]
+    return (bdp_bytes + queue_bytes) / (link["mtu_bytes"] - TCP_IP_HEADERS_BYTES)
+
+
+def cubic_k_max(rec: dict, window_segments: float | None = None) -> float:
+    """The largest time scale at which Linux's cubic, in this lab, regrows as
+    it would on the real fabric: by its reno-friendly estimate, per round
+    trip.  Its curve runs on real seconds, so at a time scale k the round
+    trip is k times longer against it; past this k the curve is back at the
+    last maximum before the estimate is, and cubic pushes harder (more so at
+    a larger k) than on a fabric of the lab's round trip, where it never
+    does.  Default window: cubic_window_segments (one flow filling a link;
+    n flows sharing it have 1/n of it each, a limit n^(2/3) times higher)."""
+    w = cubic_window_segments(rec) if window_segments is None else window_segments
+    k_real_s = ((1 - CUBIC_BETA) * w / CUBIC_C) ** (1 / 3)
+    estimate_rtts = (1 + CUBIC_BETA) / 3 * w
+    return k_real_s / (estimate_rtts * rec["topology"]["base_rtt_ns"] / 1e9)
+
+
 def tcp_settings(rec: dict) -> tuple[float, str, bool, bool]:
     """A lab's [tcp]: nominal rto_min in us, congestion control, ECN asked,
     quick acks."""
@@ -482,6 +520,14 @@ def tcp_timer_notes(rec: dict) -> list[str]:
             "cubic's window growth runs on real time (its curve's time since the last loss, in"
             " seconds): it regrows to its last maximum in k times fewer round trips at k times"
             " the time scale, so it pushes harder at a larger k"
+        )
+        w = cubic_window_segments(rec)
+        growth += (
+            f"; on a real fabric of this lab's {rec['topology']['base_rtt_ns'] / 1e3:g} us round"
+            " trip it regrows by its reno-friendly estimate, per round trip, which a time scale"
+            f" keeps; here that holds up to k={cubic_k_max(rec):.3g} only (one flow filling a"
+            f" host link, {w:.0f} segments; n flows sharing one, n^(2/3) times higher): above"
+            " it cubic is more aggressive than on the fabric it stands for"
         )
         notes.append(
             growth + "; ECN (asked for) stops it at the switches' marks before a queue"
