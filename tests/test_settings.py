@@ -237,7 +237,7 @@ def test_every_link_setting_reaches_the_fabric_and_the_interfaces(settings_lab):
 def test_the_report_says_how_far_tcp_can_back_off_at_this_k():
     """The kernel caps an RTO at 120 s real: at a larger k fewer doublings of
     the (scaled) minimum fit under it, which the report states."""
-    rec = {"tcp": {"rto_min_us": 1000.0}}
+    rec = {**labfile.load(LAB_FILES / "erack-8x4.toml").to_dict(), "tcp": {"rto_min_us": 1000.0}}
     notes = {k: " ".join(kernel.tcp_timer_notes({**rec, "time_scale": k})) for k in (6400, 122880)}
     assert "18750 us nominal at this k: 4 doublings" in notes[6400]
     assert "976.562 us nominal at this k: 0 doublings" in notes[122880]
@@ -366,6 +366,7 @@ def test_the_report_says_cubic_grows_on_real_time_and_reno_does_not():
     assert "loses more" not in notes("cubic", True)
     assert "its marks and its share of a congested link do" in notes("cubic", True)
     assert "window growth runs on real time" not in notes("reno", False)
+    assert "reno grows its window per round trip" in notes("reno", True)
 
 
 def _cubic_regrowth_leader(rec: dict, k: float) -> str:

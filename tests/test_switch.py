@@ -186,7 +186,9 @@ def test_an_idle_switch_has_no_ring_traffic_sets_one_up_and_idling_parks_it(erac
 # ---------------------------------------------------------------- shaping and delay
 
 
-def _iperf_bps(lab: Lab, src: str, dst: str, dst_ip: str, seconds: int = 5) -> float:
+def _iperf_bps(
+    lab: Lab, src: str, dst: str, dst_ip: str, seconds: int = 5, streams: int = 1
+) -> float:
     ns = lab.rec["namespaces"][dst].rsplit("/", 1)[1]
     subprocess.run(
         ["ip", "netns", "exec", ns, "iperf3", "-s", "-D", "-1", "-B", dst_ip],
@@ -194,7 +196,10 @@ def _iperf_bps(lab: Lab, src: str, dst: str, dst_ip: str, seconds: int = 5) -> f
         capture_output=True,
     )
     time.sleep(0.3)
-    r = lab.sh(src, "iperf3", "-c", dst_ip, "-t", str(seconds), "-O", "1", "-J", timeout=60)
+    r = lab.sh(
+        src, "iperf3", "-c", dst_ip, "-t", str(seconds), "-O", "1", "-P", str(streams), "-J",
+        timeout=60,
+    )  # fmt: skip
     return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"]
 
 
@@ -237,11 +242,15 @@ def _tcp_goodput_fraction(mtu: int) -> float:
 
 @pytest.mark.parametrize("real_mbps", [20, 45])
 def test_iperf3_achieves_the_shaped_rate(erack, real_mbps):
+    """Two TCP streams fill a shaped link to its rate.  (One reno stream
+    under ECN does not: it halves its window at the switch's first marks, at
+    0.2 BDP of queue, and its sawtooth then dips below the BDP: 0.93 of the
+    rate at 45 Mbit/s real.)"""
     link = "h1-plane1"
     nominal_bps = real_mbps * 1e6 * erack.k
     try:
         erack.link_set(link, "rate", f"{nominal_bps / 1e9:.6f}G")
-        bps = _iperf_bps(erack, "h0", "h1", erack.nodes["h1"]["ports"][1]["ip"])
+        bps = _iperf_bps(erack, "h0", "h1", erack.nodes["h1"]["ports"][1]["ip"], streams=2)
     finally:
         erack.link_set(link, "rate", "400G")
     expected = real_mbps * 1e6 * _tcp_goodput_fraction(4200)

@@ -532,11 +532,17 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         notes.append(
             growth + "; ECN (asked for) stops it at the switches' marks before a queue"
             " overflows, so its losses hardly move with k, but its marks and its share of a"
-            " congested link do (an incast: 4.5x the CE marks at 4x the k, where reno's did not"
-            ' move: `congestion_control = "reno"` grows per round trip, the same at any k)'
+            " congested link do (an incast: 4.5x the CE marks at 4x the k); reno grows per"
+            ' round trip, the same at any k (`congestion_control = "reno"`, as in the shipped'
+            " labs)"
             if ecn
             else growth + ", and loses more (`[tcp] ecn = true` lets the switches' marks stop"
             ' it; reno grows per round trip, the same at any k: `congestion_control = "reno"`)'
+        )
+    if cc == "reno":
+        notes.append(
+            "reno grows its window per round trip, which follows the scaled RTT: the same"
+            " at any k (Linux's default, cubic, regrows on a curve of real time)"
         )
     if cc == "bbr":
         notes.append(
