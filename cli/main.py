@@ -423,6 +423,7 @@ def cmd_exec(args) -> int:
 def cmd_run(args) -> int:
     from dataplane.lab import labs
     from dataplane.report import fidelity
+    from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX
     from dataplane.run import bench, launcher
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
@@ -438,8 +439,10 @@ def cmd_run(args) -> int:
                               master_port=args.master_port, timeout_s=args.timeout,
                               algo=args.algo,
                               say=lambda m: print(m, flush=True))  # fmt: skip
+        t0, k_start = time.monotonic(), _governed_k(args, rec)
         result = run.run()
         rows = launcher.summary(result)
+        result["k_checks"] = _check_calls_k(args, rec, rows, result, nodes, t0, k_start)
         label = "gloo (kernel TCP)" if args.backend == "gloo" else f"ethplus over {args.transport}"
         if args.backend == "ethplus":
             label += (", all-reduce in the switches" if result["algo"] == "in-network"
@@ -450,9 +453,16 @@ def cmd_run(args) -> int:
             print(table(
                 [[r["collective"], _size_range(r["min_bytes"], r["size_bytes"]),
                   str(r["calls"]), size_text(r["bytes"]), f"{r['time_s'] * 1e3:.3f}",
-                  f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows],
-                ["COLLECTIVE", "SIZE", "CALLS", "BYTES", "TIME_MS", "ALGBW_GBps", "BUSBW_GBps"],
+                  f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", _call_check_text(r)]
+                 for r in rows],
+                ["COLLECTIVE", "SIZE", "CALLS", "BYTES", "TIME_MS", "ALGBW_GBps", "BUSBW_GBps",
+                 "AT_4X_K"],
             ))  # fmt: skip
+            if result["k_checks"]:
+                print(f"AT_4X_K: bench's same collective and size at {K_CHECK_FACTOR:g}x the"
+                      " lowest k the program ran at, against at that k (+x%: slower at that k; past"
+                      f" {K_MOVED_MAX:.0%}, 'moved': calls of that size carried the host's"
+                      " latency by about as much; '-': not checked)")  # fmt: skip
             total = sum(r["time_s"] for r in rows if r["collective"] not in ("send", "recv"))
             print(f"total collective time (nominal): {total * 1e3:.3f} ms")
         else:
@@ -464,6 +474,41 @@ def cmd_run(args) -> int:
     if args.json:
         bench.write_json(result, args.json)
     return 0
+
+
+def _governed_k(args, rec: dict) -> float | None:
+    """The k of a lab whose governor is on, for a run whose calls are to be
+    checked (not gloo's, not with --no-k-check); else None."""
+    from dataplane.lab.governor import governed
+    from dataplane.run import trials
+
+    if args.no_k_check or args.backend != "ethplus" or not governed(rec):
+        return None
+    g = trials.fabric_governor(rec)
+    return g["k"] if g["on"] else None
+
+
+def _check_calls_k(args, rec: dict, rows: list[dict], result: dict, nodes, t0: float,
+                   k_start: float | None) -> list[dict]:  # fmt: skip
+    """A governed run's calls checked at 4x the lowest k the program ran at
+    (trials.check_calls_k), within half the program's real time (10 s at
+    least); [] when _governed_k said None."""
+    from dataplane.run import trials
+
+    if k_start is None:
+        return []
+    k_lo, k_hi = trials.k_range_since(rec, t0, k_start)
+    result["k_range"] = [k_lo, k_hi]
+    budget_s = max(trials.K_CHECK_MIN_S, trials.K_CHECK_SHARE * result["wall_s"])
+    return trials.check_calls_k(rec, rows, args.transport, result.get("algo", "auto"), nodes,
+                                budget_s, k_lo, log=lambda m: print(m, flush=True))  # fmt: skip
+
+
+def _call_check_text(row: dict) -> str:
+    c = row.get("k_check")
+    if not c:
+        return "-"
+    return f"{c['ratio'] - 1:+.1%}" + (" moved" if c["moved"] else "")
 
 
 def _size_range(lo: int, hi: int) -> str:
@@ -997,6 +1042,11 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--master-port", type=int, default=29500, help="MASTER_PORT (29500)")
     rn.add_argument("--timeout", type=float, metavar="S", help="stop the run after S seconds")
     rn.add_argument("--time-scale", type=float, metavar="K", help="k, for a lab file")
+    rn.add_argument("--no-k-check", action="store_true",
+                    help="governed: after the program, do not run bench's same collectives"
+                    " and sizes at its last k and at 4x it (default: the smallest ones, within"
+                    " half the program's real time or 10 s; the table's AT_4X_K says how far"
+                    " each moved)")  # fmt: skip
     rn.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     rn.set_defaults(func=cmd_run)

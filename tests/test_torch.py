@@ -1,6 +1,7 @@
 """PyTorch on the emulated fabric: the ethplus torch.distributed backend and
 `ethplus run`, against stock gloo over kernel TCP through the same switches."""
 
+import json
 import os
 import re
 import subprocess
@@ -9,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ethplus, netns_names
+from conftest import RUN_ID, ethplus, netns_names
 from labtools import module_lab
 
 from dataplane.errors import UsageError
+from dataplane.lab import labs
 from dataplane.run import launcher, torch_backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,3 +294,55 @@ def test_a_killed_rank_fails_the_run_in_one_line(erack, tmp_path):
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     assert not left, f"processes left behind: {left}"
     assert netns_names() == before
+
+
+@pytest.fixture
+def governed_erack():
+    """An erack-8x4 of the test's own, governed (time_scale "auto"), removed
+    after."""
+    name = f"{RUN_ID}-ptg"
+    ethplus("lab", "up", str(ROOT / "netns-labs" / "erack-8x4.toml"), "--name", name,
+            check=True, governed=True)  # fmt: skip
+    try:
+        yield name
+    finally:
+        ethplus("lab", "down", name)
+
+
+@pytest.mark.root
+def test_a_governed_run_checks_its_calls_at_four_times_the_k(governed_erack, tmp_path):
+    """A program cannot run again, but its calls can: on a governed lab,
+    after the program, bench's same collectives and sizes run at the lowest
+    k it ran at and at 4x it.  The table's AT_4X_K and the JSON say how far
+    each moved (past 5%: 'moved'); a barrier is not checked; the governor
+    has the lab after.  --no-k-check: none."""
+    erack = governed_erack
+    body = (
+        "x, y = torch.ones(1 << 14), torch.ones(1 << 10)\n"
+        "for _ in range(3):\n"
+        "    dist.all_reduce(x)\n"
+        "    dist.broadcast(y, 0)\n"
+        "dist.barrier()\n"
+        "assert x[0].item() == 8 ** 3\n"
+    )
+    js = tmp_path / "r.json"
+    r = run_program(erack, tmp_path / "p.py", body, "--nodes", "h0,h1,h2,h3,h4,h5,h6,h7",
+                    "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(js.read_text())
+    checks = {c["collective"]: c for c in res["k_checks"]}
+    assert set(checks) == {"all-reduce", "broadcast"}, res["k_checks"]
+    assert checks["all-reduce"]["size_bytes"] == 1 << 16
+    for c in checks.values():
+        assert c["k"] == res["k_range"][0] and c["k_check"] == 4 * c["k"] and not c["wrong"], c
+        assert c["ratio"] == pytest.approx(c["time_us"] / c["time_us_at_k"])
+        assert c["moved"] == (abs(c["ratio"] - 1) > 0.05)
+    rows = {x["collective"]: x for x in res["summary"]}
+    assert rows["all-reduce"]["k_check"] == checks["all-reduce"]
+    assert "k_check" not in rows["barrier"]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("all-reduce "))
+    assert f"{checks['all-reduce']['ratio'] - 1:+.1%}" in line, r.stdout
+    assert "AT_4X_K: bench's same collective" in r.stdout
+    assert labs.control(erack, {"op": "governor"})["governor"]["on"]
+    r = run_program(erack, tmp_path / "p.py", body, "--no-k-check", "--json", str(js))
+    assert r.returncode == 0 and json.loads(js.read_text())["k_checks"] == [], r.stderr

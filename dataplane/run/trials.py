@@ -195,6 +195,95 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
     return checks
 
 
+# A program's calls (`ethplus run`) cannot run again, but the same calls can:
+# check_calls_k runs bench's collective at each summary row's size, at the k
+# the program ended at and at K_CHECK_FACTOR x it.  Where that moved, the
+# program's calls of the size carried the host's latency by about as much.
+CALLS_CHECKED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
+CALL_CHECK_ITERS = 5
+
+
+def k_range_since(rec: dict, t0: float, k_start: float) -> tuple[float, float]:
+    """The lowest and highest k of a governed lab from monotonic time t0 on,
+    when its k was k_start (the governor's changes since)."""
+    ks = [k_start] + [e["k_to"] for e in fabric_governor(rec)["events"] if e["t_real"] >= t0]
+    return min(ks), max(ks)
+
+
+def check_calls_k(rec: dict, rows: list[dict], transport: str, algo: str, nodes,
+                  budget_s: float, k_run: float, log=None) -> list[dict]:  # fmt: skip
+    """The rows of a program's call summary (launcher.summary) that bench
+    can run, per collective, smallest sizes first while budget_s of real
+    time lasts: bench's same collective at each row's (largest) size, on the
+    same ranks and transport (all-reduce: the program's algorithm), one run
+    of all its sizes with k pinned at k_run (the lowest k the program ran
+    at: where its calls carried the most of the host's latency) and one at
+    K_CHECK_FACTOR x it.  Sets each row's `k_check` (both nominal times,
+    their ratio, moved past K_MOVED_MAX or not) and returns the checks.  The
+    governor has the lab again after."""
+    say = log or (lambda _msg: None)
+    quantum = 4 * len(nodes)  # whole float32 elements in every rank's share
+    runs = 2 + CALL_CHECK_ITERS  # the checked first run, a warm-up, the timed ones
+    by_collective: dict[str, list[tuple[int, dict]]] = {}
+    for row in sorted(rows, key=lambda r: r["size_bytes"]):
+        if row["collective"] in CALLS_CHECKED and row["calls"]:
+            size = -(-row["size_bytes"] // quantum) * quantum
+            by_collective.setdefault(row["collective"], []).append((size, row))
+    checks: list[dict] = []
+    try:
+        for collective, todo in sorted(by_collective.items(), key=lambda x: x[1][0][0]):
+            cost_s, chosen = 0.0, []
+            for size, row in todo:
+                cost_s += row["time_s"] / row["calls"] * k_run * runs * (1 + K_CHECK_FACTOR)
+                if cost_s > budget_s:
+                    break
+                chosen.append((size, row))
+            if not chosen:
+                break
+            spec = bench.Spec(
+                collective=collective, transport=transport,
+                sizes=sorted({size for size, _ in chosen}),
+                algo=algo if collective == "all-reduce" else "ring",
+                iters=CALL_CHECK_ITERS, warmup=1,
+            ).validate()  # fmt: skip
+            t0 = time.monotonic()
+            try:
+                at: list[dict[int, dict]] = []
+                for k in (k_run, k_run * K_CHECK_FACTOR):
+                    labs.control(rec["name"], {"op": "scale", "k": k})
+                    res = bench.run(spec, rec, nodes=nodes)
+                    at.append({r["size_bytes"]: r for r in res["rows"]})
+            except JobError as e:
+                say(f"# k check: {collective} failed: {e}")
+                break
+            finally:
+                budget_s -= time.monotonic() - t0
+            done: dict[int, dict] = {}  # rows that round to one size share its check
+            for size, row in chosen:
+                if size in done:
+                    row["k_check"] = done[size]
+                    continue
+                a, b = at[0][size], at[1][size]
+                ratio = a["time_us"] / b["time_us"]
+                check = {
+                    "collective": collective, "size_bytes": size, "k": k_run,
+                    "k_check": k_run * K_CHECK_FACTOR, "time_us": a["time_us"],
+                    "time_us_at_k": b["time_us"], "ratio": ratio,
+                    "moved": abs(ratio - 1) > K_MOVED_MAX and not b["fell_behind"],
+                    "wrong": a["wrong"] + b["wrong"],
+                }  # fmt: skip
+                row["k_check"] = done[size] = check
+                checks.append(check)
+                if check["moved"]:
+                    say(f"# k check: bench's {collective} of {size} B took {ratio:.3f}x as long"
+                        f" at k={k_run:g} as at k={check['k_check']:g}: the program's calls of"
+                        " that size carried the host's latency by about as much")  # fmt: skip
+    finally:
+        labs.control(rec["name"], {"op": "scale", "k": k_run})
+        labs.control(rec["name"], {"op": "scale", "k": "auto"})
+    return checks
+
+
 def k_text(k_range) -> str:
     """A k range as a run's lines give it: "6400", "6400..9600", "?" if none."""
     if not k_range:
