@@ -824,3 +824,40 @@ def test_a_job_whose_ranks_stop_and_whose_frames_stop_is_a_stall(erack):
     while _workers(erack) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _workers(erack), "workers outlived the job"
+
+
+def _spines_carrying(lab: str, before: dict, after: dict) -> frozenset[str]:
+    """The spines whose ports sent more than 1 MB between two `lab stats`."""
+    out = set()
+    for name, sw in after["switches"].items():
+        if name.startswith("spine"):
+            sent = sum(p.get("tx_bytes", 0) for p in sw["ports"].values()) - sum(
+                p.get("tx_bytes", 0) for p in before["switches"][name]["ports"].values()
+            )
+            if sent > 1_000_000:
+                out.add(name)
+    return frozenset(out)
+
+
+def test_kernel_tcps_paths_across_the_spines_follow_the_seed(clos):
+    """A TCP flow's path is its switches' hash of its ports: the run's seed
+    draws each stream's source port, so the same seed takes the same spine
+    in every run (on any machine), and other seeds take others (the
+    kernel's random ephemeral ports moved ecmp-collision's tcp job time
+    1.36x between two runs).  h0 -> h8, leaf 0 to leaf 2, one stream."""
+
+    def spines(seed: int) -> frozenset[str]:
+        before = _lab_stats(clos)
+        res = _job(clos, "tcp", "broadcast", [4 * MiB], nodes=["h0", "h8"], seed=seed)
+        assert res["rows"][0]["wrong"] == 0
+        assert sum(r["counters"].get("unseeded_ports", 0) for r in res["ranks"]) == 0
+        return _spines_carrying(clos, before, _lab_stats(clos))
+
+    first = spines(3)
+    assert len(first) == 1, first
+    assert spines(3) == first and spines(3) == first  # the 4-tuple again, from TIME-WAIT
+    assert len({first, *(spines(s) for s in (4, 5, 6, 7))}) > 1
+
+
+def _lab_stats(lab: str) -> dict:
+    return json.loads(ethplus("lab", "stats", lab, "--json", check=True).stdout)

@@ -38,7 +38,7 @@ class Options:
 
     tcp_streams: int | None = None  # None: one connection per plane
     adaptive: bool = False  # ethplus: adaptive rather than oblivious spraying
-    seed: int = 1
+    seed: int = 1  # the run's: TCP's source ports, the NICs' entropy values (their paths)
     roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)
     members: list[int] | None = None  # the lab ranks of this job (None: every accelerator)
     inc: dict | None = None  # ethplus: this job's in-network all-reduce (inc_plan)

@@ -149,6 +149,9 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
         inc=plan.get("inc"),
         cc=plan.get("cc"),
         shared_engine=hosted and plan.get("shared_engine", True),
+        # the run's seed: kernel TCP's source ports, the NICs' entropy values
+        # (which paths a flow hashes onto)
+        seed=plan.get("seed", 1),
     )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import hashlib
 import os
 import selectors
 import socket
@@ -34,6 +35,26 @@ _READ_BUDGET_BYTES = 8 << 20  # per connection per pass, so no stream starves th
 # Chunks held for receives not yet posted, all peers together: a peer that
 # announces more is refused (an error naming it), never a huge allocation.
 EARLY_MAX_BYTES = 2 << 30
+# Source ports: a switch hashes a TCP flow's ports with its addresses onto
+# one of its equal-cost paths, so the kernel's random ephemeral port would
+# put the flows on different paths in every run (ecmp-collision's job time
+# moved 1.36x between two runs with their flows on other spines).  A
+# stream's port is drawn from the run's seed instead (source_port), below
+# Linux's ephemeral range; the same seed, the same paths, on any machine.
+SOURCE_PORT_BASE = 20000
+SOURCE_PORTS = 10000
+SOURCE_PORT_TRIES = 8  # the next ones, if a port is taken; then the kernel's
+# A stream's 4-tuple is used again by the next job of the same ranks: the
+# side that closes first keeps it in TIME-WAIT, which refuses a connect from
+# the same port but lets a new SYN in.  So the side that connected waits for
+# its peer to close first, this long at most (real seconds).
+CLOSE_WAIT_S = 5.0
+
+
+def source_port(seed: int, rank: int, peer: int, stream: int, attempt: int = 0) -> int:
+    """The source port of rank's stream to peer for a run seeded seed."""
+    h = hashlib.blake2b(f"{seed}/{rank}/{peer}/{stream}".encode(), digest_size=8)
+    return SOURCE_PORT_BASE + (int.from_bytes(h.digest(), "little") + attempt) % SOURCE_PORTS
 
 
 class _Msg:
@@ -95,6 +116,7 @@ class TcpTransport(Transport):
         planes = len(ips[self.rank])
         self._ips, self._planes = ips, planes
         self.streams = opts.tcp_streams or planes
+        self._seed = opts.seed
         if self.streams < 1:
             raise TransportError("--tcp-streams must be at least 1")
         self.notes = (
@@ -116,6 +138,7 @@ class TcpTransport(Transport):
             "msgs_sent": 0,
             "msgs_received": 0,
             "refused_conns": 0,
+            "unseeded_ports": 0,
         }
         self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
         listeners = []
@@ -156,17 +179,7 @@ class TcpTransport(Transport):
         for peer in (p for p in sorted(self._conns) if p > self.rank):
             for st in range(self.streams):
                 plane = st % self._planes
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                try:
-                    s.bind((self._ips[self.rank][plane], 0))
-                    s.setblocking(False)
-                    rc = s.connect_ex((self._ips[peer][plane], PORT))
-                except OSError:
-                    s.close()
-                    raise
-                if rc not in (0, errno.EINPROGRESS):
-                    s.close()
-                    raise OSError(rc, f"rank {peer}, stream {st}: {os.strerror(rc)}")
+                s = self._connect_one(peer, st, plane)
                 sel.register(s, selectors.EVENT_WRITE, (peer, st))
                 pending += 1
         accepting = sum(p < self.rank for p in self._conns) * self.streams
@@ -197,6 +210,38 @@ class TcpTransport(Transport):
                 if key.data is not None:
                     key.fileobj.close()  # a stream not connected (an error above)
             sel.close()
+
+    def _connect_one(self, peer: int, st: int, plane: int) -> socket.socket:
+        """Start stream st's connect to peer, from its seeded source port
+        (source_port; the next ones if taken, then the kernel's choice,
+        counted in `tcp_unseeded_ports`)."""
+        src, dst = self._ips[self.rank][plane], (self._ips[peer][plane], PORT)
+        for attempt in range(SOURCE_PORT_TRIES + 1):
+            port = (
+                source_port(self._seed, self.rank, peer, st, attempt)
+                if attempt < SOURCE_PORT_TRIES
+                else 0
+            )
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((src, port))
+                s.setblocking(False)
+                rc = s.connect_ex(dst)
+            except OSError as e:
+                s.close()
+                if e.errno == errno.EADDRINUSE and port:
+                    continue
+                raise
+            if rc in (errno.EADDRNOTAVAIL, errno.EADDRINUSE) and port:
+                s.close()  # its 4-tuple is still in TIME-WAIT here
+                continue
+            if rc not in (0, errno.EINPROGRESS):
+                s.close()
+                raise OSError(rc, f"rank {peer}, stream {st}: {os.strerror(rc)}")
+            self._bytes["unseeded_ports"] += port == 0
+            return s
+        raise AssertionError("unreachable: the last try takes the kernel's port")
 
     def _accept_one(self, listener: socket.socket) -> int:
         """Accept one stream from a peer ranked below: 1 if it is one the job
@@ -472,12 +517,48 @@ class TcpTransport(Transport):
         return {**super().describe(), "streams": self.streams, "pid": os.getpid()}
 
     def close(self) -> None:
-        for conns in self._conns.values():
+        """Close every stream: those the peers opened at once, then those
+        this rank opened once their peers have closed them (CLOSE_WAIT_S at
+        most), so that TIME-WAIT stays on the accepting side and the next
+        job's connect from the same seeded port is let in."""
+        mine: list[socket.socket] = []
+        for peer, conns in self._conns.items():
             for c in conns:
                 try:
                     self._sel.unregister(c.sock)
                 except (KeyError, ValueError):
                     pass
-                c.sock.close()
+                if peer > self.rank:
+                    mine.append(c.sock)
+                else:
+                    c.sock.close()
             conns.clear()
         self._sel.close()
+        _close_after_peer(mine, CLOSE_WAIT_S)
+
+
+def _close_after_peer(socks: list[socket.socket], wait_s: float) -> None:
+    """Close socks, each once its peer has closed it (read to its end), or
+    all after wait_s."""
+    if not socks:
+        return
+    deadline = time.monotonic() + wait_s
+    sel = selectors.DefaultSelector()
+    try:
+        for s in socks:
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        while sel.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(timeout=left):
+                try:
+                    ended = not key.fileobj.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    ended = True
+                if ended:
+                    sel.unregister(key.fileobj)
+    finally:
+        sel.close()
+        for s in socks:
+            s.close()
