@@ -242,10 +242,10 @@ def _tcp_goodput_fraction(mtu: int) -> float:
 
 @pytest.mark.parametrize("real_mbps", [20, 45])
 def test_iperf3_achieves_the_shaped_rate(erack, real_mbps):
-    """Two TCP streams fill a shaped link to its rate.  (One reno stream
-    under ECN does not: it halves its window at the switch's first marks, at
-    0.2 BDP of queue, and its sawtooth then dips below the BDP: 0.93 of the
-    rate at 45 Mbit/s real.)"""
+    """Two TCP streams fill a shaped link to its rate, whatever the lab's
+    congestion control.  (One reno stream under ECN does not: it halves its
+    window at the switch's first marks, at 0.2 BDP of queue, and its
+    sawtooth then dips below the BDP: 0.93 of the rate at 45 Mbit/s real.)"""
     link = "h1-plane1"
     nominal_bps = real_mbps * 1e6 * erack.k
     try:

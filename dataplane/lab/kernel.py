@@ -533,8 +533,8 @@ def tcp_timer_notes(rec: dict) -> list[str]:
             growth + "; ECN (asked for) stops it at the switches' marks before a queue"
             " overflows, so its losses hardly move with k, but its marks and its share of a"
             " congested link do (an incast: 4.5x the CE marks at 4x the k); reno grows per"
-            ' round trip, the same at any k (`congestion_control = "reno"`, as in the shipped'
-            " labs)"
+            ' round trip, the same at any k (`congestion_control = "reno"`, as the shipped'
+            " labs whose k passes cubic's have)"
             if ecn
             else growth + ", and loses more (`[tcp] ecn = true` lets the switches' marks stop"
             ' it; reno grows per round trip, the same at any k: `congestion_control = "reno"`)'
