@@ -1044,9 +1044,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--time-scale", type=float, metavar="K", help="k, for a lab file")
     rn.add_argument("--no-k-check", action="store_true",
                     help="governed: after the program, do not run bench's same collectives"
-                    " and sizes at its last k and at 4x it (default: the smallest ones, within"
-                    " half the program's real time or 10 s; the table's AT_4X_K says how far"
-                    " each moved)")  # fmt: skip
+                    " and sizes at the lowest k it ran at and at 4x it (default: the smallest"
+                    " ones, within half the program's real time or 10 s; the table's AT_4X_K"
+                    " says how far each moved)")  # fmt: skip
     rn.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     rn.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     rn.set_defaults(func=cmd_run)

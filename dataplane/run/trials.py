@@ -196,8 +196,8 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
 
 
 # A program's calls (`ethplus run`) cannot run again, but the same calls can:
-# check_calls_k runs bench's collective at each summary row's size, at the k
-# the program ended at and at K_CHECK_FACTOR x it.  Where that moved, the
+# check_calls_k runs bench's collective at each summary row's size, at the
+# lowest k the program ran at and at K_CHECK_FACTOR x it.  Where that moved, the
 # program's calls of the size carried the host's latency by about as much.
 CALLS_CHECKED = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast")
 CALL_CHECK_ITERS = 5
@@ -218,8 +218,9 @@ def check_calls_k(rec: dict, rows: list[dict], transport: str, algo: str, nodes,
     same ranks and transport (all-reduce: the program's algorithm), one run
     of all its sizes with k pinned at k_run (the lowest k the program ran
     at: where its calls carried the most of the host's latency) and one at
-    K_CHECK_FACTOR x it.  Sets each row's `k_check` (both nominal times,
-    their ratio, moved past K_MOVED_MAX or not) and returns the checks.  The
+    K_CHECK_FACTOR x it.  Sets each row's `k_check` (as check_k's checks:
+    k_range the first run's, k the second's, both nominal times, their
+    ratio, moved past K_MOVED_MAX or not) and returns the checks.  The
     governor has the lab again after."""
     say = log or (lambda _msg: None)
     quantum = 4 * len(nodes)  # whole float32 elements in every rank's share
@@ -266,17 +267,19 @@ def check_calls_k(rec: dict, rows: list[dict], transport: str, algo: str, nodes,
                 a, b = at[0][size], at[1][size]
                 ratio = a["time_us"] / b["time_us"]
                 check = {
-                    "collective": collective, "size_bytes": size, "k": k_run,
-                    "k_check": k_run * K_CHECK_FACTOR, "time_us": a["time_us"],
+                    "collective": collective, "size_bytes": size, "k_range": [k_run, k_run],
+                    "k": k_run * K_CHECK_FACTOR, "time_us": a["time_us"],
                     "time_us_at_k": b["time_us"], "ratio": ratio,
                     "moved": abs(ratio - 1) > K_MOVED_MAX and not b["fell_behind"],
                     "wrong": a["wrong"] + b["wrong"],
                 }  # fmt: skip
                 row["k_check"] = done[size] = check
                 checks.append(check)
+                if check["wrong"]:  # bench's own data, never the program's: said all the same
+                    say(f"# k check: bench's {collective} of {size} B: {check['wrong']} wrong")
                 if check["moved"]:
                     say(f"# k check: bench's {collective} of {size} B took {ratio:.3f}x as long"
-                        f" at k={k_run:g} as at k={check['k_check']:g}: the program's calls of"
+                        f" at k={k_run:g} as at k={check['k']:g}: the program's calls of"
                         " that size carried the host's latency by about as much")  # fmt: skip
     finally:
         labs.control(rec["name"], {"op": "scale", "k": k_run})

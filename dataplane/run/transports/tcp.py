@@ -214,7 +214,7 @@ class TcpTransport(Transport):
     def _connect_one(self, peer: int, st: int, plane: int) -> socket.socket:
         """Start stream st's connect to peer, from its seeded source port
         (source_port; the next ones if taken, then the kernel's choice,
-        counted in `tcp_unseeded_ports`)."""
+        counted in `unseeded_ports`)."""
         src, dst = self._ips[self.rank][plane], (self._ips[peer][plane], PORT)
         for attempt in range(SOURCE_PORT_TRIES + 1):
             port = (
