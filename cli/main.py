@@ -867,7 +867,9 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         " every warm-up and timed run too (all: #wrong counts them all), or none",
     )
     p.add_argument("--no-check", action="store_true", help="skip the check (= --check none)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the test data (1)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="seed of the test data and of the flows' paths: kernel TCP's source"
+                   " ports, the NICs' entropy values (1)")  # fmt: skip
     p.add_argument("--time-scale", type=float, help="time scale for a lab brought up from a file"
                    " (pins it: no governor)")  # fmt: skip
     p.add_argument("--no-govern", action="store_true",
