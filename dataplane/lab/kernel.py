@@ -521,14 +521,16 @@ def tcp_timer_notes(rec: dict) -> list[str]:
             " seconds): it regrows to its last maximum in k times fewer round trips at k times"
             " the time scale, so it pushes harder at a larger k"
         )
-        w = cubic_window_segments(rec)
-        growth += (
-            f"; on a real fabric of this lab's {rec['topology']['base_rtt_ns'] / 1e3:g} us round"
-            " trip it regrows by its reno-friendly estimate, per round trip, which a time scale"
-            f" keeps; here that holds up to k={cubic_k_max(rec):.3g} only (one flow filling a"
-            f" host link, {w:.0f} segments; n flows sharing one, n^(2/3) times higher): above"
-            " it cubic is more aggressive than on the fabric it stands for"
-        )
+        if "links" in rec.get("topology", {}) and "switch" in rec:  # (a lab's, not loopback's)
+            w = cubic_window_segments(rec)
+            growth += (
+                f"; on a real fabric of this lab's {rec['topology']['base_rtt_ns'] / 1e3:g} us"
+                " round trip it regrows by its reno-friendly estimate, per round trip, which a"
+                f" time scale keeps; here that holds up to k={cubic_k_max(rec):.3g} only (one"
+                f" flow filling a host link, {w:.0f} segments; n flows sharing one, n^(2/3)"
+                " times higher): above it cubic is more aggressive than on the fabric it stands"
+                " for"
+            )
         notes.append(
             growth + "; ECN (asked for) stops it at the switches' marks before a queue"
             " overflows, so its losses hardly move with k, but its marks and its share of a"
