@@ -462,7 +462,8 @@ def cmd_run(args) -> int:
                 print(f"AT_4X_K: bench's same collective and size at {K_CHECK_FACTOR:g}x the"
                       " lowest k the program ran at, against at that k (+x%: slower at that k; past"
                       f" {K_MOVED_MAX:.0%}, 'moved': calls of that size carried the host's"
-                      " latency by about as much; '-': not checked)")  # fmt: skip
+                      " latency by about as much; '(behind)': a run of the check fell behind;"
+                      " '-': not checked)")  # fmt: skip
             total = sum(r["time_s"] for r in rows if r["collective"] not in ("send", "recv"))
             print(f"total collective time (nominal): {total * 1e3:.3f} ms")
         else:
@@ -508,7 +509,8 @@ def _call_check_text(row: dict) -> str:
     c = row.get("k_check")
     if not c:
         return "-"
-    return f"{c['ratio'] - 1:+.1%}" + (" moved" if c["moved"] else "")
+    behind = " (behind)" if any(c["fell_behind"]) else ""
+    return f"{c['ratio'] - 1:+.1%}" + (" moved" if c["moved"] else "") + behind
 
 
 def _size_range(lo: int, hi: int) -> str:

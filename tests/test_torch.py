@@ -337,7 +337,7 @@ def test_a_governed_run_checks_its_calls_at_four_times_the_k(governed_erack, tmp
         assert c["k_range"] == [res["k_range"][0]] * 2 and not c["wrong"], c
         assert c["k"] == 4 * c["k_range"][0]
         assert c["ratio"] == pytest.approx(c["time_us"] / c["time_us_at_k"])
-        assert c["moved"] == (abs(c["ratio"] - 1) > 0.05)
+        assert c["moved"] == (abs(c["ratio"] - 1) > 0.05 and not c["fell_behind"][1])
     rows = {x["collective"]: x for x in res["summary"]}
     assert rows["all-reduce"]["k_check"] == checks["all-reduce"]
     assert "k_check" not in rows["barrier"]

@@ -329,16 +329,16 @@ def cubic_window_segments(rec: dict) -> float:
     return (bdp_bytes + queue_bytes) / (link["mtu_bytes"] - TCP_IP_HEADERS_BYTES)
 
 
-def cubic_k_max(rec: dict, window_segments: float | None = None) -> float:
+def cubic_k_max(rec: dict) -> float:
     """The largest time scale at which Linux's cubic, in this lab, regrows as
     it would on the real fabric: by its reno-friendly estimate, per round
     trip.  Its curve runs on real seconds, so at a time scale k the round
     trip is k times longer against it; past this k the curve is back at the
     last maximum before the estimate is, and cubic pushes harder (more so at
     a larger k) than on a fabric of the lab's round trip, where it never
-    does.  Default window: cubic_window_segments (one flow filling a link;
-    n flows sharing it have 1/n of it each, a limit n^(2/3) times higher)."""
-    w = cubic_window_segments(rec) if window_segments is None else window_segments
+    does.  The window: cubic_window_segments (one flow filling a link; n
+    flows sharing it have 1/n of it each, a limit n^(2/3) times higher)."""
+    w = cubic_window_segments(rec)
     k_real_s = ((1 - CUBIC_BETA) * w / CUBIC_C) ** (1 / 3)
     estimate_rtts = (1 + CUBIC_BETA) / 3 * w
     return k_real_s / (estimate_rtts * rec["topology"]["base_rtt_ns"] / 1e9)

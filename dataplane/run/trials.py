@@ -220,7 +220,8 @@ def check_calls_k(rec: dict, rows: list[dict], transport: str, algo: str, nodes,
     at: where its calls carried the most of the host's latency) and one at
     K_CHECK_FACTOR x it.  Sets each row's `k_check` (as check_k's checks:
     k_range the first run's, k the second's, both nominal times, their
-    ratio, moved past K_MOVED_MAX or not) and returns the checks.  The
+    ratio, moved past K_MOVED_MAX or not, each run's verdict) and returns
+    the checks.  The
     governor has the lab again after."""
     say = log or (lambda _msg: None)
     quantum = 4 * len(nodes)  # whole float32 elements in every rank's share
@@ -271,6 +272,7 @@ def check_calls_k(rec: dict, rows: list[dict], transport: str, algo: str, nodes,
                     "k": k_run * K_CHECK_FACTOR, "time_us": a["time_us"],
                     "time_us_at_k": b["time_us"], "ratio": ratio,
                     "moved": abs(ratio - 1) > K_MOVED_MAX and not b["fell_behind"],
+                    "fell_behind": [a["fell_behind"], b["fell_behind"]],
                     "wrong": a["wrong"] + b["wrong"],
                 }  # fmt: skip
                 row["k_check"] = done[size] = check
