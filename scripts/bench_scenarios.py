@@ -6,18 +6,19 @@ Targets (issue 7): ecmp-collision job completion at least 1.5x faster than
 tcp and roce; plane-failure slowdown within 1.2 x P/(P-1) for ethplus;
 incast-alltoall busbw at least 1.3x roce's.
 
-With --pinned-4x, each scenario runs again with k pinned at 4x the highest
-k the governor used in the first (governed) run (--pin-factor F: F x), and
-each transport's figure governed / pinned is printed (target: 0.93-1.07 for
-ethplus and roce, 0.90-1.10 for tcp, issue 22), with kernel TCP's own
-counts of each run (segments resent, retransmit timeouts, real time in RTO
-recovery) beside tcp's, and a caution where the pinned k is past the one
-at which the kernel caps tcp's minimum RTO (120 s real: a shorter minimum
-in nominal time than the lab's).  --transports runs only those.
+With --pinned-4x, each scenario's transports run again with k pinned at 4x
+the highest k the governor used in the first (governed) run (--pin-factor
+F: F x; --pin-under K: at most K), as `ethplus scenario run --check-k`
+does (scenario.check_k: kernel TCP at most at 0.9 of the k where the
+kernel's 120 s cap would cut the lab's minimum RTO), and each transport's
+figure governed / pinned is printed (target: 0.93-1.07 for ethplus and
+roce, 0.90-1.10 for tcp, issue 22), with kernel TCP's own counts of each
+run (segments resent, retransmit timeouts, real time in RTO recovery)
+beside tcp's.  --transports runs only those.
 
     sudo .venv/bin/python scripts/bench_scenarios.py [--short] [--only NAME,...]
-        [--transports T,...] [--iters N] [--pinned-4x [--pin-factor F]] [--lab FILE|NAME]
-        [--out DIR]
+        [--transports T,...] [--iters N] [--pinned-4x [--pin-factor F] [--pin-under K]]
+        [--lab FILE|NAME] [--out DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from dataplane.lab import kernel, labs
+from dataplane.lab import labs
 from dataplane.report import fidelity, reports
 from dataplane.run import bench, scenario, trials
 
@@ -52,8 +53,8 @@ def main() -> int:
         type=float,
         metavar="K",
         help="with --pinned-4x: pin at most at K, a smaller factor where the"
-        " factor's k would pass it (kernel TCP's minimum RTO is capped from"
-        " k = 120,000 with the lab's 1 ms: pin under that)",
+        " factor's k would pass it (kernel TCP is kept under the k where the kernel caps"
+        " its minimum RTO in any case)",
     )
     ap.add_argument("--transports", help="comma list: only these of each scenario's")
     ap.add_argument(
@@ -85,22 +86,15 @@ def main() -> int:
             t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
             res = scenario.run(sc, rec, log=log)
             real_s = time.monotonic() - t0
-            reports.write_scenario(str(Path(args.out) / name), res, rec)
             ks, changes = _k_used(rec, t0, k0), _changes(rec, t0)
-            pinned = None
-            pin_k = args.pin_factor * ks[1] if ks else None
-            if pin_k and args.pin_under and pin_k > args.pin_under:
-                pin_k = args.pin_under
-                print(f"  pinned at k={pin_k:g}, {pin_k / ks[1]:.2f}x the governed k's top"
-                      f" (--pin-under)")  # fmt: skip
+            check = None
             if args.pinned_4x and ks:
-                labs.rescale(rec, pin_k)
                 t1 = time.monotonic()
-                pinned_res = scenario.run(sc, rec, log=log)
-                pinned = pinned_res["summary"]
+                check = scenario.check_k(
+                    sc, rec, res, factor=args.pin_factor, k_max=args.pin_under, log=log
+                )
                 pinned_s = time.monotonic() - t1
-                reports.write_scenario(str(Path(args.out) / f"{name}@pinned"), pinned_res, rec)
-                labs.control(rec["name"], {"op": "scale", "k": "auto"})
+            reports.write_scenario(str(Path(args.out) / name), res, rec)
         s = res["summary"]
         summary[name] = s
         figs = ", ".join(
@@ -115,23 +109,18 @@ def main() -> int:
             for e in changes:  # the governor's trace
                 print(f"    +{e['t_real'] - t0:5.1f} s  k {e['k_from']:g} -> {e['k_to']:g}:"
                       f" {e['why']}")  # fmt: skip
-        _tcp_counts("governed", res)
-        if pinned is not None:
-            for t, v in s["figures"].items():
-                w = pinned["figures"].get(t)
-                ratio = "-" if v is None or not w else f"{v / w:.3f}"
-                apart = _told_apart(s, pinned, t)
-                print(f"  {t}: governed {_fig(v)}{_range(s, t)}, pinned (k={pin_k:g})"
-                      f" {_fig(w)}{_range(pinned, t)}: {ratio}{apart}")  # fmt: skip
-            _tcp_counts(f"pinned (k={pin_k:g})", pinned_res)
-            if "tcp" in s["figures"] and (capped := kernel.tcp_rto_capped_note(rec, pin_k)):
-                print(f"  caution, tcp pinned: {capped}")
-                pinned["tcp_rto_capped"] = capped
-            print(
-                f"  pinned run {pinned_s:.0f} s real; ethplus advantage there: "
-                + ", ".join(f"{t} {v:.2f}x" for t, v in pinned["ethplus_advantage"].items())
-            )
-            summary[name + "@pinned-4x"] = pinned
+        _tcp_counts("governed", res["transports"])
+        if check is not None:
+            for line in reports.scenario_k_check_lines(res):
+                print(f"  {line}")
+            for t in check["transports"]:
+                pinned = _spread(sc, check["runs"][t], t)
+                print(f"  {t}: iterations governed{_range(s, t)}, pinned"
+                      f"{bench.range_text(pinned)}"
+                      f"{bench.overlap_text(s.get('spread', {}).get(t), pinned)}")  # fmt: skip
+            _tcp_counts("pinned", check["runs"])
+            print(f"  pinned runs {pinned_s:.0f} s real")
+            summary[name + "@pinned-4x"] = check
         adv = s["ethplus_advantage"]
         if name in TARGETS:
             what, want = TARGETS[name]
@@ -155,9 +144,9 @@ def main() -> int:
     return 0
 
 
-def _tcp_counts(which: str, res: dict) -> None:
+def _tcp_counts(which: str, runs: dict) -> None:
     """Kernel TCP's counts in a run's first job, if it ran tcp."""
-    f = (res["transports"].get("tcp") or {}).get("fidelity") or {}
+    f = (runs.get("tcp") or {}).get("fidelity") or {}
     if f.get("kernel_tcp"):
         print(f"  tcp {which}: {fidelity.kernel_tcp_text(f['kernel_tcp'])}")
 
@@ -169,12 +158,9 @@ def _range(summary: dict, t: str) -> str:
     return bench.range_text(summary.get("spread", {}).get(t)) + f" {verdict}"
 
 
-def _told_apart(governed: dict, pinned: dict, t: str) -> str:
-    return bench.overlap_text(governed.get("spread", {}).get(t), pinned.get("spread", {}).get(t))
-
-
-def _fig(v) -> str:
-    return "stalled" if v is None else f"{v:.4g}"
+def _spread(sc, run: dict, t: str):
+    """A pinned run's iterations' range, as the summary gives a run's."""
+    return scenario.summary(sc, {"transports": {t: run}})["spread"].get(t)
 
 
 def _changes(rec: dict, t0: float) -> list[dict]:

@@ -51,6 +51,7 @@ def test_every_scenario_runs_on_every_transport(request, name, tmp_path):
             assert tcp["tcp_rto_time_ms"] > tcp["tcp_setup_rto_time_ms"], tcp
     md = (tmp_path / name / "report.md").read_text()
     assert sc.explain.split()[0] in md and "## Result" in md
+    assert "k check: not run (`--check-k`" in md  # and what it would cost
     for png in ("timeline.png", "busbw.png", "link-utilisation.png", "queue-depth.png"):
         assert (tmp_path / name / png).stat().st_size > 10_000
 
@@ -106,6 +107,41 @@ def test_iters_sets_every_jobs_iterations_and_the_report_gives_their_range(clos,
     assert "iterations' range" in md and f"{s['spread']['tcp'][0]:.3f}-" in md
     r = ethplus("scenario", "run", "incast-alltoall", "--iters", "0")
     assert r.returncode == 2 and "--iters" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.root
+def test_check_k_runs_each_transport_again_at_a_larger_k_and_gives_the_lab_back(erack, tmp_path):
+    from dataplane.lab import clock
+
+    fabric_clock = clock.Clock.open(erack)
+    k_before = fabric_clock.k
+    out = tmp_path / "kc"
+    r = ethplus("scenario", "run", "incast-alltoall-erack", "--short", "--lab", erack,
+                "--out", str(out), "--transports", "ethplus,tcp", "--iters", "2",
+                "--check-k", "--check-factor", "2", timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "results.json").read_text())
+    check = res["k_check"]
+    assert check["factor"] == 2 and check["k_top"] == k_before  # a pinned lab: its k
+    md = (out / "report.md").read_text()
+    for t in ("ethplus", "tcp"):
+        c = check["transports"][t]
+        assert c["k_range"] == [k_before, k_before]
+        assert c["k"] == 2 * k_before and c["k_range_at_k"] == [c["k"], c["k"]]  # ran there
+        assert c["figure"] == res["summary"]["figures"][t] and c["figure_at_k"] > 0
+        assert c["ratio"] == pytest.approx(c["figure"] / c["figure_at_k"])
+        assert c["wrong"] == 0 and c["real_s"] > 0
+        if not any(c["fell_behind"]):
+            assert c["held"] == (abs(c["ratio"] - 1) <= c["band"])
+        line = f"{t}: {c['figure']:.4g} at k={k_before:g}, {c['figure_at_k']:.4g} at k={c['k']:g}"
+        assert line in md
+        assert f"at k={c['k']:g}" in r.stdout
+    assert check["transports"]["tcp"]["band"] > check["transports"]["ethplus"]["band"]
+    assert set(check["ethplus_advantage_at_k"]) == {"tcp"}
+    assert "## At a larger time scale" in md and "k check: not run" not in md
+    assert fabric_clock.k == k_before  # the lab's k given back as it was
+    bad = ethplus("scenario", "run", "incast-alltoall-erack", "--check-factor", "1")
+    assert bad.returncode == 2 and "--check-factor" in bad.stderr and "above 1" in bad.stderr
 
 
 BAD = {
@@ -275,3 +311,39 @@ def test_scenario_times_are_nominal_and_a_behind_job_is_said():
     assert s["ethplus_advantage"] == {"tcp": 2.0} and s["fell_behind"] == ["tcp"]
     # the JCT had every iteration been the best or the worst of the three
     assert s["spread"] == {"ethplus": [900.0, 1200.0], "tcp": None}
+
+
+def test_a_governed_runs_timeline_and_stalls_are_read_on_the_fabric_clock(tmp_path):
+    """When k moves during a run, real seconds no longer map onto nominal
+    time by one factor: the third iteration took 8 s of real time because
+    the governor had raised k, not because the transport stalled (50 us
+    nominal against a typical 100).  Iterations, faults and stalls are read
+    on the fabric clock."""
+    from dataplane.run import scenario as sc_mod
+
+    job = {
+        "world": 2, "collective": "all-reduce", "lab": {"time_scale": 6400.0},
+        "real_rows": [{"size": MiB, "t0": 100.0, "ends": [101.0, 102.0, 110.0],
+                       "n0": 5.0, "nends": [5.0001, 5.0002, 5.00025]}],
+    }  # fmt: skip
+    its = sc_mod._iterations(job, 99.0, 4.9999)
+    assert [round(x["start_nominal_us"], 3) for x in its] == [100.0, 200.0, 300.0]
+    assert [round(x["end_nominal_us"], 3) for x in its] == [200.0, 300.0, 350.0]
+    assert [round(x["time_nominal_us"], 3) for x in its] == [100.0, 100.0, 50.0]
+    faults = [{"at_s": 10.5, "at_nominal_us": 330.0, "planned_s": 10.0, "late_s": 0.5,
+               "name": "plane2", "set": "down", "target": "node"}]  # fmt: skip
+    st = sc_mod._stall(its, faults)
+    assert st["longest_iteration_s"] == 8.0 and st["typical_iteration_s"] == 1.0
+    assert st["stalled_nominal_us"] == 0.0 and st["stalled_s"] == 0.0  # no stall
+    assert round(st["longest_iteration_nominal_us"], 3) == 100.0
+    # a stall is a nominal one: 400 us against a typical 100
+    slow = [*its[:2], {**its[2], "time_nominal_us": 400.0}]
+    assert round(sc_mod._stall(slow, faults)["stalled_nominal_us"], 3) == 300.0
+    r = {"jobs": {"a": {"status": "ok", "iterations": its, **st}}, "faults_applied": faults,
+         "results": {}}  # fmt: skip
+    lines = " ".join(reports._stall_lines(r, 6400.0))
+    assert "did not stall (longest iteration 100.0 us, typical 100.0 us" in lines
+    out = tmp_path / "timeline.png"
+    reports.plot_timeline({"scenario": "x", "transports": {"ethplus": {**r, "label": "ETH+",
+                           "stalled": []}}}, out, k=6400.0)  # fmt: skip
+    assert out.stat().st_size > 1000

@@ -245,6 +245,14 @@ def why(part: str, figures: dict, at: float = 1.0) -> list[str]:
             if c.part == part and figures[c.figure] > c.limit * at]  # fmt: skip
 
 
+def k_text(k_range) -> str:
+    """A k range as a run's lines give it: "6400", "6400..9600", "?" if none."""
+    if not k_range:
+        return "?"
+    lo, hi = k_range
+    return f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g}"
+
+
 def k_range(samples: list[dict], t0: float, t1: float) -> list[float] | None:
     """The lowest and highest time scale the fabric ran at over [t0, t1]
     (the governor may move it), from the samples in it and the one before."""

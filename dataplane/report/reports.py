@@ -20,7 +20,7 @@ from dataplane.model import (
     catalog,  # noqa: E402
     scenario_file,  # noqa: E402
 )
-from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX, kernel_tcp_text
+from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX, k_text, kernel_tcp_text
 from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
 
@@ -31,6 +31,13 @@ PLOTS = ("busbw.png", "link-utilisation.png", "queue-depth.png")
 def _us(k: float, real_s: float) -> str:
     """Real seconds as nominal microseconds at time scale k."""
     return f"{Scale(k).nominal_s(real_s) * 1e6:.1f} us"
+
+
+def _nominal_us(d: dict, key: str, k: float) -> str:
+    """d's time `key` in nominal us: its fabric clock reading (key_nominal_us)
+    if the run had one, else its real seconds (key_s) at time scale k."""
+    v = d.get(f"{key}_nominal_us")
+    return f"{v:.1f} us" if v is not None else _us(k, d[f"{key}_s"])
 
 
 def run_name(r: dict) -> str:
@@ -317,19 +324,24 @@ def plot_timeline(result: dict, path: Path, k: float) -> None:
     lab's time scale), one panel per transport, the fault events as
     vertical lines."""
     ts = result["transports"]
-    ms = Scale(k).nominal_s(1e3)  # real s -> nominal ms
+    ms = Scale(k).nominal_s(1e3)  # real s -> nominal ms, for a run without the fabric clock
+
+    def at_ms(d: dict, key: str) -> float:  # on the fabric clock: right when k moved
+        v = d.get(f"{key}_nominal_us")
+        return v / 1e3 if v is not None else d[f"{key}_s"] * ms
+
     fig, axes = _fig(len(ts))
     for ax, r in zip(axes, ts.values(), strict=True):
         for jname, j in r["jobs"].items():
             its = j.get("iterations", [])
             if its:
-                xs = [v * ms for x in its for v in (x["start_s"], x["end_s"])]
+                xs = [at_ms(x, key) for x in its for key in ("start", "end")]
                 ys = [x["busbw_GBps"] for x in its for _ in (0, 1)]
                 ax.plot(xs, ys, label=jname, linewidth=1.2)
         for f in r["faults_applied"]:
-            ax.axvline(f["at_s"] * ms, color="red", linestyle="--", linewidth=1)
+            ax.axvline(at_ms(f, "at"), color="red", linestyle="--", linewidth=1)
             ax.text(
-                f["at_s"] * ms,
+                at_ms(f, "at"),
                 1.0,
                 f" {f['name']} {f['set']}",
                 transform=ax.get_xaxis_transform(),
@@ -360,8 +372,13 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         "",
         result["explain"],
         "",
-        f"Lab `{rec['name']}` ({rec['family']}) from `{rec['file']}`, time scale k = {k:g};"
-        f" seed {result['seed']}. Times and bandwidths are nominal (the fabric's time: real"
+        f"Lab `{rec['name']}` ({rec['family']}) from `{rec['file']}`, time scale k = {k:g}"
+        + (
+            " (governed: its floor; each transport's section gives the k it ran at)"
+            if rec.get("time_scale_setting") == "auto"
+            else ""
+        )
+        + f"; seed {result['seed']}. Times and bandwidths are nominal (the fabric's time: real"
         " time / k); times marked real are wall-clock on this machine, for reference only.",
         "",
         "## Result",
@@ -402,6 +419,8 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                   f" P/(P-1) = {p / (p - 1):.2f} of its time per iteration.", ""]  # fmt: skip
     for tname, r in result["transports"].items():
         lines += [f"## {r['label']}", ""]
+        if r.get("k_range"):
+            lines += [f"Time scale during the run: k = {k_text(r['k_range'])}.", ""]
         rows = []
         for jname, j in r["jobs"].items():
             if j["status"] == "failed":
@@ -431,7 +450,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                     f"Phases of {jname}: "
                     + "; ".join(
                         f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations,"
-                        f" the longest {_us(k, p['longest_iteration_s'])} nominal)"
+                        f" the longest {_nominal_us(p, 'longest_iteration', k)} nominal)"
                         for p in j["phases"]
                     )
                     + "."
@@ -443,7 +462,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                 " seconds: planned, actual, and actual in nominal time): "
                 + "; ".join(
                     f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s real,"
-                    f" {f.get('late_s', 0.0) * 1e3:.0f} ms late; {_us(k, f['at_s'])} nominal)"
+                    f" {f.get('late_s', 0.0) * 1e3:.0f} ms late; {_nominal_us(f, 'at', k)} nominal)"
                     for f in r["faults_applied"]
                 )
                 + ".",
@@ -452,6 +471,7 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         if r["fidelity"]:
             fake = {"collective": "the first job", "transport": tname, "fidelity": r["fidelity"]}
             lines += _fidelity_md(fake)
+    lines += ["## At a larger time scale", "", *scenario_k_check_lines(result), ""]
     lines += [
         "## Plots",
         "",
@@ -462,22 +482,63 @@ def scenario_markdown(result: dict, rec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scenario_k_check_lines(result: dict) -> list[str]:
+    """What `scenario run --check-k` found (scenario.check_k), a line per
+    transport; or, unchecked, what the check would cost."""
+    check = result.get("k_check")
+    if not check:
+        real_s = sum(r.get("real_s", 0.0) for r in result["transports"].values())
+        return [
+            f"k check: not run (`--check-k` runs each transport again at {K_CHECK_FACTOR:g}x the"
+            f" highest k of this run, about {K_CHECK_FACTOR * real_s:.0f} s of real time here,"
+            " and says whether each"
+            " figure held)"
+        ]
+    unit = scenario_file.METRIC_UNITS[result["summary"]["metric"]]
+    out = [
+        f"k check: each transport again at {check['factor']:g}x the highest k of the run"
+        f" ({check['k_top']:g}); a figure that is the fabric's holds ({unit}):"
+    ]
+    for t, c in check["transports"].items():
+        fig = "stalled or failed" if c["figure"] is None else f"{c['figure']:.4g}"
+        fig_k = "stalled or failed" if c["figure_at_k"] is None else f"{c['figure_at_k']:.4g}"
+        if c["held"] is None:
+            verdict = "no verdict: " + (
+                "a run fell behind" if any(c["fell_behind"]) else "a run stalled or failed"
+            )
+        else:
+            verdict = "held" if c["held"] else "MOVED"
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.3f}"
+        out.append(
+            f"{t}: {fig} at k={k_text(c['k_range'])}, {fig_k} at k={c['k']:g}: {ratio}"
+            f" ({verdict}, band +-{c['band'] * 100:.0f}%; {c['real_s']:.0f} s real)"
+            + (f"; #wrong {c['wrong']}" if c["wrong"] else "")
+            + (f"; {c['note']}" if c["note"] else "")
+        )
+    adv = check.get("ethplus_advantage_at_k") or {}
+    if adv:
+        out.append(
+            "advantage at the larger k: " + ", ".join(f"{t} {v:.2f}x" for t, v in adv.items())
+        )
+    return out
+
+
 def _stall_lines(r: dict, k: float) -> list[str]:
     """Whether each job stalled (iteration times nominal: k, the time
     scale), and the deepest queues sampled."""
     out = []
 
     for jname, j in r["jobs"].items():
-        if j.get("stalled_s"):
+        longest = _nominal_us(j, "longest_iteration", k) if "iterations" in j else ""
+        typical = _nominal_us(j, "typical_iteration", k) if "iterations" in j else ""
+        if j.get("stalled_nominal_us", j.get("stalled_s")):
             out.append(
-                f"**{jname} stalled**: its longest iteration took"
-                f" {_us(k, j['longest_iteration_s'])} against a typical"
-                f" {_us(k, j['typical_iteration_s'])} (nominal)."
+                f"**{jname} stalled**: its longest iteration took {longest} against a typical"
+                f" {typical} (nominal)."
             )
         elif j["status"] != "failed" and r["faults_applied"]:
             out.append(
-                f"{jname} did not stall (longest iteration {_us(k, j['longest_iteration_s'])},"
-                f" typical {_us(k, j['typical_iteration_s'])}, nominal)."
+                f"{jname} did not stall (longest iteration {longest}, typical {typical}, nominal)."
             )
     sampled = r["results"].get(next(iter(r["jobs"])), {}).get("series", {})
     deepest = {sw: max(q) for sw, q in sampled.get("queue_bytes", {}).items() if q}

@@ -60,6 +60,7 @@ from dataplane.model.scenario_file import (  # noqa: F401 - scenario.load and th
     split_run,
     valid_run_name,
 )
+from dataplane.report import fidelity
 from dataplane.run import bench
 from dataplane.run.job import JobError
 from dataplane.scale import Scale
@@ -108,15 +109,28 @@ def _spec(sc: Scenario, j: JobSpec, run_name: str, check_all: bool = False) -> b
 
 
 def _run_jobs(
-    sc: Scenario, rec: dict, transport_name: str, jobs: list[JobSpec], with_faults: bool, log
+    sc: Scenario,
+    rec: dict,
+    transport_name: str,
+    jobs: list[JobSpec],
+    with_faults: bool,
+    log,
+    fault_scale: float = 1.0,
 ) -> dict:
-    """The jobs at once, the fault schedule beside them; results by job."""
+    """The jobs at once, the fault schedule beside them (its real times x
+    fault_scale); results by job."""
     started = threading.Event()
-    t0 = [0.0]
+    t0 = [0.0, None]  # real (monotonic) and nominal (the fabric clock's) seconds
+    from dataplane.lab import clock  # the compiled C: a scenario file is read without it
+
+    fabric_clock = clock.Clock.open(rec["name"])
+
+    def stamp() -> tuple[float, float | None]:
+        return fabric_clock.now() if fabric_clock else (time.monotonic(), None)
 
     def progress(name: str) -> None:
         if name == "time-0" and not started.is_set():
-            t0[0] = time.monotonic()
+            t0[0], t0[1] = stamp()
             started.set()
 
     runs = [
@@ -146,8 +160,9 @@ def _run_jobs(
         if with_faults and sc.faults:
             started.wait()
             for f in sc.faults:
-                while time.monotonic() < t0[0] + f.at_s and any(t.is_alive() for t in threads):
-                    time.sleep(min(0.01, max(0.0, t0[0] + f.at_s - time.monotonic())))
+                due = t0[0] + f.at_s * fault_scale
+                while time.monotonic() < due and any(t.is_alive() for t in threads):
+                    time.sleep(min(0.01, max(0.0, due - time.monotonic())))
                 if not any(t.is_alive() for t in threads):
                     break
                 if f.target == "link":
@@ -156,12 +171,16 @@ def _run_jobs(
                 else:
                     faults.set_node(rec["name"], f.name, f.words[0] == "up")
                     touched[1].add(f.name)
-                at = time.monotonic() - t0[0]
+                at_real, at_nominal = stamp()
+                at = at_real - t0[0]
                 out["faults"].append(
                     {
-                        "planned_s": f.at_s,
+                        "planned_s": f.at_s * fault_scale,
                         "at_s": at,
-                        "late_s": at - f.at_s,
+                        "late_s": at - f.at_s * fault_scale,
+                        "at_nominal_us": (
+                            (at_nominal - t0[1]) * 1e6 if t0[1] is not None else None
+                        ),
                         "target": f.target,
                         "name": f.name,
                         "set": " ".join(f.words),
@@ -172,33 +191,65 @@ def _run_jobs(
             t.join()
     finally:
         faults.restore(rec, *touched)
-    out["t0"] = t0[0]
+    out["t0"], out["t0_nominal"] = t0
     return out
 
 
-def _iterations(result: dict, t0: float) -> list[dict]:
-    """Every timed iteration of a job: start, end (real s after t0) and busbw
-    (nominal: from the fabric clock's times of the same iteration)."""
+def _iterations(result: dict, t0: float, t0_nominal: float | None = None) -> list[dict]:
+    """Every timed iteration of a job: start and end (real s after t0; and
+    nominal us after t0_nominal, on the fabric clock, if it had one), its
+    nominal time and busbw (from the fabric clock's times of the same
+    iteration)."""
     out = []
     world, coll = result["world"], result["collective"]
     scale = Scale.of(result["lab"])
     for rr in result.get("real_rows", []):
         start = rr["t0"]
         nominal = bench.iteration_times_s(rr)
+        nends = rr.get("nends") if t0_nominal is not None and rr.get("n0") is not None else None
+        nstart = rr.get("n0")
         for i, end in enumerate(rr["ends"]):
             dt = nominal[i] if nominal else scale.nominal_s(end - start)
             bw = rr["size"] / dt / 1e9 * bus_factor(coll, world) if dt > 0 else 0.0
-            out.append(
-                {
-                    "size": rr["size"],
-                    "start_s": start - t0,
-                    "end_s": end - t0,
-                    "time_nominal_us": dt * 1e6,
-                    "busbw_GBps": bw,
-                }
-            )
+            it = {
+                "size": rr["size"],
+                "start_s": start - t0,
+                "end_s": end - t0,
+                "time_nominal_us": dt * 1e6,
+                "busbw_GBps": bw,
+            }
+            if nends:  # when it ran on the fabric's time: k may have changed since t0
+                it["start_nominal_us"] = (nstart - t0_nominal) * 1e6
+                it["end_nominal_us"] = (nends[i] - t0_nominal) * 1e6
+                nstart = nends[i]
+            out.append(it)
             start = end
     return out
+
+
+def _stall(iters: list[dict], applied: list[dict]) -> dict:
+    """Whether a job stalled: an iteration that took over three typical
+    ones (the median before any fault), in nominal time (real time moves
+    with k); it stalled for about the difference.  Real seconds beside."""
+    before = [x for x in iters if not applied or x["end_s"] <= applied[0]["at_s"]]
+    longest_n = max((x["time_nominal_us"] for x in iters), default=0.0)
+    typical_n = _median([x["time_nominal_us"] for x in before])
+    longest = max((x["end_s"] - x["start_s"] for x in iters), default=0.0)
+    typical = _median([x["end_s"] - x["start_s"] for x in before])
+    stalled = bool(typical_n) and longest_n > 3 * typical_n
+    return {
+        "typical_iteration_nominal_us": typical_n,
+        "longest_iteration_nominal_us": longest_n,
+        "stalled_nominal_us": longest_n - typical_n if stalled else 0.0,
+        "typical_iteration_s": typical,  # real, this machine's
+        "longest_iteration_s": longest,
+        "stalled_s": longest - typical if stalled else 0.0,
+    }
+
+
+def _median(xs: list[float]) -> float:
+    """The upper median (0.0 for none): a typical iteration."""
+    return sorted(xs)[len(xs) // 2] if xs else 0.0
 
 
 def _jct_s(result: dict) -> float:
@@ -224,8 +275,10 @@ def _phases(iters: list[dict], applied: list[dict]) -> list[dict]:
         over = [x for x in iters if x["start_s"] < b and x["end_s"] > a]
         mean = sum(x["busbw_GBps"] for x in over) / len(over) if over else 0.0
         longest = max((x["end_s"] - x["start_s"] for x in over), default=0.0)
+        longest_nominal = max((x["time_nominal_us"] for x in over), default=0.0)
         out.append({"phase": name, "iterations": len(over), "busbw_GBps": mean,
-                    "longest_iteration_s": longest})  # fmt: skip
+                    "longest_iteration_s": longest,  # real
+                    "longest_iteration_nominal_us": longest_nominal})  # fmt: skip
     return out
 
 
@@ -258,6 +311,62 @@ def _trials(sc: Scenario, rec: dict, tname: str, log) -> list[dict]:
                                SCENARIO_TRIALS)  # fmt: skip
 
 
+def _transport(
+    sc: Scenario, rec: dict, tname: str, log, with_trials: bool = True, fault_scale: float = 1.0
+) -> dict:
+    """The scenario over one transport: trials on a governed lab (with_trials),
+    then the run that counts, with its faults (their times x fault_scale)."""
+    label = bench.transport_label(*split_run(tname))
+    log(f"# {sc.name}: {label}")
+    trials = _trials(sc, rec, tname, log) if with_trials else []
+    t0 = time.monotonic()
+    res = _run_jobs(sc, rec, tname, sc.jobs, True, log, fault_scale)
+    real_s = time.monotonic() - t0
+    alone = {}
+    if sc.alone:
+        for j in sc.jobs:
+            log(f"# {sc.name}: {tname}, job {j.name} alone")
+            a = _run_jobs(sc, rec, tname, [j], False, log)
+            if j.name in a["jobs"]:
+                alone[j.name] = _jct_nominal_s(a["jobs"][j.name])
+    per_job = {}
+    for j in sc.jobs:
+        r = res["jobs"].get(j.name)
+        if r is None:
+            per_job[j.name] = {"status": "failed", "error": res["errors"].get(j.name, "?")}
+            continue
+        iters = _iterations(r, res["t0"], res["t0_nominal"])
+        jct = _jct_s(r)
+        per_job[j.name] = {
+            "status": "ok" if not any(x["wrong"] for x in r["rows"]) else "wrong",
+            # some part of the emulation fell behind in a size of this job
+            "fell_behind": any(x.get("fell_behind") for x in r["rows"]),
+            "collective": j.collective,
+            "nodes": j.nodes,
+            "jct_real_s": jct,
+            "jct_nominal_us": _jct_nominal_s(r) * 1e6,
+            "wrong": sum(x["wrong"] for x in r["rows"]),
+            "busbw_GBps": r["rows"][-1]["busbw_GBps"],
+            "busbw_range_GBps": r["rows"][-1]["busbw_range_GBps"],
+            "iterations": iters,
+            "phases": _phases(iters, res["faults"]),
+            "slowdown_vs_alone": (_jct_nominal_s(r) / alone[j.name] if alone.get(j.name) else None),
+            **_stall(iters, res["faults"]),
+        }
+    sampled = res["jobs"].get(sc.jobs[0].name)
+    return {
+        "label": label,
+        "k_range": k_range({"results": res["jobs"]}),  # the fabric's k during the run
+        "jobs": per_job,
+        "faults_applied": res["faults"],
+        "results": res["jobs"],
+        "fidelity": sampled["fidelity"] if sampled else None,
+        "stalled": sorted(res["errors"]),
+        "trials": trials,
+        "real_s": real_s,  # the counted run's, alone-runs excluded
+    }
+
+
 def run(sc: Scenario, rec: dict, log=print) -> dict:
     """Run the scenario over each of its transports on a running lab."""
     _check_against_lab(sc, rec)
@@ -272,66 +381,104 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
         "transports": {},
     }
     for tname in sc.transports:
-        label = bench.transport_label(*split_run(tname))
-        log(f"# {sc.name}: {label}")
-        trials = _trials(sc, rec, tname, log)
-        res = _run_jobs(sc, rec, tname, sc.jobs, True, log)
-        alone = {}
-        if sc.alone:
-            for j in sc.jobs:
-                log(f"# {sc.name}: {tname}, job {j.name} alone")
-                a = _run_jobs(sc, rec, tname, [j], False, log)
-                if j.name in a["jobs"]:
-                    alone[j.name] = _jct_nominal_s(a["jobs"][j.name])
-        per_job = {}
-        for j in sc.jobs:
-            r = res["jobs"].get(j.name)
-            if r is None:
-                per_job[j.name] = {"status": "failed", "error": res["errors"].get(j.name, "?")}
-                continue
-            iters = _iterations(r, res["t0"])
-            jct = _jct_s(r)
-            before = [
-                x["end_s"] - x["start_s"]
-                for x in iters
-                if not res["faults"] or x["end_s"] <= res["faults"][0]["at_s"]
-            ]
-            longest = max((x["end_s"] - x["start_s"] for x in iters), default=0.0)
-            typical = sorted(before)[len(before) // 2] if before else 0.0
-            per_job[j.name] = {
-                "status": "ok" if not any(x["wrong"] for x in r["rows"]) else "wrong",
-                # some part of the emulation fell behind in a size of this job
-                "fell_behind": any(x.get("fell_behind") for x in r["rows"]),
-                "collective": j.collective,
-                "nodes": j.nodes,
-                "jct_real_s": jct,
-                "jct_nominal_us": _jct_nominal_s(r) * 1e6,
-                "wrong": sum(x["wrong"] for x in r["rows"]),
-                "busbw_GBps": r["rows"][-1]["busbw_GBps"],
-                "busbw_range_GBps": r["rows"][-1]["busbw_range_GBps"],
-                "iterations": iters,
-                "phases": _phases(iters, res["faults"]),
-                "slowdown_vs_alone": (
-                    _jct_nominal_s(r) / alone[j.name] if alone.get(j.name) else None
-                ),
-                # an iteration that took over three typical ones (before any
-                # fault): the transport stalled for about the difference
-                "typical_iteration_s": typical,
-                "longest_iteration_s": longest,
-                "stalled_s": longest - typical if typical and longest > 3 * typical else 0.0,
-            }
-        sampled = res["jobs"].get(sc.jobs[0].name)
-        out["transports"][tname] = {
-            "label": label,
-            "jobs": per_job,
-            "faults_applied": res["faults"],
-            "results": res["jobs"],
-            "fidelity": sampled["fidelity"] if sampled else None,
-            "stalled": sorted(res["errors"]),
-            "trials": trials,
-        }
+        out["transports"][tname] = _transport(sc, rec, tname, log)
     out["summary"] = summary(sc, out)
     return out
+
+
+# The k check (`scenario run --check-k`): each transport's run again with k
+# pinned at K_CHECK_FACTOR x the highest k any transport's counted run used,
+# its headline figure against the counted run's.  A figure that is the
+# fabric's does not move; the bands are issue 22's (a scenario's figure
+# moves from run to run more than a bench size's: kernel TCP's most).
+K_CHECK_FACTOR = fidelity.K_CHECK_FACTOR
+K_CHECK_BAND = 0.07
+K_CHECK_BAND_TCP = 0.10
+
+
+def k_range(r: dict) -> list[float] | None:
+    """The lowest and highest k of a transport's counted run (its jobs' rows)."""
+    ks = [x["k_range"] for res in r["results"].values() for x in res["rows"] if x.get("k_range")]
+    return [min(k[0] for k in ks), max(k[1] for k in ks)] if ks else None
+
+
+def check_k(
+    sc: Scenario,
+    rec: dict,
+    out: dict,
+    factor: float = K_CHECK_FACTOR,
+    k_max: float | None = None,
+    log=print,
+) -> dict:
+    """Run each of out's transports again with k pinned at factor x the
+    highest k any of them ran at (at most k_max; kernel TCP at most at 0.9
+    of the k where the kernel's RTO cap would cut the lab's minimum RTO),
+    without trials, the faults at the same nominal times (their real times
+    x the pinned k over the highest), and compare each headline figure.
+    Sets and returns out["k_check"]; the lab's time scale is as before
+    after (governed again if it was)."""
+    from dataplane.lab import kernel, labs  # as _trials
+    from dataplane.run import trials
+
+    ranges = {t: r["k_range"] for t, r in out["transports"].items()}
+    tops = [kr[1] for kr in ranges.values() if kr]
+    k_top = max(tops) if tops else float(rec["time_scale"])
+    k_pin = factor * k_top if k_max is None else max(k_top, min(k_max, factor * k_top))
+    state = trials.fabric_governor(rec)
+    k_was = state["k"] if state["k"] is not None else float(rec["time_scale"])
+    check: dict = {"factor": factor, "k_top": k_top, "transports": {}}
+    pinned: dict = {}
+    try:
+        for tname, r in out["transports"].items():
+            k, note = k_pin, ""
+            if split_run(tname)[0] == "tcp":
+                k_cap = 0.9 * kernel.tcp_rto_min_k_cap(kernel.tcp_settings(rec)[0])
+                if k > k_cap:
+                    k = max(k_cap, k_top)
+                    note = (f"pinned at {k / k_top:.2f}x the highest k: past"
+                            f" k={k_cap / 0.9:g} the kernel's 120 s cap would cut the lab's"
+                            " minimum RTO")  # fmt: skip
+            log(f"# {sc.name}: {tname}, the k check at k={k:g}")
+            labs.control(rec["name"], {"op": "scale", "k": k})
+            if k != factor * k_top and not note:
+                note = f"pinned at {k / k_top:.2f}x the highest k (at most k={k_max:g})"
+            again = _transport(sc, rec, tname, log, with_trials=False, fault_scale=k / k_top)
+            pinned[tname] = again
+            check["transports"][tname] = _compared(sc, tname, r, again, ranges[tname], k, note)
+    finally:
+        labs.control(rec["name"], {"op": "scale", "k": k_was})
+        if state["on"]:
+            labs.control(rec["name"], {"op": "scale", "k": "auto"})
+    at_k = summary(sc, {"transports": pinned})
+    check["figures_at_k"] = at_k["figures"]
+    check["ethplus_advantage_at_k"] = at_k["ethplus_advantage"]
+    check["runs"] = {t: {x: v for x, v in r.items() if x != "results"} for t, r in pinned.items()}
+    out["k_check"] = check
+    return check
+
+
+def _compared(sc: Scenario, tname: str, r: dict, again: dict, kr, k: float, note: str) -> dict:
+    """One transport's k check: its figure governed (or as run) and pinned."""
+    fig = summary(sc, {"transports": {tname: r}})["figures"][tname]
+    fig_k = summary(sc, {"transports": {tname: again}})["figures"][tname]
+    band = K_CHECK_BAND_TCP if split_run(tname)[0] == "tcp" else K_CHECK_BAND
+    ratio = fig / fig_k if fig and fig_k else None
+    behind = [any(j.get("fell_behind") for j in x["jobs"].values()) for x in (r, again)]
+    return {
+        "k_range": kr,
+        "k": k,
+        "k_range_at_k": again["k_range"],  # the fabric's k in the check's run
+        "figure": fig,
+        "figure_at_k": fig_k,
+        "ratio": ratio,  # the run's figure over the one at the larger k
+        "band": band,
+        # None: a run stalled or failed, or fell behind (no verdict to give)
+        "held": None if ratio is None or any(behind) else abs(ratio - 1) <= band,
+        "fell_behind": behind,
+        "wrong": sum(j.get("wrong", 0) for j in again["jobs"].values()),
+        "real_s": again["real_s"],
+        "note": note,
+    }
 
 
 def summary(sc: Scenario, out: dict) -> dict:

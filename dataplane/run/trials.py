@@ -116,6 +116,7 @@ def _rerun_behind(spec, rec: dict, rows: list[dict], on_row, nodes, log) -> list
 # the most exposed (erack-8x4, ethplus, 1 MiB all-reduce: 26.95 us at k
 # 6400, 24.49 at 25,600 and 24.37 at 102,400; docs/performance.md).
 K_CHECK_FACTOR = fidelity.K_CHECK_FACTOR
+k_text = fidelity.k_text  # (callers name it here)
 K_MOVED_MAX = fidelity.K_MOVED_MAX  # |nominal time ratio - 1| past this: it moved with k
 K_CHECK_SHARE = 0.5  # of the run's own real time, spent on checks at most ...
 K_CHECK_MIN_S = 10.0  # ... or this many real seconds, if more
@@ -287,14 +288,6 @@ def check_calls_k(rec: dict, rows: list[dict], transport: str, algo: str, nodes,
         labs.control(rec["name"], {"op": "scale", "k": k_run})
         labs.control(rec["name"], {"op": "scale", "k": "auto"})
     return checks
-
-
-def k_text(k_range) -> str:
-    """A k range as a run's lines give it: "6400", "6400..9600", "?" if none."""
-    if not k_range:
-        return "?"
-    lo, hi = k_range
-    return f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g}"
 
 
 def trial_runs(
