@@ -347,3 +347,49 @@ def test_a_governed_runs_timeline_and_stalls_are_read_on_the_fabric_clock(tmp_pa
     reports.plot_timeline({"scenario": "x", "transports": {"ethplus": {**r, "label": "ETH+",
                            "stalled": []}}}, out, k=6400.0)  # fmt: skip
     assert out.stat().st_size > 1000
+
+
+def test_a_counted_run_that_fell_behind_runs_again_at_a_larger_k(monkeypatch):
+    """On a governed lab the counted run (faults and all) that fell behind
+    all the same runs again once the governor raised k, as bench's sizes
+    do; the report says which runs it replaced.  (The lab is not needed:
+    the jobs' runs and the governor are stood in for.)"""
+    from dataplane.run import scenario as sc_mod
+    from dataplane.run import trials
+
+    ks = iter([6400.0, 9600.0, 14400.0])
+
+    def run_jobs(sc, rec, tname, jobs, with_faults, log, fault_scale=1.0):
+        k = next(ks)
+        row = {"k_range": [k, k], "fell_behind": k < 14400.0}
+        return {"jobs": {"j": {"rows": [row]}}, "errors": {}, "faults": []}
+
+    monkeypatch.setattr(sc_mod, "_run_jobs", run_jobs)
+    monkeypatch.setattr(sc_mod, "_governing", lambda rec: True)
+    monkeypatch.setattr(trials, "_wait_for_a_change", lambda rec, k: True)  # the governor raised k
+    said = []
+    sc = sc_mod.load("netns-labs/scenarios/ecmp-collision.toml")
+    res, real_s, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, True, 1.0)
+    assert res["jobs"]["j"]["rows"][0]["k_range"] == [14400.0, 14400.0]  # the last run's
+    assert [r["k_range"] for r in reruns] == [[6400.0, 6400.0], [9600.0, 9600.0]]
+    assert all(r["fell_behind"] for r in reruns) and real_s >= 0
+    assert any("fell behind" in m for m in said)
+    md_lines = " ".join(
+        reports.scenario_markdown(
+            {"scenario": "x", "short": True, "description": "", "explain": "", "seed": 1,
+             "planned_faults": [], "summary": {"metric": "jct", "figures": {}, "spread": {},
+                                               "ethplus_advantage": {}, "fell_behind": []},
+             "transports": {"ethplus": {"label": "ETH+", "k_range": [14400.0, 14400.0],
+                                        "reruns": reruns, "faults_applied": [],
+                                        "jobs": {"j": {"status": "failed", "error": "-"}},
+                                        "results": {}, "fidelity": None}}},
+            {"name": "x", "family": "erack", "file": "f", "time_scale": 6400.0,
+             "time_scale_setting": "auto", "topology": {"nodes": []}},
+        ).splitlines()
+    )  # fmt: skip
+    assert "fell behind at k = 6400, 9600 and ran again at a larger k (2 time(s))" in md_lines
+    assert "k = 14400." in md_lines and "governed: its floor" in md_lines
+    # not governed (or a check's run): one run, whatever its verdict
+    ks = iter([6400.0])
+    res, _, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, False, 1.0)
+    assert reruns == [] and res["jobs"]["j"]["rows"][0]["fell_behind"]

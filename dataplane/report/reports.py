@@ -421,6 +421,14 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         lines += [f"## {r['label']}", ""]
         if r.get("k_range"):
             lines += [f"Time scale during the run: k = {k_text(r['k_range'])}.", ""]
+        if r.get("reruns"):
+            lines += [
+                "The run fell behind at k = "
+                + ", ".join(k_text(x["k_range"]) for x in r["reruns"])
+                + f" and ran again at a larger k ({len(r['reruns'])} time(s)): the figures are"
+                " the last run's.",
+                "",
+            ]
         rows = []
         for jname, j in r["jobs"].items():
             if j["status"] == "failed":
