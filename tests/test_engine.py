@@ -296,6 +296,32 @@ def test_a_send_waits_for_a_late_receiver_until_the_rnr_timeout(make, roce):
     exchange(fab, eps, [(0, 2, 300 * KiB), (2, 0, 100 * KiB)], tag=20)
 
 
+@pytest.mark.parametrize("roce", [False, True], ids=["ethplus", "roce"])
+def test_a_receiver_busy_with_other_data_holds_its_senders_rnr_timeout(make, roce):
+    """A rank still taking another peer's data (an incast, its previous
+    collective) posts its next receive when it gets there: its "not ready"
+    says it is busy, and the waiting sender does not count that time
+    against the RNR timeout, which is real seconds while the wait is the
+    fabric's (at k 51,200 a RoCE incast's lagging receiver took more than
+    the 60 s default to get to its next receive, and the job failed)."""
+    fab, eps = make(3, ep={"roce": roce, "rnr_timeout_s": 1.0}, rate_bps=100_000_000)
+    big = _payload(48 * MiB, 3)  # 2 -> 1 over two 100 Mbit/s planes: about 2 s
+    big_out = np.zeros_like(big)
+    hr_big = eps[1].post_recv(2, 5, big_out)
+    hs_big = eps[2].post_send(1, 5, big)
+    data = _payload(256 * KiB, 4)
+    t0 = time.monotonic()
+    hs = eps[0].post_send(1, 6, data)  # meets "not ready" until 1 is done with 2's
+    assert eps[1].wait(hr_big, TIMEOUT_S) == big.nbytes
+    waited_s = time.monotonic() - t0
+    out = np.zeros_like(data)
+    hr = eps[1].post_recv(0, 6, out)
+    assert eps[0].wait(hs, TIMEOUT_S) == data.nbytes and eps[1].wait(hr, TIMEOUT_S) == data.nbytes
+    assert eps[2].wait(hs_big, TIMEOUT_S) == big.nbytes
+    assert np.array_equal(out, data) and np.array_equal(big_out, big)
+    assert waited_s > 1.0 and eps[0].counters()["rx_rnrs"] > 0  # it waited past the timeout
+
+
 def test_an_rnr_timeout_is_seconds_from_none_to_for_ever():
     fab = MemFabric(FabricSpec(endpoints=2))
     try:

@@ -74,6 +74,7 @@ enum ethp_flag {
     ETHP_F_TRIMMABLE = 0x08, /* a switch may trim this packet */
     ETHP_F_RETX = 0x10,      /* a retransmission */
     ETHP_F_INT = 0x20,       /* an INT block follows the header (HPCC-like congestion control) */
+    ETHP_F_BUSY = 0x40,      /* rnr: the receiver is taking other data: its receive is late, not missing */
 };
 
 /* In-band network telemetry (docs/wire-format.md): a block of

@@ -32,6 +32,10 @@ struct nic_mode_ops;
 #define NIC_RWIN 16384u /* receive bitmap window */
 #define NIC_DUPTHRESH 3u
 #define NIC_ACK_EVERY 8u
+/* An engine that placed a data packet or got an ack within this many base
+ * RTTs (twice the longest RNR backoff, the longest a sender told "not
+ * ready" waits before it asks again) is busy: see nic_on_rnr. */
+#define NIC_BUSY_RTTS 128u
 #define NIC_BURST 64
 #define NIC_SACK_BITS 64u
 #define NIC_EVFD_TAG 1u
@@ -249,6 +253,9 @@ struct ethp_nic {
     struct nic_msg **msgs;
     uint64_t n_msgs, cap_msgs;
     uint64_t c[ETHP_NIC_NCOUNTERS];
+    /* nic_rx_busy: the work count (packets placed, acks received) when it
+     * last changed, and when that was seen */
+    uint64_t busy_work, busy_seen_ns;
     /* the lab's fabric clock: cfg is cfg0 at the clock's k (nic_rescale) */
     struct ethp_clock *clock;
     uint64_t clock_gen, ring_drops_reported, ring_drops_read_ns;
@@ -414,6 +421,7 @@ int nic_payload_whole(struct ethp_nic *n, struct nic_peer *p, const struct ethp_
 void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
                const struct ethp_parsed *ps, const uint8_t *payload);
 int nic_take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m);
+int nic_rx_busy(struct ethp_nic *n, uint64_t now);
 int nic_rx_take(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed *ps,
                 const uint8_t *payload, uint32_t aux, uint16_t ev, struct nic_msg **m);
 

@@ -131,6 +131,24 @@ void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
     nic_count(n, p, ETHP_NC_rx_data_pkts, 1);
 }
 
+/* Is the engine taking data: did it place a data packet or get an ack in
+ * the last NIC_BUSY_RTTS base RTTs (at the fabric clock's k)?  Asked when
+ * it turns a packet away, which a refused sender makes happen at least
+ * every longest backoff, so a change is seen within that.  A receiver busy
+ * with other peers' data (an incast, a rank still in its previous
+ * collective) will post its receive when its own program gets there: its
+ * sender's wait is the fabric's time, not a missing receive. */
+int nic_rx_busy(struct ethp_nic *n, uint64_t now)
+{
+    uint64_t work = n->c[ETHP_NC_rx_data_pkts] + n->c[ETHP_NC_rx_acks];
+    if (work != n->busy_work) {
+        n->busy_work = work;
+        n->busy_seen_ns = now;
+        return 1;
+    }
+    return n->busy_seen_ns && now - n->busy_seen_ns < NIC_BUSY_RTTS * n->cfg.base_rtt_ns;
+}
+
 /* A data packet's message, or room in the eager buffer: 1 if the packet is
  * taken (*m: its message; NULL: kept eager), 0 if not (refused, or no
  * receive posted for its tag: then it is not acked, and the sender is told
@@ -146,7 +164,8 @@ int nic_rx_take(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed
         return 0;
     if (!*m && !nic_keep_eager(n, p, ps, payload)) {
         nic_count(n, p, ETHP_NC_rx_unexpected_pkts, 1);
-        nic_send_ctl(n, p, ETHP_OP_RNR, h->psn, aux, 0, 0, h->ts_ns, ev, NULL, 0);
+        uint8_t busy = nic_rx_busy(n, ethp_now_ns()) ? ETHP_F_BUSY : 0;
+        nic_send_ctl(n, p, ETHP_OP_RNR, h->psn, aux, 0, busy, h->ts_ns, ev, NULL, 0);
         nic_count(n, p, ETHP_NC_tx_rnrs, 1);
         return 0;
     }

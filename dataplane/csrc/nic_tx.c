@@ -307,9 +307,13 @@ void nic_on_rnr(struct ethp_nic *n, struct nic_peer *p, const struct ethp_parsed
      * InfiniBand's RNR NAK); the peer's answers hold off the retransmit
      * timeout.  It may stay not ready for rnr_timeout_ns of real time (a
      * receiver computing before it posts is late by the program's time,
-     * whatever the time scale), not a count of rounds. */
+     * whatever the time scale), not a count of rounds; while it says it is
+     * busy taking other data (ETHP_F_BUSY: an incast, a rank still in its
+     * previous collective) its wait is the fabric's time, which grows with
+     * k, and does not count: at k 51,200 a RoCE incast's lagging receiver
+     * took more than 60 s of real time to get to its next receive. */
     p->rto_deadline = now + p->rto_ns + p->rnr_backoff_ns;
-    if (!p->rnr_since_ns)
+    if (!p->rnr_since_ns || (ps->hdr.flags & ETHP_F_BUSY))
         p->rnr_since_ns = now; /* CLOCK_MONOTONIC: never 0 */
     if (n->cfg.rnr_timeout_ns && now - p->rnr_since_ns >= n->cfg.rnr_timeout_ns) {
         fail_peer(n, p);

@@ -56,6 +56,7 @@ FLAGS = {
     "trimmable": lib.ETHP_F_TRIMMABLE,
     "retx": lib.ETHP_F_RETX,
     "int": lib.ETHP_F_INT,
+    "busy": lib.ETHP_F_BUSY,
 }
 KINDS = {
     lib.ETHP_KIND_OTHER: "other",

@@ -29,7 +29,7 @@ local OPCODES = {
 }
 local FLAG_BITS = {
     { 0x01, "trimmed" }, { 0x02, "last" }, { 0x04, "ecn-echo" },
-    { 0x08, "trimmable" }, { 0x10, "retx" }, { 0x20, "int" },
+    { 0x08, "trimmable" }, { 0x10, "retx" }, { 0x20, "int" }, { 0x40, "busy" },
 }
 local ECN = { [0] = "Not-ECT", [1] = "ECT(1)", [2] = "ECT(0)", [3] = "CE" }
 local DTYPES = { [0] = "float32", [1] = "int32", [2] = "float16", [3] = "bfloat16" }
@@ -50,6 +50,7 @@ f.flag_ecn_echo = ProtoField.bool("ethplus.flags.ecn_echo", "ECN echo", 8, nil, 
 f.flag_trimmable = ProtoField.bool("ethplus.flags.trimmable", "Trimmable", 8, nil, 0x08)
 f.flag_retx = ProtoField.bool("ethplus.flags.retx", "Retransmission", 8, nil, 0x10)
 f.flag_int = ProtoField.bool("ethplus.flags.int", "INT block follows", 8, nil, 0x20)
+f.flag_busy = ProtoField.bool("ethplus.flags.busy", "Receiver busy with other data (RNR)", 8, nil, 0x40)
 f.flag_names = ProtoField.string("ethplus.flags.names", "Flag names")
 f.entropy = ProtoField.uint16("ethplus.entropy", "Entropy", base.DEC)
 f.plane = ProtoField.uint8("ethplus.plane", "Plane (entropy mod 16)", base.DEC)
@@ -176,7 +177,7 @@ local function dissect(tvb, pinfo, root, kind)
         if has(flags, fb[1]) then names[#names + 1] = fb[2] end
     end
     for _, pf in ipairs({ f.flag_trimmed, f.flag_last, f.flag_ecn_echo, f.flag_trimmable,
-                          f.flag_retx, f.flag_int }) do
+                          f.flag_retx, f.flag_int, f.flag_busy }) do
         ft:add(pf, tvb(1, 1))
     end
     ft:add(f.flag_names, tvb(1, 1), table.concat(names, ",")):set_generated()
