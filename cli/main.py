@@ -778,13 +778,16 @@ def cmd_scenario_run(args) -> int:
         if args.iters < 1:
             raise BenchError(f"--iters: expected a positive number of iterations, got {args.iters}")
         sc.set_iters(args.iters)
+    if args.check_factor is not None and not args.check_k:
+        raise BenchError("--check-factor: only with --check-k")
     labs.require_root("ethplus scenario run")
     out_dir = args.out or f"results/{sc.name}"
     with labs.session(args.lab or sc.lab, announce=_announce) as rec:
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         res = scenario.run(sc, rec, log=log)
         if args.check_k:
-            scenario.check_k(sc, rec, res, factor=args.check_factor, log=log)
+            factor = args.check_factor or scenario.K_CHECK_FACTOR
+            scenario.check_k(sc, rec, res, factor=factor, log=log)
         paths = reports.write_scenario(out_dir, res, rec)
     s = res["summary"]
     print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['unit']}")
@@ -1152,7 +1155,6 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument(
         "--check-factor",
         type=_check_factor,
-        default=4.0,
         metavar="F",
         help="with --check-k: pin at F x the highest k (default 4; more than 1)",
     )

@@ -142,6 +142,9 @@ def test_check_k_runs_each_transport_again_at_a_larger_k_and_gives_the_lab_back(
     assert fabric_clock.k == k_before  # the lab's k given back as it was
     bad = ethplus("scenario", "run", "incast-alltoall-erack", "--check-factor", "1")
     assert bad.returncode == 2 and "--check-factor" in bad.stderr and "above 1" in bad.stderr
+    alone = ethplus("scenario", "run", "incast-alltoall-erack", "--check-factor", "2")
+    assert alone.returncode == 2 and "only with --check-k" in alone.stderr
+    assert "Traceback" not in bad.stderr + alone.stderr
 
 
 BAD = {
