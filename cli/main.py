@@ -755,7 +755,7 @@ def _check_factor(text: str) -> float:
         f = float(text)
     except ValueError:
         f = 0.0
-    if not f > 1.0 or f != f or f == float("inf"):
+    if not 1.0 < f < float("inf"):  # (NaN too)
         raise argparse.ArgumentTypeError(f"expected a number above 1, got {text!r}")
     return f
 

@@ -499,8 +499,7 @@ def scenario_k_check_lines(result: dict) -> list[str]:
         return [
             f"k check: not run (`--check-k` runs each transport again at {K_CHECK_FACTOR:g}x the"
             f" highest k of this run, about {K_CHECK_FACTOR * real_s:.0f} s of real time here,"
-            " and says whether each"
-            " figure held)"
+            " and says whether each figure held)"
         ]
     unit = scenario_file.METRIC_UNITS[result["summary"]["metric"]]
     out = [
