@@ -780,11 +780,13 @@ def cmd_scenario_run(args) -> int:
         sc.set_iters(args.iters)
     if args.check_factor is not None and not args.check_k:
         raise BenchError("--check-factor: only with --check-k")
+    if args.repeat < 1:
+        raise BenchError(f"--repeat: expected a positive number of runs, got {args.repeat}")
     labs.require_root("ethplus scenario run")
     out_dir = args.out or f"results/{sc.name}"
     with labs.session(args.lab or sc.lab, announce=_announce) as rec:
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        res = scenario.run(sc, rec, log=log)
+        res = scenario.run(sc, rec, log=log, repeat=args.repeat)
         if args.check_k:
             factor = args.check_factor or scenario.K_CHECK_FACTOR
             scenario.check_k(sc, rec, res, factor=factor, log=log)
@@ -793,7 +795,7 @@ def cmd_scenario_run(args) -> int:
     print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['unit']}")
     for t, v in s["figures"].items():
         adv = s["ethplus_advantage"].get(t)
-        wrong = sum(j.get("wrong", 0) for j in res["transports"][t]["jobs"].values())
+        wrong = scenario.wrong(res["transports"][t])
         spread = s["spread"].get(t)
         print(
             f"  {t:12s} {'stalled or failed' if v is None else f'{v:.3f}'}"
@@ -801,13 +803,18 @@ def cmd_scenario_run(args) -> int:
             + (f"   {s['reference']}'s advantage {adv:.2f}x" if adv else "")
             + f"   #wrong {wrong}"
             + ("   (fell behind: rerun at a larger time scale)" if t in s["fell_behind"] else "")
+            + (f"   (median of {args.repeat} runs)" if args.repeat > 1 else "")
         )
     for line in reports.scenario_k_check_lines(res):
         print(f"  {line}")
     print(f"report: {paths['report']}")
-    failed = any(
-        j["status"] != "ok" for r in res["transports"].values() for j in r["jobs"].values()
-    ) or any(c["wrong"] for c in res.get("k_check", {}).get("transports", {}).values())
+    runs = list(res["transports"].values())
+    checked = res.get("k_check", {}).get("transports", {}).values()
+    failed = (
+        any(j["status"] != "ok" for r in runs for j in r["jobs"].values())
+        or any(scenario.wrong(r) for r in runs)
+        or any(c["wrong"] for c in checked)
+    )
     return 1 if failed else 0
 
 
@@ -1144,6 +1151,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="timed iterations of every job (default: the scenario file's); more narrow a"
         " noisy transport's figure",
+    )
+    sr.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each transport N times (with --check-k, N times at the larger k too);"
+        " the figures are the medians, each run's is in the report",
     )
     sr.add_argument(
         "--check-k",

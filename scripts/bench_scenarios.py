@@ -14,10 +14,12 @@ kernel's 120 s cap would cut the lab's minimum RTO), and each transport's
 figure governed / pinned is printed (target: 0.93-1.07 for ethplus and
 roce, 0.90-1.10 for tcp, issue 22), with kernel TCP's own counts of each
 run (segments resent, retransmit timeouts, real time in RTO recovery)
-beside tcp's.  --transports runs only those.
+beside tcp's.  --transports runs only those.  --repeat N runs each
+transport N times, governed and pinned: the figures and ratios are medians.
 
     sudo .venv/bin/python scripts/bench_scenarios.py [--short] [--only NAME,...]
-        [--transports T,...] [--iters N] [--pinned-4x [--pin-factor F] [--pin-under K]]
+        [--transports T,...] [--iters N] [--repeat N]
+        [--pinned-4x [--pin-factor F] [--pin-under K]]
         [--lab FILE|NAME] [--out DIR]
 """
 
@@ -70,7 +72,17 @@ def main() -> int:
         help="timed iterations of every job (default: each scenario's); more narrow a noisy"
         " transport's figure (kernel TCP's incast)",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each transport N times (pinned too): the figures and ratios are the medians"
+        " (a transport whose runs spread wider than its band: kernel TCP's incast)",
+    )
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat: expected a positive number of runs, got {args.repeat}")
     if args.iters is not None and args.iters < 1:
         ap.error(f"--iters: expected a positive number of iterations, got {args.iters}")
     names = args.only.split(",") if args.only else [s.name for s in scenario.listing()]
@@ -84,7 +96,7 @@ def main() -> int:
         log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
         with labs.session(args.lab or sc.lab) as rec:
             t0, k0 = time.monotonic(), trials.fabric_governor(rec)["k"]
-            res = scenario.run(sc, rec, log=log)
+            res = scenario.run(sc, rec, log=log, repeat=args.repeat)
             real_s = time.monotonic() - t0
             ks, changes = _k_used(rec, t0, k0), _changes(rec, t0)
             check = None
@@ -109,6 +121,9 @@ def main() -> int:
             for e in changes:  # the governor's trace
                 print(f"    +{e['t_real'] - t0:5.1f} s  k {e['k_from']:g} -> {e['k_to']:g}:"
                       f" {e['why']}")  # fmt: skip
+        for t, r in res["transports"].items():
+            if r.get("repeats"):
+                print(f"  {t}: {reports.repeats_line(r['repeats'], r['figure_median'], '')}")
         _tcp_counts("governed", res["transports"])
         if check is not None:
             for line in reports.scenario_k_check_lines(res):

@@ -2,6 +2,7 @@
 zero #wrong and a fidelity report; plane failure loses and duplicates nothing;
 runs are reproducible from the seed; bad scenario files get one-line errors."""
 
+import itertools
 import json
 import warnings
 
@@ -118,13 +119,19 @@ def test_check_k_runs_each_transport_again_at_a_larger_k_and_gives_the_lab_back(
     out = tmp_path / "kc"
     r = ethplus("scenario", "run", "incast-alltoall-erack", "--short", "--lab", erack,
                 "--out", str(out), "--transports", "ethplus,tcp", "--iters", "2",
-                "--check-k", "--check-factor", "2", timeout=900)  # fmt: skip
+                "--check-k", "--check-factor", "2", "--repeat", "2", timeout=900)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads((out / "results.json").read_text())
     check = res["k_check"]
     assert check["factor"] == 2 and check["k_top"] == k_before  # a pinned lab: its k
+    assert check["repeat"] == 2 and "2 runs each, medians" in r.stdout
     md = (out / "report.md").read_text()
+    assert "the median of 2 runs" in md
     for t in ("ethplus", "tcp"):
+        figs = [x["figure"] for x in res["transports"][t]["repeats"]]
+        assert len(figs) == 2 and res["summary"]["figures"][t] == pytest.approx(sum(figs) / 2)
+        assert f"Runs ({res['summary']['unit']}): {figs[0]:.4g} at k={k_before:g}" in md
+        assert "(median of 2 runs)" in r.stdout
         c = check["transports"][t]
         assert c["k_range"] == [k_before, k_before]
         assert c["k"] == 2 * k_before and c["k_range_at_k"] == [c["k"], c["k"]]  # ran there
@@ -396,3 +403,50 @@ def test_a_counted_run_that_fell_behind_runs_again_at_a_larger_k(monkeypatch):
     ks = iter([6400.0])
     res, _, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, False, 1.0)
     assert reruns == [] and res["jobs"]["j"]["rows"][0]["fell_behind"]
+
+
+def test_repeated_runs_give_the_median_and_every_run_is_kept(monkeypatch):
+    """`--repeat N`: a transport runs N times; its figure is the median of
+    the runs' figures, its tables the median run's, its k range all of
+    theirs, and a run that fell behind, went wrong or failed is not hidden
+    by the others.  (The runs are stood in for: what is tested is the
+    choice.)"""
+    from dataplane.run import scenario as sc_mod
+
+    sc = sc_mod.load("netns-labs/scenarios/ecmp-collision.toml")
+    jcts = iter([300.0, 100.0, 200.0, 400.0, None])
+    counter = itertools.count()
+
+    def transport(sc, rec, tname, log, with_trials=True, fault_scale=1.0, rerun=None):
+        jct, n = next(jcts), next(counter)
+        calls.append((with_trials, rerun))
+        job = {"status": "ok" if jct else "failed", "jct_nominal_us": jct or 0.0,
+               "fell_behind": n == 3, "wrong": 1 if n == 3 else 0, "iterations": []}  # fmt: skip
+        return {"jobs": {j.name: dict(job) for j in sc.jobs}, "k_range": [6400.0 * (n + 1)] * 2,
+                "reruns": [], "real_s": 1.0, "jct": jct}  # fmt: skip
+
+    calls: list = []
+    monkeypatch.setattr(sc_mod, "_transport", transport)
+    said: list[str] = []
+    r = sc_mod._repeated(sc, {}, "ethplus", said.append, 3)
+    assert r["jct"] == 200.0 and r["figure_median"] == 200.0  # the middle run is the one shown
+    assert [x["figure"] for x in r["repeats"]] == [300.0, 100.0, 200.0]
+    assert r["k_range"] == [6400.0, 19200.0] and r["real_s"] == 3.0
+    assert calls == [(True, True), (False, True), (False, True)]  # trials before the first only
+    assert "run 2 of 3" in " ".join(said)
+    out = {"transports": {"ethplus": r}}
+    assert sc_mod.summary(sc, out)["figures"]["ethplus"] == 200.0
+    assert sc_mod.summary(sc, out)["fell_behind"] == [] and sc_mod.wrong(r) == 0
+    # the fourth run fell behind and went wrong, the fifth failed: both are said
+    calls.clear()
+    r = sc_mod._repeated(sc, {}, "ethplus", said.append, 2, with_trials=False)
+    assert r["figure_median"] is None and r["jct"] is None  # the failed run is the one shown
+    assert calls == [(False, False), (False, False)]  # a check's runs: no trials, no reruns
+    assert sc_mod.summary(sc, {"transports": {"ethplus": r}})["fell_behind"] == ["ethplus"]
+    assert sc_mod.wrong(r) == len(sc.jobs)
+    md = reports.repeats_line(r["repeats"], r["figure_median"], "us")
+    assert "Runs (us): 400 at k=25600, behind; stalled or failed at k=32000" in md
+    assert "Median none" in md
+    # one run: as it is, no repeats recorded
+    jcts = iter([50.0])
+    assert "repeats" not in sc_mod._repeated(sc, {}, "ethplus", said.append, 1)

@@ -404,6 +404,13 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         " `--iters`, narrow what a run's figure stands for).",
         "",
     ]
+    if result.get("repeat", 1) > 1:
+        lines += [
+            f"Each figure is the median of {result['repeat']} runs of its transport (`--repeat`);"
+            " each run's figure is in the transport's section, whose tables are the median"
+            " run's.",
+            "",
+        ]
     if s.get("fell_behind"):
         lines += [
             f"**Fell behind** in {', '.join(s['fell_behind'])}: some part of the emulation (a"
@@ -429,6 +436,8 @@ def scenario_markdown(result: dict, rec: dict) -> str:
                 " the last run's.",
                 "",
             ]
+        if r.get("repeats"):
+            lines += [repeats_line(r["repeats"], r["figure_median"], unit), ""]
         rows = []
         for jname, j in r["jobs"].items():
             if j["status"] == "failed":
@@ -490,6 +499,20 @@ def scenario_markdown(result: dict, rec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def repeats_line(repeats: list[dict], median: float | None, unit: str) -> str:
+    """A transport's runs (scenario --repeat): each one's figure, k and verdict."""
+    runs = "; ".join(
+        ("stalled or failed" if x["figure"] is None else f"{x['figure']:.4g}")
+        + f" at k={k_text(x['k_range'])}"
+        + (", behind" if x["fell_behind"] else "")
+        + (f", ran again {x['reruns']}x" if x["reruns"] else "")
+        for x in repeats
+    )
+    shown = "none (a run stalled or failed)" if median is None else f"{median:.4g}"
+    unit = f" ({unit})" if unit else ""
+    return f"Runs{unit}: {runs}. Median {shown}; the tables are the median run's."
+
+
 def scenario_k_check_lines(result: dict) -> list[str]:
     """What `scenario run --check-k` found (scenario.check_k), a line per
     transport; or, unchecked, what the check would cost."""
@@ -504,7 +527,9 @@ def scenario_k_check_lines(result: dict) -> list[str]:
     unit = scenario_file.METRIC_UNITS[result["summary"]["metric"]]
     out = [
         f"k check: each transport again at {check['factor']:g}x the highest k of the run"
-        f" ({check['k_top']:g}); a figure that is the fabric's holds ({unit}):"
+        f" ({check['k_top']:g})"
+        + (f", {check['repeat']} runs each, medians" if check.get("repeat", 1) > 1 else "")
+        + f"; a figure that is the fabric's holds ({unit}):"
     ]
     for t, c in check["transports"].items():
         fig = "stalled or failed" if c["figure"] is None else f"{c['figure']:.4g}"

@@ -41,6 +41,7 @@ sizes, the same fault times (to the scheduler's precision, recorded).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -346,15 +347,95 @@ def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool, fault_scale:
     return last["res"], last["real_s"], reruns
 
 
+def _repeated(
+    sc: Scenario,
+    rec: dict,
+    tname: str,
+    log,
+    repeat: int = 1,
+    with_trials: bool = True,
+    fault_scale: float = 1.0,
+) -> dict:
+    """The scenario over one transport, repeat times (trials before the
+    first run only; each run is redone at a larger k if it fell behind on a
+    governed lab, as with_trials says).  One run is returned as it is; of
+    several, the run whose figure is the median (of an even count, the lower
+    middle's) with every run's figure, k and verdict under "repeats", their
+    median as "figure_median" (None if a run stalled or failed), the k
+    range over them all and their real seconds added: a transport whose
+    runs spread wider than a comparison's band is placed by a median, not by
+    one run."""
+    runs = []
+    for i in range(repeat):
+        if repeat > 1:
+            log(f"# {sc.name}: {tname}, run {i + 1} of {repeat}")
+        runs.append(_transport(sc, rec, tname, log, with_trials and i == 0, fault_scale,
+                               rerun=with_trials))  # fmt: skip
+    if repeat == 1:
+        return runs[0]
+    figs = [_figure(sc, tname, r) for r in runs]
+    failed = [i for i, f in enumerate(figs) if f is None]
+    if failed:
+        rep = dict(runs[failed[0]])
+    else:
+        order = sorted(range(repeat), key=lambda i: figs[i])  # type: ignore[arg-type, return-value]
+        rep = dict(runs[order[(repeat - 1) // 2]])
+    ks = [r["k_range"] for r in runs if r["k_range"]]
+    rep.update(
+        repeats=[
+            {
+                "figure": f,
+                "k_range": r["k_range"],
+                "fell_behind": _behind(r),
+                "wrong": wrong(r),
+                "reruns": len(r["reruns"]),
+                "real_s": r["real_s"],
+            }
+            for f, r in zip(figs, runs, strict=True)
+        ],  # fmt: skip
+        figure_median=None if failed else statistics.median(figs),
+        k_range=[min(k[0] for k in ks), max(k[1] for k in ks)] if ks else None,
+        real_s=sum(r["real_s"] for r in runs),
+    )
+    return rep
+
+
+def _figure(sc: Scenario, tname: str, r: dict) -> float | None:
+    """One run's headline figure (None: stalled or failed)."""
+    return summary(sc, {"transports": {tname: r}})["figures"][tname]
+
+
+def wrong(r: dict) -> int:
+    """A transport's run's wrong results (in all its repeats)."""
+    if r.get("repeats"):
+        return sum(x["wrong"] for x in r["repeats"])
+    return sum(j.get("wrong", 0) for j in r["jobs"].values())
+
+
+def _behind(r: dict) -> bool:
+    """Did some part fall behind in a transport's run (in any of its repeats)?"""
+    return any(j.get("fell_behind") for j in r["jobs"].values()) or any(
+        x["fell_behind"] for x in r.get("repeats", [])
+    )
+
+
 def _transport(
-    sc: Scenario, rec: dict, tname: str, log, with_trials: bool = True, fault_scale: float = 1.0
+    sc: Scenario,
+    rec: dict,
+    tname: str,
+    log,
+    with_trials: bool = True,
+    fault_scale: float = 1.0,
+    rerun: bool | None = None,
 ) -> dict:
     """The scenario over one transport: trials on a governed lab (with_trials),
-    then the run that counts, with its faults (their times x fault_scale)."""
+    then the run that counts, with its faults (their times x fault_scale),
+    run again at a larger k if it fell behind (rerun; default with_trials)."""
     label = bench.transport_label(*split_run(tname))
     log(f"# {sc.name}: {label}")
     trials = _trials(sc, rec, tname, log) if with_trials else []
-    res, real_s, reruns = _counted(sc, rec, tname, log, with_trials, fault_scale)
+    rerun = with_trials if rerun is None else rerun
+    res, real_s, reruns = _counted(sc, rec, tname, log, rerun, fault_scale)
     alone = {}
     if sc.alone:
         for j in sc.jobs:
@@ -401,8 +482,9 @@ def _transport(
     }
 
 
-def run(sc: Scenario, rec: dict, log=print) -> dict:
-    """Run the scenario over each of its transports on a running lab."""
+def run(sc: Scenario, rec: dict, log=print, repeat: int = 1) -> dict:
+    """Run the scenario over each of its transports on a running lab
+    (repeat times each: the figures are the medians, _repeated)."""
     _check_against_lab(sc, rec)
     out: dict = {
         "scenario": sc.name,
@@ -412,10 +494,11 @@ def run(sc: Scenario, rec: dict, log=print) -> dict:
         "short": sc.short,
         "metric": sc.metric,
         "planned_faults": [vars(f) for f in sc.faults],
+        "repeat": repeat,
         "transports": {},
     }
     for tname in sc.transports:
-        out["transports"][tname] = _transport(sc, rec, tname, log)
+        out["transports"][tname] = _repeated(sc, rec, tname, log, repeat)
     out["summary"] = summary(sc, out)
     return out
 
@@ -443,12 +526,14 @@ def check_k(
     factor: float = K_CHECK_FACTOR,
     k_max: float | None = None,
     log=print,
+    repeat: int | None = None,
 ) -> dict:
     """Run each of out's transports again with k pinned at factor x the
     highest k any of them ran at (at most k_max; kernel TCP at most at 0.9
     of the k where the kernel's RTO cap would cut the lab's minimum RTO),
     without trials, the faults at the same nominal times (their real times
-    x the pinned k over the highest), and compare each headline figure.
+    x the pinned k over the highest), as many times as the run did (or
+    repeat; the medians), and compare each headline figure.
     Sets and returns out["k_check"]; the lab's time scale is as before
     after (governed again if it was)."""
     from dataplane.lab import kernel, labs  # as _trials
@@ -460,7 +545,8 @@ def check_k(
     k_pin = factor * k_top if k_max is None else max(k_top, min(k_max, factor * k_top))
     state = trials.fabric_governor(rec)
     k_was = state["k"] if state["k"] is not None else float(rec["time_scale"])
-    check: dict = {"factor": factor, "k_top": k_top, "transports": {}}
+    repeat = repeat or out.get("repeat", 1)
+    check: dict = {"factor": factor, "k_top": k_top, "repeat": repeat, "transports": {}}
     pinned: dict = {}
     try:
         for tname, r in out["transports"].items():
@@ -476,7 +562,7 @@ def check_k(
             labs.control(rec["name"], {"op": "scale", "k": k})
             if k != factor * k_top and not note:
                 note = f"pinned at {k / k_top:.2f}x the highest k (at most k={k_max:g})"
-            again = _transport(sc, rec, tname, log, with_trials=False, fault_scale=k / k_top)
+            again = _repeated(sc, rec, tname, log, repeat, False, k / k_top)
             pinned[tname] = again
             check["transports"][tname] = _compared(sc, tname, r, again, ranges[tname], k, note)
     finally:
@@ -493,11 +579,10 @@ def check_k(
 
 def _compared(sc: Scenario, tname: str, r: dict, again: dict, kr, k: float, note: str) -> dict:
     """One transport's k check: its figure governed (or as run) and pinned."""
-    fig = summary(sc, {"transports": {tname: r}})["figures"][tname]
-    fig_k = summary(sc, {"transports": {tname: again}})["figures"][tname]
+    fig, fig_k = _figure(sc, tname, r), _figure(sc, tname, again)
     band = K_CHECK_BAND_TCP if split_run(tname)[0] == "tcp" else K_CHECK_BAND
     ratio = fig / fig_k if fig and fig_k else None
-    behind = [any(j.get("fell_behind") for j in x["jobs"].values()) for x in (r, again)]
+    behind = [_behind(x) for x in (r, again)]
     return {
         "k_range": kr,
         "k": k,
@@ -509,7 +594,7 @@ def _compared(sc: Scenario, tname: str, r: dict, again: dict, kr, k: float, note
         # None: a run stalled or failed, or fell behind (no verdict to give)
         "held": None if ratio is None or any(behind) else abs(ratio - 1) <= band,
         "fell_behind": behind,
-        "wrong": sum(j.get("wrong", 0) for j in again["jobs"].values()),
+        "wrong": wrong(again),
         "real_s": again["real_s"],
         "note": note,
     }
@@ -543,6 +628,8 @@ def summary(sc: Scenario, out: dict) -> dict:
                 if len(ph) > 1 and ph[0]["busbw_GBps"]
                 else None
             )
+        if r.get("repeats"):  # several runs: their median (_repeated)
+            fig[t] = r["figure_median"]
     lower_better = sc.metric in ("jct", "slowdown")
     ratios = {}
     ref = reference_run(list(fig))
@@ -550,11 +637,7 @@ def summary(sc: Scenario, out: dict) -> dict:
     for t, v in fig.items():
         if t != ref and e and v:
             ratios[t] = (v / e) if lower_better else (e / v)
-    behind = sorted(
-        t
-        for t, r in out["transports"].items()
-        if any(j.get("fell_behind") for j in r["jobs"].values())
-    )
+    behind = sorted(t for t, r in out["transports"].items() if _behind(r))
     return {
         "metric": sc.metric,
         "unit": METRIC_UNITS[sc.metric],
