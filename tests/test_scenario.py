@@ -132,6 +132,8 @@ def test_check_k_runs_each_transport_again_at_a_larger_k_and_gives_the_lab_back(
         assert len(figs) == 2 and res["summary"]["figures"][t] == pytest.approx(sum(figs) / 2)
         assert f"Runs ({res['summary']['unit']}): {figs[0]:.4g} at k={k_before:g}" in md
         assert "(median of 2 runs)" in r.stdout
+        pinned = [x["figure"] for x in check["runs"][t]["repeats"]]
+        assert f"{t} at k={2 * k_before:g}: Runs: {pinned[0]:.4g} at k={2 * k_before:g}" in md
         c = check["transports"][t]
         assert c["k_range"] == [k_before, k_before]
         assert c["k"] == 2 * k_before and c["k_range_at_k"] == [c["k"], c["k"]]  # ran there

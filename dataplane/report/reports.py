@@ -547,6 +547,10 @@ def scenario_k_check_lines(result: dict) -> list[str]:
             + (f"; #wrong {c['wrong']}" if c["wrong"] else "")
             + (f"; {c['note']}" if c["note"] else "")
         )
+    for t, r in check.get("runs", {}).items():
+        if r.get("repeats"):
+            out.append(f"{t} at k={check['transports'][t]['k']:g}: "
+                       + repeats_line(r["repeats"], r["figure_median"], ""))  # fmt: skip
     adv = check.get("ethplus_advantage_at_k") or {}
     if adv:
         out.append(
