@@ -153,7 +153,9 @@ def test_check_k_runs_each_transport_again_at_a_larger_k_and_gives_the_lab_back(
     assert bad.returncode == 2 and "--check-factor" in bad.stderr and "above 1" in bad.stderr
     alone = ethplus("scenario", "run", "incast-alltoall-erack", "--check-factor", "2")
     assert alone.returncode == 2 and "only with --check-k" in alone.stderr
-    assert "Traceback" not in bad.stderr + alone.stderr
+    none = ethplus("scenario", "run", "incast-alltoall-erack", "--repeat", "0")
+    assert none.returncode == 2 and "--repeat: expected a positive number" in none.stderr
+    assert "Traceback" not in bad.stderr + alone.stderr + none.stderr
 
 
 BAD = {
