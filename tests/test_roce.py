@@ -229,7 +229,9 @@ def test_dcqcn_shares_a_port_fairly_with_cnps_and_rate_cuts(erack_k640):
     r = _incast(erack_k640, [("h1", "h0"), ("h2", "h0")], 2.0, warm_s=3.0, windows=3)
     spread = [abs(a - b) / ((a + b) / 2) for a, b in r["windows"]]
     a, b = (sum(col) for col in zip(*r["windows"], strict=True))
-    assert abs(a - b) / ((a + b) / 2) <= 0.3 and min(spread) <= 0.15, r["windows"]
+    # the switches' counters beside the windows: whether the machine fell
+    # behind (late frames) when the shares came out uneven
+    assert abs(a - b) / ((a + b) / 2) <= 0.3 and min(spread) <= 0.15, (r["windows"], r["switch"])
     assert all(x["tx_cnps"] > 0 for x in r["receivers"])
     assert all(x["rx_cnps"] > 0 and x["rate_cuts"] > 0 for x in r["senders"])
     assert all(x["rate_bps"] < 625_000_000 for x in r["senders"]), "rates were cut"
