@@ -91,6 +91,10 @@ def test_erack_8x4_up_creates_exactly_the_fabric_and_down_removes_it(lab_name):
     assert addrs == {"127.0.0.1", "198.18.0.1", "198.18.16.1", "198.18.32.1", "198.18.48.1"}
 
     assert list(fabric_pids(lab_name).values()) == [lab_name]  # one fabric runs the switches
+    # with numpy's math on one thread: no OpenBLAS thread per core spinning beside the switches
+    (fabric_pid,) = fabric_pids(lab_name)
+    environ = Path(f"/proc/{fabric_pid}/environ").read_bytes().split(b"\0")
+    assert b"OPENBLAS_NUM_THREADS=1" in environ
     r = ethplus("lab", "down", lab_name, check=True)
     assert lab_namespaces(lab_name) == set()
     assert fabric_pids(lab_name) == {}

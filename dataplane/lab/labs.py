@@ -254,6 +254,7 @@ def _start_fabric(name: str) -> int:
         proc = subprocess.Popen(
             python_module("dataplane.lab.fabric", name),
             cwd="/",
+            env=module_environ(),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -271,6 +272,19 @@ def python_module(module: str, *args: str) -> list[str]:
     reach sys.path), so a module planted where the caller stands never runs.
     Start it with cwd="/" too."""
     return [sys.executable, "-I", "-m", module, *args]
+
+
+# numpy's OpenBLAS starts a thread per core in every process that imports it,
+# and each spins for a while after start: about 0.09 CPU s a process here,
+# for BLAS calls the fabric and the workers never make (their reductions
+# are ethplus's own C).
+ONE_THREAD_MATH = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def module_environ() -> dict[str, str]:
+    """The environment of a process python_module starts for the fabric or a
+    job's workers: the caller's, with numpy's math libraries on one thread."""
+    return {**os.environ, **ONE_THREAD_MATH}
 
 
 def _fabric_log_tail(name: str, lines: int = 5) -> str:

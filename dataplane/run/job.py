@@ -29,7 +29,7 @@ import uvloop
 
 from dataplane.errors import EthplusError, Interrupted
 from dataplane.lab import cpu, fabric_client, registry
-from dataplane.lab.labs import python_module
+from dataplane.lab.labs import module_environ, python_module
 from dataplane.report import fidelity
 from dataplane.run import inc, transport
 
@@ -360,6 +360,7 @@ class Job:
             h.proc = await asyncio.create_subprocess_exec(
                 *python_module("dataplane.run.worker", self.sock_path, self.plan.lab, *pairs),
                 cwd="/",
+                env=module_environ(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
