@@ -870,8 +870,8 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         "--ranks-per-host",
         type=int,
         metavar="N",
-        help="ranks per worker process, each in a thread of its own (default: one process per"
-        " rank up to 16 ranks, else as many processes as CPUs)",
+        help="ranks per worker process, each in a thread of its own (default: the ranks spread"
+        " over as many processes as CPUs; 1: a process per rank)",
     )
     p.add_argument(
         "--engine-per-rank",

@@ -57,6 +57,8 @@ def test_every_collective_is_exact_on_erack(erack, transport_name, collective):
     res = _job(erack, transport_name, collective, sizes, uneven=collective == "all-to-all")
     assert [r["size"] for r in res["rows"]] == sizes
     assert [r["wrong"] for r in res["rows"]] == [0] * len(sizes)
+    # by default the eight ranks share as many processes as the machine has CPUs
+    assert len({h["pid"] for h in res["hosts"]}) == min(8, os.cpu_count() or 1)
     if transport_name != "tcp":
         # the collectives' steps ran in the NIC engines, not from Python
         assert sum(r["counters"]["scheds_run"] for r in res["ranks"]) > 0
@@ -68,7 +70,7 @@ def test_every_collective_is_exact_on_clos(clos, transport_name, collective):
     # (64 MiB all-reduces run on erack above; 8 MiB here keeps the suite in its budget)
     sizes = [4, 4 * 1001, 8 * MiB] if collective == "all-reduce" else [4, 4 * 1001, 2 * MiB + 4]
     res = _job(clos, transport_name, collective, sizes, root=5)
-    assert res["world"] == 16
+    assert res["world"] == 16 and len(res["hosts"]) == min(16, os.cpu_count() or 1)
     assert [r["wrong"] for r in res["rows"]] == [0] * len(sizes)
 
 
@@ -236,7 +238,7 @@ def test_a_signal_mid_run_removes_the_lab_the_bench_brought_up(tmp_path, sig):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
     try:
-        _mid_run_worker(name, 8, "h0")
+        _mid_run_worker(name, min(8, os.cpu_count() or 1), "h0")  # the default's rank hosts
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
@@ -319,7 +321,7 @@ def _kill_mid_bench(lab: str, processes: int, node: str, *extra: str) -> tuple[i
 
 
 def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
-    rc, err, elapsed = _kill_mid_bench(erack, 8, "h3")
+    rc, err, elapsed = _kill_mid_bench(erack, 8, "h3", "--ranks-per-host", "1")
     assert rc == 1
     last = err.strip().splitlines()[-1]
     assert "rank 3 (h3)" in last and "signal 9" in last, err
@@ -736,7 +738,7 @@ def test_a_rank_kept_off_the_cpu_shows_as_its_engines_rx_backlog(erack):
     in its engine's RX ring, and its rx_wait_max says how long (the kernel's
     arrival stamps); the other engines, which kept running, show less."""
     plan = Plan(lab=erack, transport="ethplus", collective="all-reduce", sizes=[64 * MiB],
-                iters=2, warmup=0)  # fmt: skip
+                iters=2, warmup=0, ranks_per_host=1)  # fmt: skip
     job = Job(plan, registry.load_lab(erack))
     frozen_s = 0.6
 
@@ -770,7 +772,7 @@ def test_a_rank_frozen_in_a_timed_run_marks_its_size_behind_saying_why(erack, tm
     js = tmp_path / "r.json"
     b = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "bench", "all-reduce", "--lab", erack, "--sizes", "64M",
-         "--iters", "3", "--warmup", "1", "--json", str(js)],
+         "--iters", "3", "--warmup", "1", "--ranks-per-host", "1", "--json", str(js)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -800,7 +802,7 @@ def test_a_job_whose_ranks_stop_and_whose_frames_stop_is_a_stall(erack):
     others have nothing left to send, no frame moves: the job fails as
     stalled, within the limit plus the sampling, and nothing is left."""
     plan = Plan(lab=erack, transport="ethplus", collective="all-reduce", sizes=[64 * MiB],
-                iters=50, warmup=0, stall_s=3.0)  # fmt: skip
+                iters=50, warmup=0, stall_s=3.0, ranks_per_host=1)  # fmt: skip
     job = Job(plan, registry.load_lab(erack))
     stopped: list[int] = []
 

@@ -66,8 +66,8 @@ class Workload:
     check: bool = True  # check the first run of each size against numpy
     check_all: bool = False  # check every run, warm-up and timed (--check all)
     seed: int = 1
-    # ranks per worker process (a rank host); None: one process per rank up
-    # to ONE_PER_RANK_MAX ranks, else as many processes as CPUs
+    # ranks per worker process (a rank host); None: the ranks spread over as
+    # many processes as CPUs (ranks_per_host)
     ranks_per_host: int | None = None
     # a rank host's NIC engines: all in one thread (True, default), or a
     # thread each (False)
@@ -120,21 +120,17 @@ class Host:
         return f"ranks {a.rank}-{b.rank} ({a.node}..{b.node})"
 
 
-# Up to this many ranks a job runs one process per rank, as every lab test
-# was written for; beyond, ranks share CPU-count processes.  (Rank hosts
-# measured 1.3-2x less CPU at 8 ranks too, same busbw: scripts/bench_scale.py,
-# docs/performance.md; lowering this awaits the suite's timing tests.)
-ONE_PER_RANK_MAX = 16
-
-
 def ranks_per_host(world: int, wanted: int | None) -> int:
-    """How many ranks each worker process runs."""
+    """How many ranks each worker process runs: by default the ranks spread
+    over as many processes as CPUs (a process per rank when there are no more
+    ranks than CPUs).  Rank hosts measured better at every job size tried, 8
+    ranks too (erack-8x4, ethplus, roce and tcp, 1 and 16 MiB: the same
+    busbw and k, 1.2-3.1x less CPU per nominal GB, 0.6x the memory:
+    scripts/bench_scale.py, docs/performance.md)."""
     if wanted is not None:
         if wanted < 1:
             raise JobError(f"ranks per host must be 1 or more, not {wanted}")
         return min(wanted, world)
-    if world <= ONE_PER_RANK_MAX:
-        return 1
     return -(-world // (os.cpu_count() or 1))
 
 
