@@ -123,10 +123,10 @@ class Host:
 def ranks_per_host(world: int, wanted: int | None) -> int:
     """How many ranks each worker process runs: by default the ranks spread
     over as many processes as CPUs (a process per rank when there are no more
-    ranks than CPUs).  Rank hosts measured better at every job size tried, 8
-    ranks too (erack-8x4, ethplus, roce and tcp, 1 and 16 MiB: the same
-    busbw and k, 1.2-3.1x less CPU per nominal GB, 0.6x the memory:
-    scripts/bench_scale.py, docs/performance.md)."""
+    ranks than CPUs).  Rank hosts measured better at 8 ranks too (erack-8x4,
+    ethplus, roce and tcp, 1 and 16 MiB: the same busbw and k, 1.2-3.1x less
+    CPU per nominal GB, 0.4-0.7x the memory), and issue 22's bench and
+    scenario figures held with them (docs/performance.md, session 43)."""
     if wanted is not None:
         if wanted < 1:
             raise JobError(f"ranks per host must be 1 or more, not {wanted}")
