@@ -125,7 +125,7 @@ def ranks_per_host(world: int, wanted: int | None) -> int:
     over as many processes as CPUs (a process per rank when there are no more
     ranks than CPUs).  Rank hosts measured better at 8 ranks too (erack-8x4,
     ethplus, roce and tcp, 1 and 16 MiB: the same busbw and k, 1.2-3.1x less
-    CPU per nominal GB, 0.4-0.7x the memory), and issue 22's bench and
+    CPU per nominal GB, 0.3-0.7x the memory), and issue 22's bench and
     scenario figures held with them (docs/performance.md, session 43)."""
     if wanted is not None:
         if wanted < 1:
