@@ -55,6 +55,8 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
     f = res["fidelity"]
     wall = res["wall_s"]
     cpu_s = (f["cpu"]["fabric_cores"] + f["cpu"]["workers_cores"]) * wall
+    frames_s = (f["cpu"]["fabric_frames_cores"] + f["cpu"]["workers_frames_cores"]) * wall
+    nominal_GB = _moved_bytes(res, spec) / 1e9
     row = res["rows"][-1]
     return {
         "size": size,
@@ -63,7 +65,11 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         "real_s": real_s,
         "job_wall_s": wall,
         "cpu_s": cpu_s,
-        "cpu_s_per_nominal_GB": cpu_s / (_moved_bytes(res, spec) / 1e9),
+        "cpu_s_per_nominal_GB": cpu_s / nominal_GB,
+        # the threads that move frames (switches', NIC engines'): the same
+        # work whichever process a rank runs in
+        "frames_cpu_s": frames_s,
+        "frames_cpu_s_per_nominal_GB": frames_s / nominal_GB,
         "fabric_cpu_s": f["cpu"]["fabric_cores"] * wall,
         "workers_cpu_s": f["cpu"]["workers_cores"] * wall,
         "peak_rss_bytes": res["workers_peak_rss_bytes"],
@@ -83,12 +89,28 @@ def _print(lab: str, mode: str, r: dict) -> None:
     print(
         f"{lab:11s} {size_text(r['size']):>7s} {mode:8s} {r['processes']:3d} proc {r['algo']}"
         f"  real {r['real_s']:7.1f} s  CPU {r['cpu_s_per_nominal_GB']:8.2f} s/GB"
-        f" (fabric {r['fabric_cpu_s']:.1f} s, workers {r['workers_cpu_s']:.1f} s)"
+        f" (fabric {r['fabric_cpu_s']:.1f} s, workers {r['workers_cpu_s']:.1f} s;"
+        f" frames' threads {r['frames_cpu_s']:.1f} s)"
         f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
         f"  busbw {r['busbw_GBps']:6.1f} GB/s = {r['share_of_ideal']:.3f} of ideal"
         f"  {k_text}  {r['verdict']}  #wrong {r['wrong']}",
         flush=True,
     )
+
+
+def _print_ceiling(lab: str, size: int, cpu: dict, frames: dict) -> None:
+    """How far grouping ranks into processes can cut the CPU at all: the
+    threads that move frames (the switches', the NIC engines') spend the same
+    whatever process a rank is in, so no grouping spends less than the least
+    any mode's frame threads spent.  Kernel TCP has no such threads (its
+    frames are the kernel's work in the ranks' own threads): not shown."""
+    floor = min((v for v in frames.values() if v > 0), default=0.0)
+    if "per-rank" not in cpu or not floor:
+        return
+    print(f"{lab:11s} {size_text(size):>7s} frames' threads (switches, NIC engines) alone:"
+          f" {floor:.2f} s/GB, so no grouping of ranks into processes can spend less:"
+          f" one process per rank / that = at most {cpu['per-rank'] / floor:.2f}x",
+          flush=True)  # fmt: skip
 
 
 def main() -> int:
@@ -113,7 +135,7 @@ def main() -> int:
             world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
             hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
             for size in bench.parse_sizes(sizes):
-                cpu = {}
+                cpu, frames = {}, {}
                 for mode in args.modes.split(","):
                     per_host = 1 if mode == "per-rank" else hosts
                     shared = mode != "hosts-own"
@@ -124,12 +146,14 @@ def main() -> int:
                         continue
                     _print(lab, mode, r)
                     cpu[mode] = r["cpu_s_per_nominal_GB"]
+                    frames[mode] = r["frames_cpu_s_per_nominal_GB"]
                     out.append({"lab": lab, "mode": mode, **r})
                 for mode in cpu:
                     if mode != "per-rank" and "per-rank" in cpu:
                         ratio = cpu["per-rank"] / cpu[mode]
                         print(f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
                               f" per rank / {mode}: {ratio:.2f}x", flush=True)  # fmt: skip
+                _print_ceiling(lab, size, cpu, frames)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

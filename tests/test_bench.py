@@ -711,6 +711,17 @@ def test_ranks_share_processes_and_stay_byte_exact(erack, transport, extra, tmp_
     if transport != "tcp":
         want = "own" if extra else "shared"
         assert res["transport_config"]["engine_thread"] == want
+    # the CPU of the threads that move frames, apart: the switches' within
+    # the fabric's, the NIC engines' within the workers' (kernel TCP has none:
+    # its frames are the kernel's work in the ranks' own threads)
+    c = res["fidelity"]["cpu"]
+    slack = 0.01 / res["wall_s"]  # the parts are read a moment after the whole
+    assert 0 < c["fabric_frames_cores"] <= c["fabric_cores"] + slack, c
+    if transport == "tcp":
+        assert c["workers_frames_cores"] == 0, c
+    else:
+        assert 0 < c["workers_frames_cores"] <= c["workers_cores"] * 1.01 + slack, c
+    assert "(switch threads " in r.stdout
 
 
 def test_a_killed_rank_host_fails_the_run_naming_its_ranks(erack):

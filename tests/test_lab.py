@@ -95,6 +95,11 @@ def test_erack_8x4_up_creates_exactly_the_fabric_and_down_removes_it(lab_name):
     (fabric_pid,) = fabric_pids(lab_name)
     environ = Path(f"/proc/{fabric_pid}/environ").read_bytes().split(b"\0")
     assert b"OPENBLAS_NUM_THREADS=1" in environ
+    # a thread per switch, named so that its CPU is told from the fabric's Python
+    names = [
+        Path(t, "comm").read_text().strip() for t in Path(f"/proc/{fabric_pid}/task").iterdir()
+    ]
+    assert names.count("ethp-sw") == 4, names
     r = ethplus("lab", "down", lab_name, check=True)
     assert lab_namespaces(lab_name) == set()
     assert fabric_pids(lab_name) == {}

@@ -969,6 +969,8 @@ static void *sw_main(void *arg)
     struct ethp_switch *sw = arg;
     struct epoll_event evs[64];
     prctl(PR_SET_TIMERSLACK, 1UL); /* wake when asked, not 50 us later */
+    /* cpu.SWITCH_THREAD: its CPU is the frames', apart from the fabric's Python */
+    prctl(PR_SET_NAME, (unsigned long)"ethp-sw");
     int more = 0; /* the ring held more than a turn's frames: do not sleep */
     while (!__atomic_load_n(&sw->stop, __ATOMIC_ACQUIRE)) {
         apply_pending(sw);

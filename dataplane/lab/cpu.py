@@ -100,18 +100,28 @@ def machine_busy_s() -> float:
     return machine_s()[0]
 
 
+def _schedstats(pid: int, named: bool = False):
+    """(thread name or None, schedstat fields) of each thread of process pid
+    that can still be read."""
+    for d in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            name = None
+            if named:
+                with open(f"{d}/comm") as f:
+                    name = f.read().strip()
+            with open(f"{d}/schedstat") as f:
+                fields = [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue  # a thread that just exited
+        if fields:
+            yield d, name, fields
+
+
 def process_s(pid: int) -> float:
     """CPU seconds process pid has run, all threads; 0.0 if it is gone."""
-    total_ns, found = 0, False
-    for t in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(t) as f:
-                total_ns += int(f.read().split()[0])
-            found = True
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that just exited
-    if found:
-        return total_ns / 1e9
+    runs = [fields[0] for _, _, fields in _schedstats(pid)]
+    if runs:
+        return sum(runs) / 1e9
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -121,21 +131,26 @@ def process_s(pid: int) -> float:
 
 
 NIC_THREAD = "ethp-nic"  # a NIC engine's thread name (nic.c)
+SWITCH_THREAD = "ethp-sw"  # a switch's thread name (switch.c)
+# The threads that move frames: whatever runs them, a frame costs the same
+# there (its sends, its receives, the kernel's veth path between them)
+FRAME_THREADS = (NIC_THREAD, SWITCH_THREAD)
+
+
+def frame_threads_s(pid: int) -> float:
+    """CPU seconds process pid's frame threads (FRAME_THREADS: its NIC
+    engines', its switches') have run; 0.0 if it has none or is gone."""
+    return sum(f[0] for _, name, f in _schedstats(pid, named=True) if name in FRAME_THREADS) / 1e9
 
 
 def threads_waited(pid: int) -> dict[int, tuple[str, int]]:
     """Process pid's threads: tid -> (name, ns spent runnable but not
     running: waiting on a run queue, ready, not scheduled), from schedstat."""
-    out = {}
-    for d in glob.glob(f"/proc/{pid}/task/*"):
-        try:
-            with open(f"{d}/comm") as f:
-                name = f.read().strip()
-            with open(f"{d}/schedstat") as f:
-                out[int(d.rsplit("/", 1)[1])] = (name, int(f.read().split()[1]))
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that just exited
-    return out
+    return {
+        int(d.rsplit("/", 1)[1]): (name, fields[1])
+        for d, name, fields in _schedstats(pid, named=True)
+        if len(fields) > 1
+    }
 
 
 def waited_s(a: dict[int, tuple[str, int]], b: dict[int, tuple[str, int]]) -> float:

@@ -332,6 +332,7 @@ class Fabric:
             },  # fmt: skip
             "uptime_s": (time.monotonic_ns() - self.started_ns) / 1e9,
             "cpu_s": cpu.process_s(os.getpid()),
+            "frames_cpu_s": cpu.frame_threads_s(os.getpid()),  # its switches' threads
             "switches": out,
             "hosts": hosts,  # their uplinks' queues (tc), which the host's kernel fills
             "links": {n: vars(v) for n, v in self.nominal.items()},

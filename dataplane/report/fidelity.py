@@ -444,6 +444,7 @@ def report(result: dict, rec: dict) -> dict:
         default=0,
     )
     worker_cpu = workers_cpu_s(result["ranks"])
+    fabric_frames_s = after.get("frames_cpu_s", 0.0) - before.get("frames_cpu_s", 0.0)
     transport = result["ranks"][0].get("transport", {}) if result["ranks"] else {}
     fell = [r["size"] for r in result["rows"] if r.get("fell_behind")]
     busy = result["machine_busy_frac"]
@@ -464,6 +465,11 @@ def report(result: dict, rec: dict) -> dict:
         "cpu": {
             "fabric_cores": (after["cpu_s"] - before["cpu_s"]) / wall,
             "workers_cores": worker_cpu / wall,
+            # of which the threads that move frames (cpu.FRAME_THREADS): the
+            # switches', the NIC engines' (none for kernel TCP, whose frames
+            # are the kernel's work in the ranks' own threads)
+            "fabric_frames_cores": fabric_frames_s / wall,
+            "workers_frames_cores": float(per_process(result["ranks"], "frames_cpu_s")) / wall,
             "machine_busy_share": busy,
             "saturated": busy > BUSY_MAX,
         },
@@ -514,6 +520,18 @@ def after_reruns(f: dict, rows: list[dict], reruns: list[dict], checks=()) -> No
     f["k_checks"] = list(checks)
 
 
+def cpu_text(c: dict) -> str:
+    """The fabric's and the workers' cores, and of them what the threads
+    that move frames took (results from before they were counted: left out)."""
+
+    def part(name: str, who: str) -> str:
+        frames = c.get(f"{name}_frames_cores")
+        of = f" ({who} {frames:.2f})" if frames else ""
+        return f"{name} {c[f'{name}_cores']:.2f} cores{of}"
+
+    return f"{part('fabric', 'switch threads')}, {part('workers', 'NIC engines')}"
+
+
 def render(f: dict) -> str:
     """A few lines for a terminal."""
     lines = [f"fidelity (time scale k={f['time_scale']:g} at the start; real rate = nominal / k):"]
@@ -540,7 +558,7 @@ def render(f: dict) -> str:
         f" link time lost beyond catch-up {p['lost_link_ns'] / 1e6:.1f} ms"
     )
     lines.append(
-        f"  cpu: fabric {c['fabric_cores']:.2f} cores, workers {c['workers_cores']:.2f} cores,"
+        f"  cpu: {cpu_text(c)},"
         f" machine {c['machine_busy_share']:.0%} busy{' (SATURATED)' if c['saturated'] else ''}"
     )
     engs = f.get("engines") or []

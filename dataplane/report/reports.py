@@ -20,7 +20,7 @@ from dataplane.model import (
     catalog,  # noqa: E402
     scenario_file,  # noqa: E402
 )
-from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX, k_text, kernel_tcp_text
+from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX, cpu_text, k_text, kernel_tcp_text
 from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
 
@@ -221,8 +221,7 @@ def _fidelity_md(r: dict) -> list[str]:
         f"- Pacer: {p['late_frames']} of {p['tx_frames']} frames left more than 100 us (real) late"
         f" ({p['late_share']:.1%}); link time lost beyond catch-up"
         f" {p['lost_link_ns'] / 1e6:.1f} ms.",
-        f"- CPU: fabric {c['fabric_cores']:.2f} cores, workers {c['workers_cores']:.2f} cores,"
-        f" machine {c['machine_busy_share']:.0%} busy"
+        f"- CPU: {cpu_text(c)}, machine {c['machine_busy_share']:.0%} busy"
         + (" (saturated)." if c["saturated"] else "."),
         f"- Switch drops and marks: {drops or 'none'};"
         f" NIC retransmissions: {f['nic_retransmissions']}"

@@ -207,6 +207,7 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.
         link.barrier("close")
         link.send(done={"counters": t.counters(), "cpu_s": _cpu_s(), "pid": os.getpid(),
+                        "frames_cpu_s": cpu.frame_threads_s(os.getpid()),
                         "peak_rss_bytes": _peak_rss_bytes()})  # fmt: skip
     finally:
         t.close()
