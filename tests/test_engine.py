@@ -286,10 +286,15 @@ def test_a_send_waits_for_a_late_receiver_until_the_rnr_timeout(make, roce):
     assert eps[0].wait(hs, TIMEOUT_S) == data.nbytes and eps[1].wait(hr, TIMEOUT_S) == data.nbytes
     assert np.array_equal(out, data)
     c = eps[0].counters()
-    # (how late the engine ran beside the timeouts: a suite run on a fresh
-    # clone once counted 2 with 268 RNRs, and it has passed alone since)
-    late = {k: c[k] for k in ("eng_late_wakeups", "eng_late_max_ns", "eng_lost_ns")}
-    assert c["rx_rnrs"] > 0 and c["retx_timeout"] == 0, (c["rx_rnrs"], c["retx_timeout"], late)
+    # The RNR answers hold the retransmit timeout off, so none fires unless
+    # an engine itself was kept off its CPU for a whole timeout: the
+    # engines' own lateness tells the machine from the code (a suite run on
+    # a fresh clone once counted 2 with 268 RNRs, and nothing but such a
+    # stall explains it; it has passed alone since).
+    late_ns = max(e.counters()["eng_late_max_ns"] for e in eps.values())
+    held_off = late_ns >= eps[0].config["rto_ns"]
+    assert c["rx_rnrs"] > 0 and (c["retx_timeout"] == 0 or held_off), (
+        c["rx_rnrs"], c["retx_timeout"], late_ns, eps[0].config["rto_ns"])  # fmt: skip
 
     eps[1].post_recv(0, 8, np.zeros(1000, dtype=np.uint8))  # another tag
     t0 = time.monotonic()
