@@ -16,7 +16,13 @@ rank hosts.
 
     sudo .venv/bin/python scripts/bench_scale.py [--labs erack-8x4,erack-64x8]
         [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts,hosts-own] [--json FILE]
-        [--collective all-reduce] [--algo auto] [--transport ethplus]
+        [--collective all-reduce] [--algo auto] [--transport ethplus] [--time-scale K]
+
+The frame-moving threads' CPU (switches', NIC engines') is the same work
+whichever process a rank runs in, so it bounds what any grouping of ranks
+into processes can save; each size's last line says by how much.  CPU per
+nominal GB moves with k, and the governor may settle the modes at different
+ones: --time-scale K pins both at one k.
 """
 
 from __future__ import annotations
@@ -124,6 +130,10 @@ def main() -> int:
     ap.add_argument("--algo", default="auto", help="all-reduce: its algorithm (default auto)")
     ap.add_argument("--modes", default="per-rank,hosts,hosts-own")
     ap.add_argument("--ranks-per-host", type=int, help="for the hosts mode (default: see above)")
+    ap.add_argument(
+        "--time-scale", type=float,
+        help="pin every lab at this k (no governor): the modes' CPU compared at one k",
+    )  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     plan = [(lab, args.sizes) for lab in args.labs.split(",") if lab]
@@ -131,7 +141,7 @@ def main() -> int:
         plan.append(("upn-512", "1M,4M"))
     out: list[dict] = []
     for lab, sizes in plan:
-        with labs.session(lab) as rec:
+        with labs.session(lab, time_scale=args.time_scale) as rec:
             world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
             hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
             for size in bench.parse_sizes(sizes):
