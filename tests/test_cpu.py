@@ -93,3 +93,44 @@ def test_a_ranks_cpu_wait_is_its_dataplane_threads_thread_by_thread():
     assert cpu.waited_s({app: ("python", 0)}, started) == 0.0
     own = cpu.threads_waited(os.getpid())
     assert own and all(isinstance(ns, int) and ns >= 0 for _, ns in own.values())
+
+
+def _named_thread(name: bytes, ready, stop) -> None:
+    """A thread of this process whose kernel name is name (as nic.c names
+    its engine threads), until stop is set."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    ready.set()
+    stop.wait()
+
+
+def test_the_governors_watch_reads_the_engine_threads_and_sees_them_wait():
+    """The governor reads its ranks' waits several times a second: a process
+    with NIC engine threads is read for those threads only, one without for
+    all of its threads (kernel TCP), with the figures threads_waited gives."""
+    import threading
+
+    me = os.getpid()
+    watch = cpu.WaitWatch()
+    watch.refresh([me])
+    assert set(watch.read()[me]) == set(cpu.threads_waited(me))  # no engine: every thread
+    ready, stop = threading.Event(), threading.Event()
+    t = threading.Thread(target=_named_thread, args=(cpu.NIC_THREAD.encode(), ready, stop))
+    t.start()
+    try:
+        ready.wait(5)
+        watch.refresh([me])
+        first = watch.read()[me]
+        assert [name for name, _ in first.values()] == [cpu.NIC_THREAD]
+        (tid,) = first
+        assert cpu.threads_waited(me)[tid][1] >= first[tid][1]
+    finally:
+        stop.set()
+        t.join()
+    deadline = time.monotonic() + 5  # the OS thread ends a moment after join returns
+    while os.path.exists(f"/proc/{me}/task/{tid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch.read()[me] == {}  # the engine exited: nothing left to read
+    watch.refresh([me, 2**22 + 1])  # and a process that is gone
+    assert set(watch.read()) == {me, 2**22 + 1} and watch.read()[2**22 + 1] == {}

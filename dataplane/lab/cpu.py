@@ -177,6 +177,38 @@ def waited_s(a: dict[int, tuple[str, int]], b: dict[int, tuple[str, int]]) -> fl
     )
 
 
+class WaitWatch:
+    """threads_waited of many processes, read several times a second (the
+    governor's look at the ranks): their threads and names are looked up
+    on refresh() only, and each read() then opens one file per thread that
+    waited_s counts: a process's NIC engine threads where it has any, else
+    all of its threads (a kernel TCP rank's).  A thread started since the
+    last refresh is not seen until the next."""
+
+    def __init__(self) -> None:
+        self._threads: dict[int, dict[int, str]] = {}
+
+    def refresh(self, pids: list[int]) -> None:
+        self._threads = {}
+        for pid in pids:
+            names = {tid: name for tid, (name, _) in threads_waited(pid).items()}
+            engines = {tid: name for tid, name in names.items() if name == NIC_THREAD}
+            self._threads[pid] = engines or names
+
+    def read(self) -> dict[int, dict[int, tuple[str, int]]]:
+        """pid -> threads_waited(pid), of the threads that count."""
+        out: dict[int, dict[int, tuple[str, int]]] = {}
+        for pid, threads in self._threads.items():
+            got = out[pid] = {}
+            for tid, name in threads.items():
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        got[tid] = (name, int(f.read().split()[1]))
+                except (OSError, IndexError, ValueError):
+                    continue  # a thread that has exited
+        return out
+
+
 def process_waited_s(pid: int) -> float:
     """Seconds process pid's dataplane threads (waited_s) have waited for a
     CPU so far."""

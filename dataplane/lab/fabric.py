@@ -77,7 +77,7 @@ class Fabric:
         self.pinned = self.governor is None
         self.lock = threading.Lock()  # k and the links change under it
         self._host_ns = [rec["namespaces"][n] for n, x in self.nodes.items() if x["role"] == "host"]
-        self._pids: list[int] = []
+        self._waits = cpu.WaitWatch()  # the ranks' threads (whatever job runs)
         self._pids_at = -1e9
         self.node_up = {n: True for n in self.nodes if self.nodes[n]["role"] == "switch"}
         self.started_ns = time.monotonic_ns()
@@ -214,9 +214,9 @@ class Fabric:
         busy, total = cpu.machine_s()
         now = time.monotonic()
         if now - self._pids_at > governor.WINDOW_S:  # the ranks (whatever job runs)
-            self._pids = kernel.pids_in(self._host_ns)
+            self._waits.refresh(kernel.pids_in(self._host_ns))
             self._pids_at = now
-        waited = {pid: cpu.threads_waited(pid) for pid in self._pids}
+        waited = self._waits.read()
         return {"t": now, "k": self.k, "busy": busy, "total": total, "ports": ports,
                 "waited": waited, "clock": self.clock.reports(),
                 "engines": self.clock.engines()}  # fmt: skip
