@@ -186,6 +186,12 @@ def test_a_sample_is_the_stats_counters_of_every_port(erack):
     again = job.fabric_sample(erack, s)
     assert again["ports"]._index is s["ports"]._index  # the names, once per job
     assert again["k"] == st["time_scale"] and again["t"] > s["t"]
+    # the fabric's CPU when asked and once answered: a job's window runs from
+    # the end of its first stats request to the start of its second, so the
+    # requests' own netlink queries are not counted as the job's
+    st2 = job.fabric_stats(erack)
+    assert st["cpu_s"] < st["cpu_s_done"] <= st2["cpu_s"] < st2["cpu_s_done"]
+    assert st["frames_cpu_s"] <= st2["frames_cpu_s"]
 
 
 def test_bench_qps_reaches_the_roce_engines(erack, tmp_path):

@@ -463,7 +463,9 @@ def report(result: dict, rec: dict) -> dict:
             "late_max_ns_since_lab_up": late_max,
         },
         "cpu": {
-            "fabric_cores": (after["cpu_s"] - before["cpu_s"]) / wall,
+            # between the job's two stats requests, neither counted (older
+            # fabrics: from the end of one to the end of the other)
+            "fabric_cores": (after["cpu_s"] - before.get("cpu_s_done", before["cpu_s"])) / wall,
             "workers_cores": worker_cpu / wall,
             # of which the threads that move frames (cpu.FRAME_THREADS): the
             # switches', the NIC engines' (none for kernel TCP, whose frames
