@@ -297,11 +297,8 @@ def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns, gap_s, bl
     # 8-40 ms here; longer on a loaded machine, so no fixed count of frames)
     # (every frame built beforehand: building 3000 takes long enough on a
     # loaded machine for the ring to idle out meanwhile)
-    frames, n, got = _numbered(0, 20_000), 0, []
-    end = time.monotonic() + 10
-    while not rx.ring_up and time.monotonic() < end and n < 16_000:
-        _send_paced(tx, rx, pool, frames[n : n + 64], got)
-        n += 64
+    frames, got = _numbered(0, 20_000), []
+    n = _run_until_the_ring_is_up(tx, rx, pool, frames, 0, got)
     _send_paced(tx, rx, pool, frames[n : n + 3000], got)  # round a 4-block ring a few times
     n += 3000
     got += _drain(rx, pool, n - len(got))
@@ -314,4 +311,54 @@ def test_a_ring_that_traffic_has_thinned_out_on_is_taken_down(veth_ns, gap_s, bl
     c = rx.counters()
     assert _psns(got) == list(range(n + trickle)), c  # none lost, doubled or reordered
     assert c["ring_builds"] == 1 and c["ring_parks"] == 1 and not rx.ring_up
+    assert c["ring_backoffs"] == 1  # taken down for a trickle
+    assert pool.available == 4096
+
+
+def _run_until_the_ring_is_up(tx, rx, pool, frames, n: int, got: list) -> int:
+    """Send frames[n:] (paced) until rx's ring is up; returns the next n.
+    (A helper thread sets a ring up, in 8-40 ms here, longer on a loaded
+    machine: no fixed count of frames.)"""
+    end = time.monotonic() + 10
+    while not rx.ring_up and time.monotonic() < end and n < len(frames) - 4000:
+        _send_paced(tx, rx, pool, frames[n : n + 64], got)
+        n += 64
+    return n
+
+
+def test_a_ring_taken_down_for_a_trickle_is_not_set_up_again_at_once(veth_ns):
+    """Setting a ring up costs (the kernel zeroes all of it), so one taken
+    down for a trickle is not set up again by the next burst: a run of
+    traffic within 250 ms comes one by one; after that a run sets it up
+    again.  Every frame arrives, in order, either way."""
+    path, a, b = veth_ns
+    pool = Pool(4096, 4096)
+    rx = Port(b, path, PortConfig(n_blocks=64, ring_idle_ms=50))
+    tx = Port(a, path)
+    frames, got = _numbered(0, 80_000), []
+    n = _run_until_the_ring_is_up(tx, rx, pool, frames, 0, got)
+    assert rx.ring_up, rx.counters()
+    while rx.ring_up and n < 20_000:  # a trickle until the ring is taken down
+        tx.send(frames[n : n + 1], pool)
+        n += 1
+        got += _receive_for(rx, pool, 0.005)
+    parked_at = time.monotonic()
+    assert rx.counters()["ring_backoffs"] == 1, rx.counters()
+    got += _drain(rx, pool, n - len(got))  # read dry: the parked ring is let go
+    end = time.monotonic() + 5
+    while rx.counters()["ring_parks"] == 0 and time.monotonic() < end:
+        got += _receive_for(rx, pool, 0.002)
+    assert rx.counters()["ring_parks"] == 1, rx.counters()
+    while time.monotonic() - parked_at < 0.18 and n < 60_000:  # a run of traffic, at once
+        _send_paced(tx, rx, pool, frames[n : n + 64], got)
+        n += 64
+    got += _drain(rx, pool, n - len(got))
+    if time.monotonic() - parked_at < 0.22:  # (a machine that kept us off the CPU: not judged)
+        assert rx.counters()["ring_builds"] == 1 and not rx.ring_up, rx.counters()
+    time.sleep(max(0.0, parked_at + 0.3 - time.monotonic()))
+    n = _run_until_the_ring_is_up(tx, rx, pool, frames, n, got)
+    got += _drain(rx, pool, n - len(got))
+    c = rx.counters()
+    assert c["ring_builds"] == 2 and rx.ring_up, c
+    assert _psns(got) == list(range(n)), c  # none lost, doubled or reordered
     assert pool.available == 4096

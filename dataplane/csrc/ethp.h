@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 42
+#define ETHP_ABI_VERSION 43
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -230,7 +230,8 @@ uint32_t ethp_pool_size(const struct ethp_pool *pool);
     X(rx_one_by_one, "frames received one at a time while the ring was down") \
     X(ring_builds, "times the RX ring was set up for a run of traffic")        \
     X(ring_parks, "times the RX ring was taken down after idling")            \
-    X(ring_failures, "ring set-ups that failed (frames kept coming one by one)")
+    X(ring_failures, "ring set-ups that failed (frames kept coming one by one)") \
+    X(ring_backoffs, "rings taken down for a trickle: the next set-up waits longer")
 
 #define ETHP_X_ENUM(name, help) ETHP_PC_##name,
 enum ethp_port_counter { ETHP_PORT_COUNTERS(ETHP_X_ENUM) ETHP_PORT_NCOUNTERS };
@@ -477,7 +478,7 @@ uint32_t ethp_switch_port_count(const struct ethp_switch *sw);
  * packet pool empty, out[2] from an interface that is not a port.  Then
  * out[3] frames received one by one (ring down), out[4] ring set-ups,
  * out[5] ring take-downs, out[6] failed set-ups, out[7] 1 if the ring is
- * up now. */
+ * up now, out[8] take-downs for a trickle (the next set-up waits). */
 void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out);
 /* Copy one port's counters: ETHP_SW_NCOUNTERS values into out, then
  * ETHP_NCLASSES x ETHP_SW_NCLASS_COUNTERS into cls_out. */
@@ -574,6 +575,7 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_one_by_one, "frames received one at a time while the RX ring was down") \
     X(ring_builds, "times the RX ring was set up for a run of traffic")        \
     X(ring_parks, "times the RX ring was taken down after idling")           \
+    X(ring_backoffs, "RX rings taken down for a trickle: the next set-up waits longer") \
     X(eng_late_wakeups, "the engine ran more than 100 us after the time its next packet or timer was due") \
     X(eng_late_sum_ns, "how late the engine ran, summed (real ns; each ns counted once)") \
     X(eng_late_max_ns, "the engine's worst lateness (real ns)") \

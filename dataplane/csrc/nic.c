@@ -1350,6 +1350,7 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
         out[ETHP_NC_rx_one_by_one] = io[ETHP_PC_rx_one_by_one];
         out[ETHP_NC_ring_builds] = io[ETHP_PC_ring_builds];
         out[ETHP_NC_ring_parks] = io[ETHP_PC_ring_parks];
+        out[ETHP_NC_ring_backoffs] = io[ETHP_PC_ring_backoffs];
         out[ETHP_NC_rx_ring_drops] = io[ETHP_PC_rx_ring_drops];
         out[ETHP_NC_rate_bps] = 0;
         for (uint32_t i = 0; i < n->max_peers; i++)

@@ -49,6 +49,15 @@
  * ring_idle_ms is taken down too: its blocks were retired by their timer,
  * each frame waiting for it, and one by one it would not wait at all. */
 #define ETHP_RING_SPARSE_FRAMES_PER_BLOCK 2
+/* A ring taken down for a trickle was not worth setting up (the kernel
+ * zeroes all of it: a switch's is up to 32 MiB), so the next waits this
+ * long, twice as long after each such ring up to the most; a ring taken
+ * down idle after a run of traffic clears the wait.  Measured: erack-64x8
+ * at k 1.6e6, bursts of 8 frames in a ms set rings up that a trickle then
+ * took down again, one a port every few seconds, and their set-up was a
+ * fifth of all the CPU of a 16 MiB all-reduce. */
+#define ETHP_RING_BACKOFF_MIN_NS 250000000ull
+#define ETHP_RING_BACKOFF_MAX_NS 8000000000ull
 #define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
 #define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
 /* data.u64 of a port's epoll events: the caller's tag | which socket << 32 */
@@ -105,6 +114,7 @@ struct ethp_port {
     uint32_t window_frames;
     uint64_t window_ns, last_ring_ns, retry_ns, idle_ns;
     uint64_t ring_window_ns, ring_window_frames, ring_window_blocks; /* sparseness */
+    uint64_t ring_backoff_ns, build_after_ns; /* after a sparse ring: the forwarding thread's */
     pthread_t helper;
     int helper_live;
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
@@ -683,7 +693,8 @@ static void rx_step(struct ethp_port *p, uint64_t now)
 {
     switch (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE)) {
     case ETHP_RX_FRAMES:
-        if (p->window_frames >= ETHP_RING_AT_FRAMES && now >= p->retry_ns) {
+        if (p->window_frames >= ETHP_RING_AT_FRAMES && now >= p->retry_ns &&
+            now >= p->build_after_ns) {
             p->window_frames = 0;
             helper_start(p, ETHP_RX_BUILDING);
         }
@@ -703,6 +714,13 @@ static void rx_step(struct ethp_port *p, uint64_t now)
         int sparse = now - p->ring_window_ns >= p->idle_ns && blocks &&
                      p->ring_window_frames < ETHP_RING_SPARSE_FRAMES_PER_BLOCK * blocks;
         if (now - p->last_ring_ns >= p->idle_ns || sparse) {
+            if (now - p->last_ring_ns >= p->idle_ns)
+                p->ring_backoff_ns = 0; /* idle after a run of traffic */
+            else if (p->ring_backoff_ns < ETHP_RING_BACKOFF_MAX_NS)
+                p->ring_backoff_ns = p->ring_backoff_ns ? 2 * p->ring_backoff_ns
+                                                        : ETHP_RING_BACKOFF_MIN_NS;
+            p->build_after_ns = now + p->ring_backoff_ns;
+            p->c[ETHP_PC_ring_backoffs] += p->ring_backoff_ns != 0;
             p->last_ring_ns = p->ring_window_ns = now; /* should parking fail */
             p->ring_window_frames = 0;
             p->ring_window_blocks = p->c[ETHP_PC_rx_blocks];

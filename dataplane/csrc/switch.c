@@ -1247,6 +1247,7 @@ void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out)
     out[5] = io[ETHP_PC_ring_parks];
     out[6] = io[ETHP_PC_ring_failures];
     out[7] = (uint64_t)ethp_port_ring_up(sw->io);
+    out[8] = io[ETHP_PC_ring_backoffs];
 }
 void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint64_t *hwm_bytes)
 {

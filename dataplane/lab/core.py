@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the ethplus C core is not built: run `pip install -e .` in the checkout"
     ) from exc
 
-ABI_VERSION = 42
+ABI_VERSION = 43
 
 if lib.ethp_abi_version() != ABI_VERSION:  # pragma: no cover - stale build
     raise ImportError(
@@ -82,7 +82,7 @@ PORT_COUNTERS: tuple[str, ...] = tuple(
 # A switch's receiving port, whole-switch (ethp_switch_ring_counters)
 RING_COUNTERS = (
     "drop_ring", "drop_no_buf", "drop_foreign",
-    "rx_one_by_one", "ring_builds", "ring_parks", "ring_failures", "ring_up",
+    "rx_one_by_one", "ring_builds", "ring_parks", "ring_failures", "ring_up", "ring_backoffs",
 )  # fmt: skip
 
 

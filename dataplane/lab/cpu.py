@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import glob
 import os
+import resource
 import time
 
 _CPUIDLE = "/sys/devices/system/cpu/cpu[0-9]*/cpuidle"
@@ -128,6 +129,15 @@ def process_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def self_s() -> float:
+    """CPU seconds this process has run, its threads that have exited
+    included (process_s sees only those still running: a port's short-lived
+    ring helpers were missing from the fabric's CPU); getrusage's total is
+    the scheduler's exact run time, split into user and system by ticks."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 NIC_THREAD = "ethp-nic"  # a NIC engine's thread name (nic.c)

@@ -303,7 +303,7 @@ class Fabric:
         # requests themselves (on erack-64x8, 0.09 s each: a netlink query
         # per host namespace)
         pid = os.getpid()
-        cpu_s, frames_cpu_s = cpu.process_s(pid), cpu.frame_threads_s(pid)
+        cpu_s, frames_cpu_s = cpu.self_s(), cpu.frame_threads_s(pid)
         out = {}
         for name, sw in self.switches.items():
             node = self.nodes[name]
@@ -338,7 +338,7 @@ class Fabric:
             },  # fmt: skip
             "uptime_s": (time.monotonic_ns() - self.started_ns) / 1e9,
             "cpu_s": cpu_s,
-            "cpu_s_done": cpu.process_s(pid),
+            "cpu_s_done": cpu.self_s(),
             "frames_cpu_s": frames_cpu_s,  # its switches' threads
             "switches": out,
             "hosts": hosts,  # their uplinks' queues (tc), which the host's kernel fills
@@ -355,7 +355,7 @@ class Fabric:
             rows = sw.counter_rows(fidelity.SAMPLE_FIELDS, len(node_ports))
             for p, row in zip(node_ports, rows, strict=True):
                 ports[f"{name}:{p['peer']}"] = row
-        return {"time_scale": self.k, "cpu_s": cpu.process_s(os.getpid()), "ports": ports}
+        return {"time_scale": self.k, "cpu_s": cpu.self_s(), "ports": ports}
 
     def set_link(self, name: str, changes: dict) -> dict:
         if name not in self.links:

@@ -117,7 +117,8 @@ def render(st: dict, show_all: bool = False) -> str:
             + (f"; lost before a port read them: {lost}" if lost else "")
             + (
                 f"; receiving {'through its RX ring' if rx['ring_up'] else 'frame by frame'}"
-                f" (RX ring set up {rx['ring_builds']} times, taken down {rx['ring_parks']})"
+                f" (RX ring set up {rx['ring_builds']} times, taken down {rx['ring_parks']},"
+                f" {rx.get('ring_backoffs', 0)} of them for a trickle)"
                 if rx
                 else ""
             )

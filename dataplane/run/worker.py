@@ -82,11 +82,6 @@ def open_transport(
     return Group(t, opts.members) if opts.members is not None else t
 
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def _peak_rss_bytes() -> int:
     """This process's peak resident memory so far (all its ranks)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -200,13 +195,13 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
             if every:  # the runs alone, their checks left out
                 timing.update(run_s=run_s, nruns=nruns)
             link.send(result={"index": i, "size": size, "count": case.count, "wrong": wrong,
-                              **timing, "engine": engine, "cpu_s": _cpu_s(),
+                              **timing, "engine": engine, "cpu_s": cpu.self_s(),
                               "pid": os.getpid()})  # fmt: skip
             del case
         # Nobody closes before everyone is through: a closing rank would leave
         # its peers' last acks (ethplus) or unread bytes (tcp) unanswered.
         link.barrier("close")
-        link.send(done={"counters": t.counters(), "cpu_s": _cpu_s(), "pid": os.getpid(),
+        link.send(done={"counters": t.counters(), "cpu_s": cpu.self_s(), "pid": os.getpid(),
                         "frames_cpu_s": cpu.frame_threads_s(os.getpid()),
                         "peak_rss_bytes": _peak_rss_bytes()})  # fmt: skip
     finally:
