@@ -270,6 +270,7 @@ def test_an_idle_port_has_no_ring_and_a_run_of_traffic_sets_one_up_then_idling_p
     assert _receive_for(rx, pool, 0.5) == []
     c = rx.counters()
     assert c["ring_parks"] == 1 and not rx.ring_up
+    assert c["ring_backoffs"] == 0  # it carried a run of traffic: worth setting up
     tx.send(_numbered(30_000, 5), pool)
     assert _psns(_drain(rx, pool, 5)) == list(range(30_000, 30_005))
     assert rx.counters()["rx_one_by_one"] == c["rx_one_by_one"] + 5
@@ -324,6 +325,33 @@ def _run_until_the_ring_is_up(tx, rx, pool, frames, n: int, got: list) -> int:
         _send_paced(tx, rx, pool, frames[n : n + 64], got)
         n += 64
     return n
+
+
+def test_a_ring_that_carried_a_burst_only_makes_the_next_set_up_wait(veth_ns):
+    """A burst that sets a ring up and then stops (at a large k a port's
+    traffic comes in bursts a round trip of seconds apart) left a ring that
+    carried fewer frames than two a block: not worth its set-up, so the
+    next waits, as after a trickle."""
+    path, a, b = veth_ns
+    pool = Pool(4096, 4096)
+    # 512 blocks: worth it from 1024 frames
+    rx = Port(b, path, PortConfig(block_bytes=16384, n_blocks=512, ring_idle_ms=50))
+    tx = Port(a, path)
+    frames, got, n = _numbered(0, 20_000), [], 0
+    end = time.monotonic() + 10
+    while not rx.ring_up and time.monotonic() < end and n < 1500:  # bursts of 16
+        _send_paced(tx, rx, pool, frames[n : n + 16], got)
+        n += 16
+        got += _receive_for(rx, pool, 0.002)
+    assert rx.ring_up, rx.counters()
+    _send_paced(tx, rx, pool, frames[n : n + 20], got)
+    n += 20
+    got += _drain(rx, pool, n - len(got))
+    got += _receive_for(rx, pool, 0.3)  # idle
+    c = rx.counters()
+    assert c["ring_parks"] == 1 and c["ring_backoffs"] == 1 and not rx.ring_up, c
+    assert _psns(got) == list(range(n)), c
+    assert pool.available == 4096
 
 
 def test_a_ring_taken_down_for_a_trickle_is_not_set_up_again_at_once(veth_ns):

@@ -49,15 +49,17 @@
  * ring_idle_ms is taken down too: its blocks were retired by their timer,
  * each frame waiting for it, and one by one it would not wait at all. */
 #define ETHP_RING_SPARSE_FRAMES_PER_BLOCK 2
-/* A ring taken down for a trickle was not worth setting up (the kernel
- * zeroes all of it: a switch's is up to 32 MiB), so the next waits this
- * long, twice as long after each such ring up to the most; a ring taken
- * down idle after a run of traffic clears the wait.  Measured: erack-64x8
- * at k 1.6e6, bursts of 8 frames in a ms set rings up that a trickle then
- * took down again, one a port every few seconds, and their set-up was a
- * fifth of all the CPU of a 16 MiB all-reduce. */
+/* A ring taken down for a trickle, or having carried fewer frames than
+ * ETHP_RING_SPARSE_FRAMES_PER_BLOCK for each of its blocks, was not worth
+ * setting up (the kernel zeroes all of it: a switch's is up to 32 MiB), so
+ * the next waits this long, twice as long after each such ring up to the
+ * most; a ring that carried a run of traffic and went idle clears the
+ * wait.  Measured: erack-64x8 at k 1.6e6, where a port's real traffic
+ * comes in bursts a round trip of seconds apart, each burst set a ring up
+ * that idled out after it (a plane switch: 100 in a 4 MiB all-reduce),
+ * and the set-ups were a fifth of all the CPU of a 16 MiB all-reduce. */
 #define ETHP_RING_BACKOFF_MIN_NS 250000000ull
-#define ETHP_RING_BACKOFF_MAX_NS 8000000000ull
+#define ETHP_RING_BACKOFF_MAX_NS 4000000000ull
 #define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
 #define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
 /* data.u64 of a port's epoll events: the caller's tag | which socket << 32 */
@@ -114,7 +116,9 @@ struct ethp_port {
     uint32_t window_frames;
     uint64_t window_ns, last_ring_ns, retry_ns, idle_ns;
     uint64_t ring_window_ns, ring_window_frames, ring_window_blocks; /* sparseness */
-    uint64_t ring_backoff_ns, build_after_ns; /* after a sparse ring: the forwarding thread's */
+    /* the forwarding thread's: what the ring up now has carried, and the
+     * wait before the next set-up after one that did not pay */
+    uint64_t ring_life_frames, ring_backoff_ns, build_after_ns;
     pthread_t helper;
     int helper_live;
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
@@ -703,7 +707,7 @@ static void rx_step(struct ethp_port *p, uint64_t now)
         /* one_fd will hold the frames from before the switch: older */
         p->ring_watched = p->one_first = p->one_ready = 1;
         p->last_ring_ns = p->ring_window_ns = now;
-        p->ring_window_frames = 0;
+        p->ring_window_frames = p->ring_life_frames = 0;
         p->ring_window_blocks = p->c[ETHP_PC_rx_blocks];
         p->c[ETHP_PC_ring_builds]++;
         watch_fd(p, p->fd, 0, EPOLLIN | EPOLLET);
@@ -714,8 +718,11 @@ static void rx_step(struct ethp_port *p, uint64_t now)
         int sparse = now - p->ring_window_ns >= p->idle_ns && blocks &&
                      p->ring_window_frames < ETHP_RING_SPARSE_FRAMES_PER_BLOCK * blocks;
         if (now - p->last_ring_ns >= p->idle_ns || sparse) {
-            if (now - p->last_ring_ns >= p->idle_ns)
-                p->ring_backoff_ns = 0; /* idle after a run of traffic */
+            /* worth its set-up: a run of traffic that went idle, at least
+             * ETHP_RING_SPARSE_FRAMES_PER_BLOCK frames for each of its blocks */
+            int paid = p->ring_life_frames >= ETHP_RING_SPARSE_FRAMES_PER_BLOCK * p->n_blocks;
+            if (!sparse && paid)
+                p->ring_backoff_ns = 0;
             else if (p->ring_backoff_ns < ETHP_RING_BACKOFF_MAX_NS)
                 p->ring_backoff_ns = p->ring_backoff_ns ? 2 * p->ring_backoff_ns
                                                         : ETHP_RING_BACKOFF_MIN_NS;
@@ -844,6 +851,7 @@ static uint32_t rx_mixed(struct ethp_port *p, uint32_t n, ethp_frame_fn fn, void
             uint32_t r = ring_each(p, n - seen, fn, ctx);
             seen += r;
             p->ring_window_frames += r;
+            p->ring_life_frames += r;
             if (r)
                 p->last_ring_ns = now;
         }
