@@ -33,7 +33,7 @@ import os
 import sys
 import time
 
-from dataplane.lab import labs
+from dataplane.lab import cpu, labs
 from dataplane.model.catalog import bus_factor
 from dataplane.run import bench, trials
 from dataplane.run.job import JobError
@@ -55,9 +55,10 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         algo=args.algo if args.collective == "all-reduce" else "ring",
         uneven=args.collective == "all-to-all",
     ).validate()  # fmt: skip
-    t0 = time.monotonic()
+    t0, own0 = time.monotonic(), cpu.self_s()
     res = trials.run(spec, rec)
     real_s = time.monotonic() - t0
+    coordinator_s = cpu.self_s() - own0  # this process: the job's launcher and sampler
     f = res["fidelity"]
     wall = res["wall_s"]
     cpu_s = (f["cpu"]["fabric_cores"] + f["cpu"]["workers_cores"]) * wall
@@ -76,6 +77,11 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         # the threads that move frames: the switches' (the same work whatever
         # process a rank runs in) and the NIC engines' (one thread serving
         # many ranks' ports makes fewer passes for the same frames)
+        # not in cpu_s: the job's coordinator (this process), which starts the
+        # ranks, serves their barriers and samples the fabric and every
+        # worker process (so more of them costs it more), and a governed
+        # run's trials
+        "coordinator_cpu_s": coordinator_s,
         "switches_cpu_s": switches_s,
         "engines_cpu_s": engines_s,
         "switches_cpu_s_per_nominal_GB": switches_s / nominal_GB,
@@ -101,7 +107,7 @@ def _print(lab: str, mode: str, r: dict) -> None:
         f"  real {r['real_s']:7.1f} s  CPU {r['cpu_s_per_nominal_GB']:8.2f} s/GB"
         f" (fabric {r['fabric_cpu_s']:.1f} s, workers {r['workers_cpu_s']:.1f} s;"
         f" of which switch threads {r['switches_cpu_s']:.1f} s,"
-        f" NIC engines {r['engines_cpu_s']:.1f} s)"
+        f" NIC engines {r['engines_cpu_s']:.1f} s; coordinator {r['coordinator_cpu_s']:.1f} s)"
         f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
         f"  busbw {r['busbw_GBps']:6.1f} GB/s = {r['share_of_ideal']:.3f} of ideal"
         f"  {k_text}  {r['verdict']}  #wrong {r['wrong']}",
@@ -109,7 +115,7 @@ def _print(lab: str, mode: str, r: dict) -> None:
     )
 
 
-def _print_ceiling(lab: str, size: int, cpu: dict, runs: dict) -> None:
+def _print_ceiling(lab: str, size: int, per_GB: dict, runs: dict) -> None:
     """How far grouping ranks into processes can cut the CPU at all: the
     switches' threads forward the same frames whatever process a rank runs
     in, so no grouping spends less than they did (the least of any mode's);
@@ -117,14 +123,14 @@ def _print_ceiling(lab: str, size: int, cpu: dict, runs: dict) -> None:
     less than the switches and the engines together did at best."""
     switches = min((r["switches_cpu_s_per_nominal_GB"] for r in runs.values()), default=0.0)
     frames = min((r["frames_cpu_s_per_nominal_GB"] for r in runs.values()), default=0.0)
-    if "per-rank" not in cpu or not switches:
+    if "per-rank" not in per_GB or not switches:
         return
     text = (f"{lab:11s} {size_text(size):>7s} the switches' threads alone: {switches:.2f} s/GB"
             f" whatever the grouping of ranks into processes: one process per rank / that"
-            f" = at most {cpu['per-rank'] / switches:.2f}x")  # fmt: skip
+            f" = at most {per_GB['per-rank'] / switches:.2f}x")  # fmt: skip
     if frames > switches:
         text += (f"; with the NIC engines at their least ({frames:.2f} s/GB in all):"
-                 f" at most {cpu['per-rank'] / frames:.2f}x")  # fmt: skip
+                 f" at most {per_GB['per-rank'] / frames:.2f}x")  # fmt: skip
     print(text, flush=True)
 
 
@@ -154,7 +160,7 @@ def main() -> int:
             world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
             hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
             for size in bench.parse_sizes(sizes):
-                cpu, runs = {}, {}
+                per_GB, runs = {}, {}
                 for mode in args.modes.split(","):
                     per_host = 1 if mode == "per-rank" else hosts
                     shared = mode != "hosts-own"
@@ -164,15 +170,15 @@ def main() -> int:
                         print(f"{lab:11s} {size_text(size):>7s} {mode:8s} failed: {e}", flush=True)
                         continue
                     _print(lab, mode, r)
-                    cpu[mode] = r["cpu_s_per_nominal_GB"]
+                    per_GB[mode] = r["cpu_s_per_nominal_GB"]
                     runs[mode] = r
                     out.append({"lab": lab, "mode": mode, **r})
-                for mode in cpu:
-                    if mode != "per-rank" and "per-rank" in cpu:
-                        ratio = cpu["per-rank"] / cpu[mode]
+                for mode in per_GB:
+                    if mode != "per-rank" and "per-rank" in per_GB:
+                        ratio = per_GB["per-rank"] / per_GB[mode]
                         print(f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
                               f" per rank / {mode}: {ratio:.2f}x", flush=True)  # fmt: skip
-                _print_ceiling(lab, size, cpu, runs)
+                _print_ceiling(lab, size, per_GB, runs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
