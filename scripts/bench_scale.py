@@ -20,9 +20,9 @@ rank hosts.
 
 The switches' threads forward the same frames whichever process a rank
 runs in, so their CPU bounds what any grouping of ranks into processes can
-save; each size's last line says by how much.  CPU per
-nominal GB moves with k, and the governor may settle the modes at different
-ones: --time-scale K pins both at one k.
+save; each size's last line says by how much.  CPU per nominal GB moves
+with k, and the governor may settle the modes at different ones:
+--time-scale K pins both at one k.
 """
 
 from __future__ import annotations
@@ -74,14 +74,14 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         "job_wall_s": wall,
         "cpu_s": cpu_s,
         "cpu_s_per_nominal_GB": cpu_s / nominal_GB,
-        # the threads that move frames: the switches' (the same work whatever
-        # process a rank runs in) and the NIC engines' (one thread serving
-        # many ranks' ports makes fewer passes for the same frames)
         # not in cpu_s: the job's coordinator (this process), which starts the
         # ranks, serves their barriers and samples the fabric and every
         # worker process (so more of them costs it more), and a governed
         # run's trials
         "coordinator_cpu_s": coordinator_s,
+        # the threads that move frames: the switches' (the same work whatever
+        # process a rank runs in) and the NIC engines' (one thread serving
+        # many ranks' ports makes fewer passes for the same frames)
         "switches_cpu_s": switches_s,
         "engines_cpu_s": engines_s,
         "switches_cpu_s_per_nominal_GB": switches_s / nominal_GB,
