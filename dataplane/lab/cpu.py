@@ -101,20 +101,28 @@ def machine_busy_s() -> float:
     return machine_s()[0]
 
 
+def _schedstat(task_dir: str) -> list[int]:
+    """A thread's schedstat fields (run ns, wait ns, slices); [] once it has
+    exited."""
+    try:
+        with open(f"{task_dir}/schedstat") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _schedstats(pid: int, named: bool = False):
-    """(thread name or None, schedstat fields) of each thread of process pid
-    that can still be read."""
+    """(task dir, thread name or None, schedstat fields) of each thread of
+    process pid that can still be read."""
     for d in glob.glob(f"/proc/{pid}/task/*"):
-        try:
-            name = None
-            if named:
+        name = None
+        if named:
+            try:
                 with open(f"{d}/comm") as f:
                     name = f.read().strip()
-            with open(f"{d}/schedstat") as f:
-                fields = [int(x) for x in f.read().split()]
-        except (OSError, ValueError):
-            continue  # a thread that just exited
-        if fields:
+            except OSError:
+                continue  # a thread that just exited
+        if fields := _schedstat(d):
             yield d, name, fields
 
 
@@ -211,11 +219,8 @@ class WaitWatch:
         for pid, threads in self._threads.items():
             got = out[pid] = {}
             for tid, name in threads.items():
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        got[tid] = (name, int(f.read().split()[1]))
-                except (OSError, IndexError, ValueError):
-                    continue  # a thread that has exited
+                if len(fields := _schedstat(f"/proc/{pid}/task/{tid}")) > 1:
+                    got[tid] = (name, fields[1])  # else: a thread that has exited
         return out
 
 
