@@ -548,6 +548,32 @@ def test_halving_doubling_waits_for_its_partners_and_is_exact(make, engine):
     assert eps[0].counters()["msgs_sent"] == 2 * 3 + 3 + 1 + 1
 
 
+def test_a_schedules_caller_sleeps_until_its_end(make):
+    """A rank's thread waits on its schedule once: the engine wakes it when
+    the whole collective is through, not at each of its sends and receives
+    (a rank host's hundreds of ranks would otherwise spend a context switch
+    per step each)."""
+    n, count, dtype, seed = 8, 300_001, "float32", 5
+    fab, eps = make(n, planes=2)
+    out = {}
+
+    def fn(comm):
+        bufs = [ref.pattern(comm.rank, count, dtype, seed, n) for _ in range(4)]
+        for buf in bufs:
+            comm.all_reduce(buf, "sum", "ring")
+        out[comm.rank] = bufs
+
+    _collective(eps, True, dtype, fn)
+    want = ref.reduced("sum", count, dtype, seed, n)
+    assert [ref.wrong(b, want) for r in range(n) for b in out[r]] == [0] * 4 * n
+    for r in range(n):
+        c = eps[r].counters()
+        steps = c["msgs_sent"] + c["msgs_received"]
+        assert c["scheds_run"] == 4 and steps >= 4 * 2 * 2 * (n - 1), (r, c["scheds_run"], steps)
+        # one wake per schedule at most (a wait that starts after its end: none)
+        assert c["caller_wakeups"] <= c["scheds_run"], (r, c["caller_wakeups"], steps)
+
+
 def test_a_schedule_the_engine_cannot_finish_is_refused(make):
     """A cycle, a wrong count of dependencies, an index past the end or an
     unknown peer: refused when posted, not a wait that never ends."""

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 43
+#define ETHP_ABI_VERSION 44
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -589,7 +589,8 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_senders, "senders this receiver shares its downlink among now (its grants' divisor)") \
     X(eng_passes, "passes the engine made over its peers") \
     X(eng_peer_visits, "peers those passes served (the others were idle, or asleep: waiting for a frame from their peer or their retransmit timer)") \
-    X(scheds_run, "collective schedules the engine ran by itself (receives, reductions and sends without Python per step)")
+    X(scheds_run, "collective schedules the engine ran by itself (receives, reductions and sends without Python per step)") \
+    X(caller_wakeups, "times a caller waiting for a transfer was woken (a schedule's caller: at its end, not per step)")
 
 #define ETHP_X_ENUM(name, help) ETHP_NC_##name,
 enum ethp_nic_counter { ETHP_NIC_COUNTERS(ETHP_X_ENUM) ETHP_NIC_NCOUNTERS };

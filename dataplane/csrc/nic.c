@@ -1328,6 +1328,7 @@ int ethp_nic_wait(struct ethp_nic *n, int64_t handle, int timeout_ms, uint64_t *
             pthread_cond_wait(&n->done, &n->lock);
         else if (pthread_cond_timedwait(&n->done, &n->lock, &dl) == ETIMEDOUT)
             break;
+        n->c[ETHP_NC_caller_wakeups]++; /* under the lock: only callers write it */
     }
     int st = m->status;
     if (bytes)
