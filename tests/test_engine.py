@@ -574,6 +574,33 @@ def test_a_schedules_caller_sleeps_until_its_end(make):
         assert c["caller_wakeups"] <= c["scheds_run"], (r, c["caller_wakeups"], steps)
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_long_job_of_collectives_holds_no_more_memory_as_it_goes(make):
+    """A training job runs its all-reduce thousands of times: the engine
+    frees each schedule's sends and receives at its end.  It used to keep
+    them all till the NIC closed: 6.5 KB per rank and 256 KiB all-reduce,
+    15 MiB over the 2,400 below."""
+    n, count = 8, 1 << 16
+    fab, eps = make(n, planes=2)
+
+    def fn(comm, runs):
+        buf = np.ones(count, np.float32)
+        for _ in range(runs):
+            comm.all_reduce(buf, "sum", "ring")
+
+    # the allocator's own start (an arena for each new thread) settles first
+    _collective(eps, True, "float32", lambda comm: fn(comm, 300))
+    before = _rss_bytes()
+    _collective(eps, True, "float32", lambda comm: fn(comm, 300))
+    grown = _rss_bytes() - before
+    assert all(eps[r].counters()["scheds_run"] == 600 for r in range(n))
+    assert grown < 4 * MiB, f"{grown / MiB:.1f} MiB more after 2,400 all-reduces"
+
+
 def test_a_schedule_the_engine_cannot_finish_is_refused(make):
     """A cycle, a wrong count of dependencies, an index past the end or an
     unknown peer: refused when posted, not a wait that never ends."""

@@ -164,7 +164,7 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
         m->done_bytes = 0;
         m->total = UINT64_MAX;
         int j = nb++;
-        for (; j > 0 && back[j - 1]->handle > m->handle; j--)
+        for (; j > 0 && back[j - 1]->seq > m->seq; j--)
             back[j] = back[j - 1];
         back[j] = m;
     }
@@ -1170,6 +1170,11 @@ void ethp_nic_free(struct ethp_nic *n)
         if (n->msgs[i]->sched_role == NIC_SCHED_WHOLE)
             nic_sched_free(n->msgs[i]->sched);
         free(n->msgs[i]);
+    }
+    while (n->orphans) {
+        struct nic_msg *m = n->orphans;
+        n->orphans = m->done_next;
+        free(m);
     }
     for (uint32_t i = 0; i < n->inc.n_aggs; i++)
         free(n->inc.agg[i].chunk);

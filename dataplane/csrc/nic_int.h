@@ -57,7 +57,8 @@ struct nic_mode_ops;
 enum { PKT_FREE = 0, PKT_INFLIGHT, PKT_ACKED, PKT_LOST };
 
 struct nic_msg {
-    int64_t handle;
+    int64_t handle; /* 0: a schedule's op (freed with its schedule's end) */
+    uint64_t seq;   /* the order it was bound to its peer in */
     uint32_t peer, tag, msg_id;
     uint8_t *buf;
     uint64_t len;
@@ -250,8 +251,10 @@ struct ethp_nic {
     pthread_cond_t done;
     struct nic_msg *cmd_head, *cmd_tail;
     struct nic_msg *sched_done_head, *sched_done_tail; /* engine thread only */
-    struct nic_msg **msgs;
+    struct nic_msg **msgs; /* the callers' handles */
     uint64_t n_msgs, cap_msgs;
+    uint64_t bind_seq;       /* engine thread only: the last message's seq */
+    struct nic_msg *orphans; /* ops that outlived their schedule (bound, failed): freed at close */
     uint64_t c[ETHP_NIC_NCOUNTERS];
     /* nic_rx_busy: the work count (packets placed, acks received) when it
      * last changed, and when that was seen */

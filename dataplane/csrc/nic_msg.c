@@ -54,6 +54,7 @@ int64_t nic_msg_register(struct ethp_nic *n, struct nic_msg *m)
 /* A send or a receive to its peer's queues (the engine's thread). */
 void nic_bind(struct ethp_nic *n, struct nic_msg *m)
 {
+    m->seq = ++n->bind_seq;
     struct nic_peer *p = nic_peer_of(n, m->peer);
     if (!p) {
         nic_complete(n, m, -ENOMEM); /* known when posted: no memory for it */

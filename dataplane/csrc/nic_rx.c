@@ -94,6 +94,7 @@ static void unbind(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
     for (int i = 0; i < 64; i++)
         if (p->bound[i] == m) {
             p->bound[i] = NULL;
+            m->bound = 0;
             nic_rx_open(n, p, -1);
         }
 }

@@ -14,6 +14,7 @@
 struct nic_sched {
     struct nic_msg *whole; /* the handle its poster waits on */
     struct ethp_sched_op *ops;
+    struct nic_msg **msgs;              /* each send's and receive's message, once posted */
     uint32_t *succ, *deps_left, *ready; /* ready: a FIFO of ops to start */
     uint32_t n_ops, ready_head, ready_tail;
     uint32_t finished; /* ops done */
@@ -74,8 +75,9 @@ struct nic_sched *nic_sched_new(const struct ethp_sched_op *ops, uint32_t n_ops,
         sc->succ = malloc(((size_t)n_succ + 1) * sizeof(*succ));
         sc->deps_left = malloc((size_t)n_ops * sizeof(uint32_t));
         sc->ready = malloc((size_t)n_ops * sizeof(uint32_t));
+        sc->msgs = calloc((size_t)n_ops + 1, sizeof(*sc->msgs));
     }
-    if (!sc || !sc->ops || !sc->succ || !sc->deps_left || !sc->ready) {
+    if (!sc || !sc->ops || !sc->succ || !sc->deps_left || !sc->ready || !sc->msgs) {
         nic_sched_free(sc);
         *err = -ENOMEM;
         return NULL;
@@ -97,9 +99,14 @@ struct nic_sched *nic_sched_new(const struct ethp_sched_op *ops, uint32_t n_ops,
     return sc;
 }
 
+/* With its messages: the NIC's end (nothing of the engine refers to them
+ * any more), or a schedule that never started. */
 void nic_sched_free(struct nic_sched *sc)
 {
     if (sc) {
+        for (uint32_t i = 0; sc->msgs && i < sc->n_ops; i++)
+            free(sc->msgs[i]);
+        free(sc->msgs);
         free(sc->ops);
         free(sc->succ);
         free(sc->deps_left);
@@ -122,10 +129,7 @@ static void post_op(struct ethp_nic *n, struct nic_sched *sc, uint32_t i)
                           .is_send = is_send, .status = ETHP_NIC_PENDING,
                           .total = is_send ? o->len : UINT64_MAX, .sched = sc,
                           .sched_role = NIC_SCHED_OP, .sched_idx = i};
-    if (nic_msg_register(n, m) < 0) { /* m freed */
-        sc->failed = sc->failed ? sc->failed : -ENOMEM;
-        return;
-    }
+    sc->msgs[i] = m;
     sc->pending++;
     nic_bind(n, m);
 }
@@ -139,6 +143,28 @@ static void finish_op(struct nic_sched *sc, uint32_t i)
         if (!--sc->deps_left[j])
             sc->ready[sc->ready_tail++] = j; /* each op once: the FIFO never wraps */
     }
+}
+
+/* A schedule at its end: its messages and arrays freed, so that a job of
+ * many collectives holds only each one's handle (a caller waits on that).
+ * None of its messages is pending, and a finished one is not referred to
+ * by the engine (an acknowledged packet drops its message: nic_acked; a
+ * received message is unbound), except a receive that failed bound (too
+ * small: its packets keep coming): kept till the NIC's end. */
+static void retire(struct ethp_nic *n, struct nic_sched *sc)
+{
+    for (uint32_t i = 0; i < sc->n_ops; i++) {
+        struct nic_msg *m = sc->msgs[i];
+        if (m && m->bound) {
+            m->done_next = n->orphans;
+            n->orphans = m;
+        } else {
+            free(m);
+        }
+        sc->msgs[i] = NULL;
+    }
+    sc->whole->sched = NULL;
+    nic_sched_free(sc);
 }
 
 /* Start every op that is ready, in the order they became so; reductions
@@ -165,6 +191,7 @@ static void run_ready(struct ethp_nic *n, struct nic_sched *sc)
         return; /* not reached: a checked schedule always has a next op */
     n->c[ETHP_NC_scheds_run] += !sc->failed;
     nic_complete(n, sc->whole, sc->failed ? sc->failed : ETHP_NIC_OK);
+    retire(n, sc);
 }
 
 void nic_sched_start(struct ethp_nic *n, struct nic_msg *whole)

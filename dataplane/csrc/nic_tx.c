@@ -243,6 +243,7 @@ void nic_acked(struct ethp_nic *n, struct nic_peer *p, struct tx_pkt *t, uint64_
     t->state = PKT_ACKED;
     bytes[t->sub] += t->len;
     struct nic_msg *m = t->m;
+    t->m = NULL; /* never sent again: its message may end (and be freed) */
     m->done_bytes += t->len;
     if (m->done_bytes == m->len && m->status == ETHP_NIC_PENDING)
         nic_complete(n, m, ETHP_NIC_OK);
@@ -277,7 +278,7 @@ static void fail_peer(struct ethp_nic *n, struct nic_peer *p)
     int why = p->rnr_since_ns ? ETHP_NIC_ERR_NO_RECEIVE : ETHP_NIC_ERR_UNREACHABLE;
     for (uint32_t psn = p->snd_una; psn != p->snd_nxt; psn++) {
         struct tx_pkt *t = &p->win[psn % NIC_WIN];
-        if (t->m->status == ETHP_NIC_PENDING)
+        if (t->m && t->m->status == ETHP_NIC_PENDING)
             nic_complete(n, t->m, why);
         t->state = PKT_FREE;
     }
