@@ -17,12 +17,15 @@ rank hosts.
     sudo .venv/bin/python scripts/bench_scale.py [--labs erack-8x4,erack-64x8]
         [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts,hosts-own] [--json FILE]
         [--collective all-reduce] [--algo auto] [--transport ethplus] [--time-scale K]
+        [--repeat N]
 
 The switches' threads forward the same frames whichever process a rank
 runs in, so their CPU bounds what any grouping of ranks into processes can
 save; each size's last line says by how much.  CPU per nominal GB moves
 with k, and the governor may settle the modes at different ones:
---time-scale K pins both at one k.
+--time-scale K pins both at one k.  Single runs of a mode on this shared
+machine differ by 10% and more: --repeat N runs the modes N times in turn
+and compares the medians.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -115,14 +119,35 @@ def _print(lab: str, mode: str, r: dict) -> None:
     )
 
 
+def _print_ratios(
+    lab: str, size: int, per_GB: dict[str, list[float]], rounds: list[dict[str, float]]
+) -> None:
+    """One process per rank's CPU per nominal GB over each other mode's: of
+    their medians, and with --repeat, each round's ratio beside it (the
+    rounds where both ran)."""
+    base = per_GB.get("per-rank")
+    for mode, vals in per_GB.items():
+        if mode == "per-rank" or not base:
+            continue
+        ratio = statistics.median(base) / statistics.median(vals)
+        text = (f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
+                f" per rank / {mode}: {ratio:.2f}x")  # fmt: skip
+        if len(vals) > 1 or len(base) > 1:
+            each = [x["per-rank"] / x[mode] for x in rounds if "per-rank" in x and mode in x]
+            text += (f" (medians of {len(base)} and {len(vals)} runs;"
+                     f" each round: {', '.join(f'{x:.2f}' for x in each)})")  # fmt: skip
+        print(text, flush=True)
+
+
 def _print_ceiling(lab: str, size: int, per_GB: dict, runs: dict) -> None:
     """How far grouping ranks into processes can cut the CPU at all: the
     switches' threads forward the same frames whatever process a rank runs
     in, so no grouping spends less than they did (the least of any mode's);
     nor, unless a grouping makes the NIC engines' frames cheaper still,
     less than the switches and the engines together did at best."""
-    switches = min((r["switches_cpu_s_per_nominal_GB"] for r in runs.values()), default=0.0)
-    frames = min((r["frames_cpu_s_per_nominal_GB"] for r in runs.values()), default=0.0)
+    every = [r for rs in runs.values() for r in rs]
+    switches = min((r["switches_cpu_s_per_nominal_GB"] for r in every), default=0.0)
+    frames = min((r["frames_cpu_s_per_nominal_GB"] for r in every), default=0.0)
     if "per-rank" not in per_GB or not switches:
         return
     text = (f"{lab:11s} {size_text(size):>7s} the switches' threads alone: {switches:.2f} s/GB"
@@ -149,8 +174,14 @@ def main() -> int:
         "--time-scale", type=float,
         help="pin every lab at this k (no governor): the modes' CPU compared at one k",
     )  # fmt: skip
+    ap.add_argument(
+        "--repeat", type=int, default=1,
+        help="run each mode this many times (interleaved) and compare medians",
+    )  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat: expected a count of runs of at least 1, got {args.repeat}")
     plan = [(lab, args.sizes) for lab in args.labs.split(",") if lab]
     if args.upn:
         plan.append(("upn-512", "1M,4M"))
@@ -160,25 +191,28 @@ def main() -> int:
             world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
             hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
             for size in bench.parse_sizes(sizes):
-                per_GB, runs = {}, {}
-                for mode in args.modes.split(","):
-                    per_host = 1 if mode == "per-rank" else hosts
-                    shared = mode != "hosts-own"
-                    try:
-                        r = _one(rec, size, args, per_host, shared)
-                    except JobError as e:
-                        print(f"{lab:11s} {size_text(size):>7s} {mode:8s} failed: {e}", flush=True)
-                        continue
-                    _print(lab, mode, r)
-                    per_GB[mode] = r["cpu_s_per_nominal_GB"]
-                    runs[mode] = r
-                    out.append({"lab": lab, "mode": mode, **r})
-                for mode in per_GB:
-                    if mode != "per-rank" and "per-rank" in per_GB:
-                        ratio = per_GB["per-rank"] / per_GB[mode]
-                        print(f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
-                              f" per rank / {mode}: {ratio:.2f}x", flush=True)  # fmt: skip
-                _print_ceiling(lab, size, per_GB, runs)
+                per_GB: dict[str, list[float]] = {}
+                runs: dict[str, list[dict]] = {}
+                rounds: list[dict[str, float]] = []
+                for round_ in range(args.repeat):
+                    rounds.append({})  # the modes interleaved: drift hits all alike
+                    for mode in args.modes.split(","):
+                        per_host = 1 if mode == "per-rank" else hosts
+                        shared = mode != "hosts-own"
+                        try:
+                            r = _one(rec, size, args, per_host, shared)
+                        except JobError as e:
+                            print(f"{lab:11s} {size_text(size):>7s} {mode:8s} failed: {e}",
+                                  flush=True)  # fmt: skip
+                            continue
+                        _print(lab, mode, r)
+                        per_GB.setdefault(mode, []).append(r["cpu_s_per_nominal_GB"])
+                        rounds[-1][mode] = r["cpu_s_per_nominal_GB"]
+                        runs.setdefault(mode, []).append(r)
+                        out.append({"lab": lab, "mode": mode, "round": round_, **r})
+                _print_ratios(lab, size, per_GB, rounds)
+                _print_ceiling(lab, size, {m: statistics.median(v) for m, v in per_GB.items()},
+                               runs)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
