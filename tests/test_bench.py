@@ -607,7 +607,9 @@ def test_a_governed_bench_checks_its_small_sizes_at_four_times_their_k(governed_
     assert r.returncode == 0, r.stderr
     res = json.loads(js.read_text())
     checks = res["governor"]["k_checks"]
-    assert checks and checks[0]["size_bytes"] == 64 * 1024, checks
+    # (a machine so loaded that the governor raised k far enough skips the
+    # check for its cost: then stdout says so)
+    assert checks and checks[0]["size_bytes"] == 64 * 1024, (checks, r.stdout[-1500:])
     for c in checks:
         assert c["k"] == 4 * c["k_range"][1]
         assert c["ratio"] == pytest.approx(c["time_us"] / c["time_us_at_k"])

@@ -158,6 +158,11 @@ def check_k(spec, rec: dict, rows: list[dict], budget_s: float, on_row=None, nod
                 runs = 1 + max(0, one.warmup - 1) + one.iters  # (the first: worker.py's check)
                 cost_s = row["time_real_us"] / 1e6 * runs * K_CHECK_FACTOR
                 if cost_s > budget_s or k > K_CHECK_MAX:
+                    if not history:  # never checked: the reader is told why
+                        why = (f"it would take about {cost_s:.0f} s, past the {budget_s:.0f} s"
+                               f" left for checks" if cost_s > budget_s
+                               else f"past the largest k checked, {K_CHECK_MAX:g}")  # fmt: skip
+                        say(f"# k check: {row['size_bytes']} B not run at k={k:g}: {why}")
                     break
                 labs.control(rec["name"], {"op": "scale", "k": k})
                 t0 = time.monotonic()
