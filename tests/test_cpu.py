@@ -5,6 +5,7 @@ import glob
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -134,3 +135,27 @@ def test_the_governors_watch_reads_the_engine_threads_and_sees_them_wait():
     assert watch.read()[me] == {}  # the engine exited: nothing left to read
     watch.refresh([me, 2**22 + 1])  # and a process that is gone
     assert set(watch.read()) == {me, 2**22 + 1} and watch.read()[2**22 + 1] == {}
+
+
+def test_threads_asking_together_share_one_reading_of_a_process():
+    """A rank host's ranks read the process's threads at the same barrier:
+    one reading serves all who ask while it is fresh; a later call reads
+    again."""
+    calls = []
+
+    def slow_reading(pid: int) -> float:
+        calls.append(pid)
+        time.sleep(0.05)  # a reading of 257 threads' /proc files takes milliseconds
+        return float(len(calls))
+
+    shared = cpu.Shared(slow_reading)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(shared(7))) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [1.0] * 32 and calls == [7]
+    assert shared(8) == 2.0, "another process: its own reading"
+    time.sleep(0.2)  # past twice the reading's time: stale
+    assert shared(7) == 3.0 and calls == [7, 8, 7]

@@ -7,6 +7,7 @@ and waits for completions with the GIL released.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import threading
@@ -140,7 +141,9 @@ def _mac(text: str) -> bytes:
     return bytes.fromhex(text.replace(":", ""))
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _ip(text: str) -> int:
+    """(Cached: a rank host's ranks each list the same 511 peers' addresses.)"""
     return int(ipaddress.IPv4Address(text))
 
 

@@ -12,9 +12,9 @@ period of work per rank, not a full buffer per rank.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
+
+from dataplane.memo import once
 
 # name: (storage dtype, compute dtype, largest integer held exactly)
 DTYPES: dict[str, tuple[type, type, int]] = {
@@ -77,7 +77,7 @@ def _amplitude(dtype: str, world: int) -> int:
     return int(max(1, min(8, exact // max(world, 1) - (BLOCK_VALUES - 1))))
 
 
-@functools.lru_cache(maxsize=8)
+@once(maxsize=8)
 def _table(dtype: str, seed: int, world: int) -> np.ndarray:
     """One period of the seeded table (one per process; read-only): a rank
     host's ranks, and a check that reads from every rank, share it."""
@@ -121,7 +121,7 @@ def pattern(rank: int, count: int, dtype: str, seed: int, world: int, start: int
     return _to_storage(_tile(_table(dtype, seed, world), start, count, 1, _shift(rank)), dtype)
 
 
-@functools.lru_cache(maxsize=8)
+@once(maxsize=8)
 def _reduced_period(op: str, dtype: str, seed: int, world: int) -> np.ndarray:
     """One period of the reduction over every rank's table, each rank's
     rolled in turn: one period of memory whatever the world (a rank host's
@@ -150,7 +150,7 @@ def wrong(got: np.ndarray, want: np.ndarray) -> int:
     return int(np.count_nonzero(got.view(u) != want.view(u)))
 
 
-@functools.lru_cache(maxsize=4)
+@once(maxsize=4)
 def uneven_counts(count: int, world: int, seed: int) -> np.ndarray:
     """An MoE-like all-to-all: each rank sends count elements in all, split over
     destinations by a skewed random share (rows: senders, columns: receivers).
@@ -162,7 +162,7 @@ def uneven_counts(count: int, world: int, seed: int) -> np.ndarray:
     return m
 
 
-@functools.lru_cache(maxsize=4)
+@once(maxsize=4)
 def even_counts(count: int, world: int) -> np.ndarray:
     """An even all-to-all's matrix, as uneven_counts' (one per process; read-only)."""
     b = bounds(count, world)
