@@ -146,3 +146,20 @@ def test_sizes_checked_at_a_larger_k_are_named_with_their_k_and_ratio():
     assert "checked at 4x the k" in text and "1048576 B k=6400->25600 +7.2% moved" in text
     md = reports._k_checks_md(f)
     assert md and "1 MiB k 6400 -> 25600: 1.072 moved" in md[0]
+
+
+def test_ranks_that_began_their_runs_far_apart_fell_behind():
+    """The ranks leave one barrier together: a row whose ranks began their
+    timed runs more than START_SKEW_MAX of the runs apart measured their
+    processes' CPU, whatever the engines and switches say (upn-512's rank
+    hosts: 30% apart, busbw 22% low, every other figure clean)."""
+
+    def row(skew_s: float) -> dict:
+        engine = {"rank": 0, "eng_late_sum_ns": 0, "eng_lost_ns": 0, "waited_s": 0.0}
+        return {"t0": 10.0, "t1": 40.0, "n0": 0.0, "n1": 20e-6, "start_skew_s": skew_s,
+                "engines": [engine, {**engine, "rank": 1}]}  # fmt: skip
+
+    late = fidelity.engines_window(row(6e-6), base_rtt_real_ns=1e6)
+    assert late["fell_behind"] and late["start_skew_share"] == pytest.approx(0.3)
+    assert "began their timed runs 30.0% of those runs apart" in late["why"][0]
+    assert not fidelity.engines_window(row(0.2e-6), base_rtt_real_ns=1e6)["fell_behind"]

@@ -53,6 +53,13 @@ WAITED_SHARE_MAX = 0.25
 # busbw with a share of 0.074-0.37 (receivers posting late: RNR and
 # go-back-N), and none at 0.051 or under; ethplus lost none at up to 0.18
 ANY_BEHIND_MAX = 0.05
+# The ranks leave the same barrier together; what parts them before their
+# first post is their processes' CPU (real time, not scaled): past this share
+# of the timed runs, the time measured is partly theirs.  Seen: upn-512's
+# rank hosts, every one of 256 ranks reading all 257 threads' /proc files
+# at that barrier, measured a 1 MiB all-reduce at 249 GB/s (286 at twice k)
+# with every other check clean; reading once a process: 322-329 at three k.
+START_SKEW_MAX = 0.05
 # A job's samples of the fabric (Fabric.sample): these counters of every
 # switch port, several times a second
 SAMPLE_FIELDS = ("tx_bytes", "q_bytes", "late_frames", "late_sum_ns", "tx_frames", "lost_link_ns")
@@ -159,12 +166,15 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
     machine (kernel TCP's ranks too); one whose frames waited in its RX ring
     (rx_wait_ns) for more than ADDED_DELAY_MAX of the base RTT on average
     delayed every frame it received; and the lab's engines together were
-    behind (some engine, any_late_ns) for more than ANY_BEHIND_MAX of it.
-    None without the ranks' figures."""
+    behind (some engine, any_late_ns) for more than ANY_BEHIND_MAX of it;
+    and the ranks, released by one barrier, began their runs more than
+    START_SKEW_MAX of the runs' span apart (their processes' real time in
+    the nominal result).  None without the ranks' figures."""
     engines = row.get("engines") or []
     if not engines:
         return None
     span_ns = max((row["t1"] - row["t0"]) * 1e9, 1.0)
+    runs_s = row.get("n1", 0.0) - row.get("n0", 0.0)  # nominal: first start to last end
     worst = max(engines, key=lambda e: e.get("eng_lost_ns", 0))
     behind = max(engines, key=lambda e: e.get("eng_late_sum_ns", 0))
     added = max(
@@ -188,6 +198,7 @@ def engines_window(row: dict, base_rtt_real_ns: float) -> dict | None:
         "any_behind_share": max(e.get("any_late_ns", 0) for e in engines) / span_ns,
         "rx_ring_drops": sum(e.get("rx_ring_drops", 0) for e in engines),
         "rx_delay_share": rx_wait / base_rtt_real_ns,
+        "start_skew_share": row.get("start_skew_s", 0.0) / runs_s if runs_s > 0 else 0.0,
     }
     out["why"] = why("endpoints", out)
     out["fell_behind"] = bool(out["why"])
@@ -228,6 +239,9 @@ CHECKS = (
           "some NIC engine was behind {v:.1%} of the time"),
     Check("endpoints", "waited_share_max", "waited_share", WAITED_SHARE_MAX,
           "a rank waited for a CPU {v:.0%} of the time", severe_at=2.0),
+    Check("endpoints", "start_skew_share", "start_skew_share", START_SKEW_MAX,
+          "the ranks began their timed runs {v:.1%} of those runs apart (their"
+          " processes' CPU, not the fabric)"),
 )  # fmt: skip
 
 

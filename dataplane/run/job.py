@@ -466,6 +466,8 @@ class Job:
             "t1": max(x["t1"] for x in per_rank),
             "n0": min(x["n0"] for x in per_rank),
             "n1": max(x["n1"] for x in per_rank),
+            # how far apart the ranks began (each after the same barrier)
+            "start_skew_s": max(x["n0"] for x in per_rank) - min(x["n0"] for x in per_rank),
             # when each timed iteration had ended on every rank
             "ends": [max(e) for e in zip(*(x["ends"] for x in per_rank), strict=True)],
             "nends": [max(e) for e in zip(*(x["nends"] for x in per_rank), strict=True)],
