@@ -4,6 +4,7 @@ no test leaves a lab object behind, even when it fails."""
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -31,6 +32,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(slow)
         if "root" in item.keywords and not IS_ROOT:
             item.add_marker(root)
+
+
+def together(n: int, fn) -> list:
+    """fn() from n threads started at once (as a rank host's ranks leave a
+    barrier): what each returned."""
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(fn())) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
 
 
 def ethplus(

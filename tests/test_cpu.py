@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from conftest import together
 
 from dataplane.lab import cpu
 
@@ -110,7 +111,6 @@ def test_the_governors_watch_reads_the_engine_threads_and_sees_them_wait():
     """The governor reads its ranks' waits several times a second: a process
     with NIC engine threads is read for those threads only, one without for
     all of its threads (kernel TCP), with the figures threads_waited gives."""
-    import threading
 
     me = os.getpid()
     watch = cpu.WaitWatch()
@@ -149,13 +149,7 @@ def test_threads_asking_together_share_one_reading_of_a_process():
         return float(len(calls))
 
     shared = cpu.Shared(slow_reading)
-    got = []
-    threads = [threading.Thread(target=lambda: got.append(shared(7))) for _ in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert got == [1.0] * 32 and calls == [7]
+    assert together(32, lambda: shared(7)) == [1.0] * 32 and calls == [7]
     assert shared(8) == 2.0, "another process: its own reading"
     time.sleep(0.2)  # past twice the reading's time: stale
     assert shared(7) == 3.0 and calls == [7, 8, 7]

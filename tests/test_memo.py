@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 import time
+
+from conftest import together
 
 from dataplane.memo import once
 from dataplane.run import reference as ref
@@ -18,13 +19,7 @@ def test_many_threads_asking_at_once_compute_a_value_once():
         time.sleep(0.05)
         return x * x
 
-    got = []
-    threads = [threading.Thread(target=lambda: got.append(costly(3))) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert got == [9] * 16 and calls == [3]
+    assert together(16, lambda: costly(3)) == [9] * 16 and calls == [3]
     assert costly(4) == 16 and calls == [3, 4]
 
 
@@ -33,16 +28,7 @@ def test_a_rank_hosts_ranks_share_one_reference_reduction():
     (as a rank host's ranks check their results): one array, computed once,
     exact."""
     world, count = 64, 1000
-    out = [None] * world
-
-    def check(r: int) -> None:
-        out[r] = ref.reduced("sum", count, "float32", 11, world)
-
-    threads = [threading.Thread(target=check, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = together(world, lambda: ref.reduced("sum", count, "float32", 11, world))
     want = sum(ref.pattern(r, count, "float32", 11, world).astype("float64") for r in range(world))
     assert all(ref.wrong(o, want.astype("float32")) == 0 for o in out)
     period = ref._reduced_period("sum", "float32", 11, world)
