@@ -155,16 +155,14 @@ static void retire(struct ethp_nic *n, struct nic_sched *sc)
 {
     for (uint32_t i = 0; i < sc->n_ops; i++) {
         struct nic_msg *m = sc->msgs[i];
-        if (m && m->bound) {
+        if (m && m->bound) { /* out of the schedule, onto the NIC's list */
             m->done_next = n->orphans;
             n->orphans = m;
-        } else {
-            free(m);
+            sc->msgs[i] = NULL;
         }
-        sc->msgs[i] = NULL;
     }
     sc->whole->sched = NULL;
-    nic_sched_free(sc);
+    nic_sched_free(sc); /* the rest of its messages with it */
 }
 
 /* Start every op that is ready, in the order they became so; reductions
