@@ -548,6 +548,13 @@ def test_halving_doubling_waits_for_its_partners_and_is_exact(make, engine):
     assert eps[0].counters()["msgs_sent"] == 2 * 3 + 3 + 1 + 1
 
 
+def _sleeps() -> int:
+    """Times the calling thread has gone to sleep (the kernel's voluntary
+    context switches)."""
+    with open("/proc/thread-self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("voluntary_ctxt_switches"))
+
+
 def test_a_schedules_caller_sleeps_until_its_end(make):
     """A rank's thread waits on its schedule once: the engine wakes it when
     the whole collective is through, not at each of its sends and receives
@@ -557,10 +564,14 @@ def test_a_schedules_caller_sleeps_until_its_end(make):
     fab, eps = make(n, planes=2)
     out = {}
 
+    switches = {}
+
     def fn(comm):
         bufs = [ref.pattern(comm.rank, count, dtype, seed, n) for _ in range(4)]
+        before = _sleeps()
         for buf in bufs:
             comm.all_reduce(buf, "sum", "ring")
+        switches[comm.rank] = _sleeps() - before
         out[comm.rank] = bufs
 
     _collective(eps, True, dtype, fn)
@@ -572,6 +583,9 @@ def test_a_schedules_caller_sleeps_until_its_end(make):
         assert c["scheds_run"] == 4 and steps >= 4 * 2 * 2 * (n - 1), (r, c["scheds_run"], steps)
         # one wake per schedule at most (a wait that starts after its end: none)
         assert c["caller_wakeups"] <= c["scheds_run"], (r, c["caller_wakeups"], steps)
+    # and the kernel's count: the rank threads went to sleep a few times per
+    # collective (its wait, Python's lock), not at each of its 28 steps
+    assert max(switches.values()) < 4 * 2 * (n - 1), switches
 
 
 def _rss_bytes() -> int:
