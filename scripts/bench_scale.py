@@ -119,12 +119,20 @@ def _print(lab: str, mode: str, r: dict) -> None:
     )
 
 
-def _print_ratios(
-    lab: str, size: int, per_GB: dict[str, list[float]], rounds: list[dict[str, float]]
-) -> None:
+def _per_GB(rounds: list[dict[str, dict]]) -> dict[str, list[float]]:
+    """Each mode's CPU per nominal GB, a value per round it ran in."""
+    out: dict[str, list[float]] = {}
+    for runs in rounds:
+        for mode, r in runs.items():
+            out.setdefault(mode, []).append(r["cpu_s_per_nominal_GB"])
+    return out
+
+
+def _print_ratios(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     """One process per rank's CPU per nominal GB over each other mode's: of
     their medians, and with --repeat, each round's ratio beside it (the
     rounds where both ran)."""
+    per_GB = _per_GB(rounds)
     base = per_GB.get("per-rank")
     for mode, vals in per_GB.items():
         if mode == "per-rank" or not base:
@@ -132,30 +140,34 @@ def _print_ratios(
         ratio = statistics.median(base) / statistics.median(vals)
         text = (f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
                 f" per rank / {mode}: {ratio:.2f}x")  # fmt: skip
-        if len(vals) > 1 or len(base) > 1:
-            each = [x["per-rank"] / x[mode] for x in rounds if "per-rank" in x and mode in x]
+        if len(rounds) > 1:
+            each = [x["per-rank"]["cpu_s_per_nominal_GB"] / x[mode]["cpu_s_per_nominal_GB"]
+                    for x in rounds if "per-rank" in x and mode in x]  # fmt: skip
             text += (f" (medians of {len(base)} and {len(vals)} runs;"
                      f" each round: {', '.join(f'{x:.2f}' for x in each)})")  # fmt: skip
         print(text, flush=True)
 
 
-def _print_ceiling(lab: str, size: int, per_GB: dict, runs: dict) -> None:
+def _print_ceiling(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     """How far grouping ranks into processes can cut the CPU at all: the
     switches' threads forward the same frames whatever process a rank runs
-    in, so no grouping spends less than they did (the least of any mode's);
+    in, so no grouping spends less than they did (the least of any run's);
     nor, unless a grouping makes the NIC engines' frames cheaper still,
-    less than the switches and the engines together did at best."""
-    every = [r for rs in runs.values() for r in rs]
+    less than the switches and the engines together did at best.  Against
+    one process per rank's median."""
+    every = [r for runs in rounds for r in runs.values()]
     switches = min((r["switches_cpu_s_per_nominal_GB"] for r in every), default=0.0)
     frames = min((r["frames_cpu_s_per_nominal_GB"] for r in every), default=0.0)
-    if "per-rank" not in per_GB or not switches:
+    base = _per_GB(rounds).get("per-rank")
+    if not base or not switches:
         return
+    per_rank = statistics.median(base)
     text = (f"{lab:11s} {size_text(size):>7s} the switches' threads alone: {switches:.2f} s/GB"
             f" whatever the grouping of ranks into processes: one process per rank / that"
-            f" = at most {per_GB['per-rank'] / switches:.2f}x")  # fmt: skip
+            f" = at most {per_rank / switches:.2f}x")  # fmt: skip
     if frames > switches:
         text += (f"; with the NIC engines at their least ({frames:.2f} s/GB in all):"
-                 f" at most {per_GB['per-rank'] / frames:.2f}x")  # fmt: skip
+                 f" at most {per_rank / frames:.2f}x")  # fmt: skip
     print(text, flush=True)
 
 
@@ -191,9 +203,7 @@ def main() -> int:
             world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
             hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
             for size in bench.parse_sizes(sizes):
-                per_GB: dict[str, list[float]] = {}
-                runs: dict[str, list[dict]] = {}
-                rounds: list[dict[str, float]] = []
+                rounds: list[dict[str, dict]] = []  # each round: mode -> its run
                 for round_ in range(args.repeat):
                     rounds.append({})  # the modes interleaved: drift hits all alike
                     for mode in args.modes.split(","):
@@ -206,13 +216,10 @@ def main() -> int:
                                   flush=True)  # fmt: skip
                             continue
                         _print(lab, mode, r)
-                        per_GB.setdefault(mode, []).append(r["cpu_s_per_nominal_GB"])
-                        rounds[-1][mode] = r["cpu_s_per_nominal_GB"]
-                        runs.setdefault(mode, []).append(r)
+                        rounds[-1][mode] = r
                         out.append({"lab": lab, "mode": mode, "round": round_, **r})
-                _print_ratios(lab, size, per_GB, rounds)
-                _print_ceiling(lab, size, {m: statistics.median(v) for m, v in per_GB.items()},
-                               runs)  # fmt: skip
+                _print_ratios(lab, size, rounds)
+                _print_ceiling(lab, size, rounds)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
