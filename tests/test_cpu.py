@@ -145,11 +145,11 @@ def test_threads_asking_together_share_one_reading_of_a_process():
 
     def slow_reading(pid: int) -> float:
         calls.append(pid)
-        time.sleep(0.05)  # a reading of 257 threads' /proc files takes milliseconds
+        time.sleep(0.1)  # a reading of 257 threads' /proc files takes milliseconds
         return float(len(calls))
 
     shared = cpu.Shared(slow_reading)
     assert together(32, lambda: shared(7)) == [1.0] * 32 and calls == [7]
     assert shared(8) == 2.0, "another process: its own reading"
-    time.sleep(0.2)  # past twice the reading's time: stale
+    time.sleep(0.6)  # well past twice the reading's time (even if its sleep overran): stale
     assert shared(7) == 3.0 and calls == [7, 8, 7]
