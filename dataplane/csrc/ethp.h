@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 44
+#define ETHP_ABI_VERSION 45
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -699,6 +699,15 @@ int64_t ethp_nic_post_recv(struct ethp_nic *nic, uint32_t peer, uint32_t tag, ui
 /* Wait up to timeout_ms (-1: forever) for a handle.  Returns ETHP_NIC_OK,
  * ETHP_NIC_PENDING or an error; *bytes gets the message length. */
 int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t *bytes);
+/* The caller will not wait on handle again: the engine frees its message
+ * once it has finished (at once if it has), and its handle answers
+ * ETHP_NIC_ERR_NO_SUCH from now on.  A job of many transfers then holds
+ * only those not yet released.  ETHP_NIC_ERR_NO_SUCH for an unknown or
+ * released handle. */
+int ethp_nic_release(struct ethp_nic *nic, int64_t handle);
+/* Messages the endpoint holds: posted and not yet freed (released and
+ * finished ones are freed at the engine's next pass). */
+uint64_t ethp_nic_held(struct ethp_nic *nic);
 /* Counters of the endpoint (peer < 0) or of one peer. */
 void ethp_nic_counters(struct ethp_nic *nic, int32_t peer, uint64_t *out);
 /* Take a plane out of (or back into) the sender's rotation. */

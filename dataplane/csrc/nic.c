@@ -346,11 +346,15 @@ static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 
 /* ---------------------------------------------------------------- timers, loop */
 
+/* The callers' posts, in order; then the messages they released that had
+ * finished when this pass began (a message finished at its post, an empty
+ * in-network all-reduce, is taken as a command first). */
 static void take_commands(struct ethp_nic *n)
 {
     pthread_mutex_lock(&n->lock);
-    struct nic_msg *m = n->cmd_head;
+    struct nic_msg *m = n->cmd_head, *reap = n->reap;
     n->cmd_head = n->cmd_tail = NULL;
+    n->reap = NULL;
     pthread_mutex_unlock(&n->lock);
     while (m) {
         struct nic_msg *next = m->next;
@@ -373,6 +377,7 @@ static void take_commands(struct ethp_nic *n)
         }
         m = next;
     }
+    nic_msg_free_reaped(n, reap);
 }
 
 /* The earliest time something is due: a timeout, or the port the next
@@ -1166,10 +1171,11 @@ void ethp_nic_free(struct ethp_nic *n)
         nic_win_free(n->peers[i].win);
         free(n->peers[i].rbits);
     }
-    for (uint64_t i = 0; i < n->n_msgs; i++) {
-        if (n->msgs[i]->sched_role == NIC_SCHED_WHOLE)
-            nic_sched_free(n->msgs[i]->sched);
-        free(n->msgs[i]);
+    for (uint32_t i = 0; i < n->n_slots; i++) {
+        struct nic_msg *m = n->slots[i].m;
+        if (m && m->sched_role == NIC_SCHED_WHOLE)
+            nic_sched_free(m->sched);
+        free(m);
     }
     while (n->orphans) {
         struct nic_msg *m = n->orphans;
@@ -1178,7 +1184,7 @@ void ethp_nic_free(struct ethp_nic *n)
     }
     for (uint32_t i = 0; i < n->inc.n_aggs; i++)
         free(n->inc.agg[i].chunk);
-    free(n->msgs);
+    free(n->slots);
     if (n->peers)
         munmap(n->peers, (size_t)n->max_peers * sizeof(*n->peers));
     free(n->peer_known);
@@ -1318,28 +1324,48 @@ int64_t ethp_nic_post_recv(struct ethp_nic *n, uint32_t peer, uint32_t tag, uint
 int ethp_nic_wait(struct ethp_nic *n, int64_t handle, int timeout_ms, uint64_t *bytes)
 {
     pthread_mutex_lock(&n->lock);
-    if (handle < 1 || (uint64_t)handle > n->n_msgs) {
-        pthread_mutex_unlock(&n->lock);
-        return ETHP_NIC_ERR_NO_SUCH;
-    }
-    struct nic_msg *m = n->msgs[handle - 1];
+    struct nic_msg *m = nic_msg_lookup_locked(n, handle);
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
     dl.tv_sec += (time_t)(ns / 1000000000ull);
     dl.tv_nsec = (long)(ns % 1000000000ull);
-    while (m->status == ETHP_NIC_PENDING && timeout_ms != 0) {
+    while (m && m->status == ETHP_NIC_PENDING && timeout_ms != 0) {
         if (timeout_ms < 0)
             pthread_cond_wait(&n->done, &n->lock);
         else if (pthread_cond_timedwait(&n->done, &n->lock, &dl) == ETIMEDOUT)
             break;
         n->c[ETHP_NC_caller_wakeups]++; /* under the lock: only callers write it */
+        m = nic_msg_lookup_locked(n, handle); /* another thread may have released it */
     }
-    int st = m->status;
+    int st = m ? m->status : ETHP_NIC_ERR_NO_SUCH;
     if (bytes)
-        *bytes = m->is_send ? m->len : (m->total == UINT64_MAX ? 0 : m->total);
+        *bytes = !m ? 0 : m->is_send ? m->len : (m->total == UINT64_MAX ? 0 : m->total);
     pthread_mutex_unlock(&n->lock);
     return st;
+}
+
+int ethp_nic_release(struct ethp_nic *n, int64_t handle)
+{
+    /* No kick: the engine frees it at its next pass, which the caller's
+     * next post wakes it for anyway (a wake-up per collective saved). */
+    pthread_mutex_lock(&n->lock);
+    struct nic_msg *m = nic_msg_lookup_locked(n, handle);
+    if (m) {
+        m->released = 1;
+        if (m->status != ETHP_NIC_PENDING)
+            nic_msg_reap_locked(n, m);
+    }
+    pthread_mutex_unlock(&n->lock);
+    return m ? ETHP_NIC_OK : ETHP_NIC_ERR_NO_SUCH;
+}
+
+uint64_t ethp_nic_held(struct ethp_nic *n)
+{
+    pthread_mutex_lock(&n->lock);
+    uint64_t held = n->held;
+    pthread_mutex_unlock(&n->lock);
+    return held;
 }
 
 void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)

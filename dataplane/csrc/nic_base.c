@@ -11,6 +11,8 @@ void nic_complete(struct ethp_nic *n, struct nic_msg *m, int status)
 {
     pthread_mutex_lock(&n->lock);
     m->status = status;
+    if (m->released)
+        nic_msg_reap_locked(n, m); /* freed after this pass, not while it may touch m */
     /* Only a caller waits on a message, and the caller of a schedule waits on
      * its whole: an op's completion wakes nobody (one futex wake and one
      * context switch saved per op; a waiter on an op's handle is still woken

@@ -58,6 +58,9 @@ enum { PKT_FREE = 0, PKT_INFLIGHT, PKT_ACKED, PKT_LOST };
 
 struct nic_msg {
     int64_t handle; /* 0: a schedule's op (freed with its schedule's end) */
+    uint32_t slot;  /* its handle's slot in n->slots */
+    int released;   /* its caller will not wait on it again (ethp_nic_release) */
+    int reaping;    /* on n->reap */
     uint64_t seq;   /* the order it was bound to its peer in */
     uint32_t peer, tag, msg_id;
     uint8_t *buf;
@@ -75,10 +78,21 @@ struct nic_msg {
     struct nic_sched *sched;
     uint32_t sched_role, sched_idx;
     int sched_finished; /* counted by its schedule once (a receive may complete twice) */
-    struct nic_msg *done_next; /* on the engine's list of finished schedule messages */
+    /* on the engine's list of finished schedule messages (an op), on
+     * n->reap (a caller's), or on n->orphans */
+    struct nic_msg *done_next;
 };
 
 enum { NIC_SCHED_NONE = 0, NIC_SCHED_WHOLE, NIC_SCHED_OP };
+
+/* A caller's handle is (gen << 32) | (slot index + 1): a handle released
+ * (or freed) and its slot reused answers ETHP_NIC_ERR_NO_SUCH, never the
+ * new message. */
+struct nic_slot {
+    struct nic_msg *m; /* NULL: free (next_free links the free ones) */
+    uint32_t gen;      /* 1 .. 2^31 - 1 */
+    uint32_t next_free;
+};
 
 struct tx_pkt {
     struct nic_msg *m;
@@ -251,8 +265,12 @@ struct ethp_nic {
     pthread_cond_t done;
     struct nic_msg *cmd_head, *cmd_tail;
     struct nic_msg *sched_done_head, *sched_done_tail; /* engine thread only */
-    struct nic_msg **msgs; /* the callers' handles */
-    uint64_t n_msgs, cap_msgs;
+    /* the callers' handles: a slot each (its index and generation make the
+     * handle), reused once the message is freed */
+    struct nic_slot *slots;
+    uint32_t n_slots, cap_slots, free_slot; /* free_slot: index + 1 of a free slot, or 0 */
+    struct nic_msg *reap; /* released by their caller and finished: freed by the engine */
+    uint64_t held;        /* messages with a slot (posted and not yet freed) */
     uint64_t bind_seq;       /* engine thread only: the last message's seq */
     struct nic_msg *orphans; /* ops that outlived their schedule (bound, failed): freed at close */
     uint64_t c[ETHP_NIC_NCOUNTERS];
@@ -441,7 +459,9 @@ void nic_pump_inc(struct ethp_nic *n, uint64_t now);
 struct tx_pkt *nic_win_alloc(void);
 void nic_win_free(struct tx_pkt *w);
 int64_t nic_msg_register_locked(struct ethp_nic *n, struct nic_msg *m); /* under n->lock */
-int64_t nic_msg_register(struct ethp_nic *n, struct nic_msg *m);
+struct nic_msg *nic_msg_lookup_locked(struct ethp_nic *n, int64_t handle);
+void nic_msg_reap_locked(struct ethp_nic *n, struct nic_msg *m);
+void nic_msg_free_reaped(struct ethp_nic *n, struct nic_msg *list);
 void nic_bind(struct ethp_nic *n, struct nic_msg *m);
 
 /* nic_sched.c: the schedules the engine runs */

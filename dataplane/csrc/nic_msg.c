@@ -24,31 +24,87 @@ void nic_win_free(struct tx_pkt *w)
         munmap(w, NIC_WIN * sizeof(struct tx_pkt));
 }
 
-/* m into the endpoint's list of messages (a handle; freed with the NIC),
- * under its lock.  On failure m is freed. */
+/* m a handle (a slot of the endpoint's), under its lock.  On failure m is
+ * freed. */
 int64_t nic_msg_register_locked(struct ethp_nic *n, struct nic_msg *m)
 {
-    if (n->n_msgs == n->cap_msgs) {
-        uint64_t cap = n->cap_msgs ? n->cap_msgs * 2 : 1024;
-        struct nic_msg **a = realloc(n->msgs, cap * sizeof(*a));
-        if (!a) {
-            free(m);
-            return -ENOMEM;
+    if (!n->free_slot) {
+        if (n->n_slots == n->cap_slots) {
+            uint32_t cap = n->cap_slots ? n->cap_slots * 2 : 1024;
+            struct nic_slot *a = cap > n->cap_slots ? realloc(n->slots, (size_t)cap * sizeof(*a)) : NULL;
+            if (!a) {
+                free(m);
+                return -ENOMEM;
+            }
+            n->slots = a;
+            n->cap_slots = cap;
         }
-        n->msgs = a;
-        n->cap_msgs = cap;
+        n->slots[n->n_slots] = (struct nic_slot){.gen = 1, .next_free = 0};
+        n->free_slot = ++n->n_slots;
     }
-    n->msgs[n->n_msgs++] = m;
-    m->handle = (int64_t)n->n_msgs;
+    uint32_t i = n->free_slot - 1;
+    struct nic_slot *s = &n->slots[i];
+    n->free_slot = s->next_free;
+    s->m = m;
+    m->slot = i;
+    m->handle = (int64_t)((uint64_t)s->gen << 32 | (uint64_t)(i + 1));
+    n->held++;
     return m->handle;
 }
 
-int64_t nic_msg_register(struct ethp_nic *n, struct nic_msg *m)
+/* The message a caller's handle names, or NULL (unknown, stale, released). */
+struct nic_msg *nic_msg_lookup_locked(struct ethp_nic *n, int64_t handle)
 {
+    if (handle < 1)
+        return NULL;
+    uint64_t i = ((uint64_t)handle & 0xffffffffu) - 1;
+    if (i >= n->n_slots)
+        return NULL;
+    const struct nic_slot *s = &n->slots[i];
+    return s->m && s->gen == (uint64_t)handle >> 32 && !s->m->released ? s->m : NULL;
+}
+
+/* A released message that has finished: onto the list the engine frees at
+ * its next take of commands (under n->lock; once). */
+void nic_msg_reap_locked(struct ethp_nic *n, struct nic_msg *m)
+{
+    if (m->reaping)
+        return;
+    m->reaping = 1;
+    m->done_next = n->reap;
+    n->reap = m;
+}
+
+/* The engine thread: free what it took off n->reap -- finished before its
+ * pass began, so nothing of the pass before holds it -- except a receive
+ * that failed bound (too small: its packets keep coming and find it), kept
+ * till the NIC's end as a schedule's are.  Their slots are free again. */
+void nic_msg_free_reaped(struct ethp_nic *n, struct nic_msg *list)
+{
+    if (!list)
+        return;
     pthread_mutex_lock(&n->lock);
-    int64_t h = nic_msg_register_locked(n, m);
+    for (struct nic_msg *m = list; m; m = m->done_next) {
+        struct nic_slot *s = &n->slots[m->slot];
+        s->m = NULL;
+        s->gen = s->gen >= 0x7fffffffu ? 1 : s->gen + 1;
+        s->next_free = n->free_slot;
+        n->free_slot = m->slot + 1;
+        n->held--;
+    }
     pthread_mutex_unlock(&n->lock);
-    return h;
+    while (list) {
+        struct nic_msg *m = list;
+        list = m->done_next;
+        if (m->bound) {
+            m->done_next = n->orphans;
+            n->orphans = m;
+            continue;
+        }
+        if (m->sched_role == NIC_SCHED_WHOLE)
+            nic_sched_free(m->sched); /* NULL once its schedule retired */
+        free(m);
+    }
 }
 
 /* A send or a receive to its peer's queues (the engine's thread). */

@@ -474,12 +474,17 @@ class Endpoint:
         return self.wait(handle, timeout_s=0) is not None
 
     def wait(self, handle: int, timeout_s: float | None = None) -> int | None:
-        """Wait for a transfer; returns its byte count, or None on timeout."""
+        """Wait for a transfer; returns its byte count, or None on timeout.
+        The wait that sees it finish (done or failed) spends the handle: the
+        engine frees its message, so a long job holds only its open
+        transfers, and the handle is unknown (NicError) from then on."""
         ms = -1 if timeout_s is None else int(timeout_s * 1000)
         nbytes = ffi.new("uint64_t *")
         st = lib.ethp_nic_wait(self._nic, handle, ms, nbytes)
         if st == lib.ETHP_NIC_PENDING:
             return None
+        if st != lib.ETHP_NIC_ERR_NO_SUCH:
+            lib.ethp_nic_release(self._nic, handle)
         self._keep.pop(handle, None)
         if st != lib.ETHP_NIC_OK:
             cls, msg = _ERRORS.get(st, (NicError, f"error {st}"))
@@ -492,6 +497,11 @@ class Endpoint:
         c = ffi.new("struct ethp_nic_cfg *")
         lib.ethp_nic_config(self._nic, c)
         return {name: getattr(c, name) for name, _ in ffi.typeof(c[0]).fields}
+
+    @property
+    def held(self) -> int:
+        """Transfers the engine holds: posted and not yet spent by a wait."""
+        return lib.ethp_nic_held(self._nic)
 
     def counters(self, peer: int | None = None) -> dict[str, int]:
         out = ffi.new("uint64_t[]", len(NIC_COUNTERS))
