@@ -845,7 +845,8 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         "--algo",
         default="ring",
         help="all-reduce: ring (default), halving-doubling, hierarchical (rings inside"
-        " groups of ranks and across them), in-network (the switches aggregate;"
+        " groups of ranks and across them), tree (NCCL's double binary tree: half the"
+        " buffer up and down each of two trees), in-network (the switches aggregate;"
         " labs with [switch] inc = true, transport ethplus) or auto (chosen per size"
         " and rank count, as libraries do at scale; stated above each row)",
     )
@@ -1065,7 +1066,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the ethplus backend's transport (default ethplus)",
     )
     rn.add_argument("--algo", default="auto",
-                    help="all-reduce: ring, halving-doubling, hierarchical, in-network or auto"
+                    help="all-reduce: ring, halving-doubling, hierarchical, tree, in-network or"
+                    " auto"
                     " (default: chosen per size as bench's; the switches where the lab reduces"
                     " and the transport is ethplus)")  # fmt: skip
     rn.add_argument("--master-port", type=int, default=29500, help="MASTER_PORT (29500)")

@@ -11,6 +11,7 @@ from dataplane.model.catalog import (
     pick_all_reduce,
 )
 from dataplane.run import reference as ref
+from dataplane.run.collectives import double_binary_tree
 from dataplane.run.transport import TransportError
 from dataplane.run.workload import Case
 from tests.localtransport import run_ranks
@@ -19,6 +20,7 @@ CASES = [
     ("all-reduce", "ring"),
     ("all-reduce", "halving-doubling"),
     ("all-reduce", "hierarchical"),
+    ("all-reduce", "tree"),
     ("all-reduce", "auto"),
     ("reduce-scatter", "ring"),
     ("all-gather", "ring"),
@@ -114,7 +116,7 @@ def test_uneven_all_to_all_with_some_pairs_above_the_rendezvous_size():
 def test_in_network_all_reduce_needs_a_transport_that_offers_it():
     with pytest.raises(TransportError, match="needs the ethplus transport, not local"):
         _wrong(2, "all-reduce", "in-network", 10)
-    with pytest.raises(ValueError, match="ring, halving-doubling, hierarchical, in-network"):
+    with pytest.raises(ValueError, match="ring, halving-doubling, hierarchical, tree, in-network"):
         _wrong(2, "all-reduce", "butterfly", 10)
 
 
@@ -249,3 +251,27 @@ def test_auto_picks_by_rank_count_and_size_and_says_why():
     assert pick_all_reduce(24, 256 << 10)[0] == "hierarchical"
     assert pick_all_reduce(13, 256 << 10)[0] == "ring"  # prime: no groups
     assert pick_all_reduce(64, 1 << 20, in_network=True)[0] == "in-network"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 8, 63, 64, 512])
+def test_the_double_binary_tree_spans_every_rank_twice_with_inner_ranks_apart(n):
+    """Each tree reaches every rank once from its one root, no rank has more
+    than two children, and a rank that forwards in one tree is a leaf of the
+    other (at most one rank is inner in both when n is odd): the tree
+    all-reduce's load is even."""
+    inner = []
+    for parent, children in double_binary_tree(n):
+        roots = [r for r in range(n) if parent[r] is None]
+        assert len(roots) == 1
+        seen, todo = set(), list(roots)
+        while todo:
+            r = todo.pop()
+            assert r not in seen and len(children[r]) <= 2
+            seen.add(r)
+            for c in children[r]:
+                assert parent[c] == r
+                todo.append(c)
+        assert seen == set(range(n))
+        inner.append({r for r in range(n) if children[r]})
+    assert len(inner[0] & inner[1]) <= n % 2
+    assert all_reduce_steps("tree", n) <= 2 * max(1, n).bit_length()

@@ -473,8 +473,8 @@ def _collective(eps: dict, engine: bool, dtype: str, fn) -> list:
 def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op, count):
     """Every collective's schedule, run by the engine itself (receives,
     reductions in C, next sends; the rendezvous past 256 KiB a message):
-    the all-reduce's ring, halving-doubling (6 ranks: two fold in and out)
-    and hierarchical forms, reduce-scatter, all-gather, an uneven all-to-all
+    the all-reduce's ring, halving-doubling (6 ranks: two fold in and out),
+    hierarchical and tree forms, reduce-scatter, all-gather, an uneven all-to-all
     and a broadcast give numpy's reference bit for bit, with no message
     posted from Python; the same schedules run step by step from Python
     agree."""
@@ -488,7 +488,7 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
         def fn(comm, out=out):
             r = comm.rank
             got = {}
-            for algo in ("ring", "halving-doubling", "hierarchical"):
+            for algo in ("ring", "halving-doubling", "hierarchical", "tree"):
                 got[algo] = ref.pattern(r, count, dtype, seed, n)
                 comm.all_reduce(got[algo], op, algo)
             send = ref.pattern(r, count, dtype, seed, n)
@@ -512,7 +512,7 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
         gathered = np.concatenate([ref.pattern(s, b[s + 1] - b[s], dtype, seed, n, start=b[s])
                                    for s in range(n)])  # fmt: skip
         for r, got in out.items():
-            for algo in ("ring", "halving-doubling", "hierarchical"):
+            for algo in ("ring", "halving-doubling", "hierarchical", "tree"):
                 assert ref.wrong(got[algo], want) == 0, (engine, r, algo)
             assert ref.wrong(got["reduce-scatter"], want[b[r] : b[r + 1]]) == 0, (engine, r)
             assert ref.wrong(got["all-gather"], gathered) == 0, (engine, r)
@@ -546,6 +546,29 @@ def test_halving_doubling_waits_for_its_partners_and_is_exact(make, engine):
     # rank 0: 3 levels each way, a word 'ready' to each of its 3 partners
     # and to its extra rank, and the extra's result
     assert eps[0].counters()["msgs_sent"] == 2 * 3 + 3 + 1 + 1
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_the_tree_all_reduce_is_exact_and_shares_its_load(make, engine):
+    """13 ranks, 8 MB each, over two binary trees (half the buffer each, in
+    128 KiB chunks, each climb after the parent said its receives are
+    posted): numpy's result bit for bit, and no rank sends twice what
+    another does (one tree's inner ranks are the other's leaves; the same
+    tree twice would have its inner ranks send three times its leaves')."""
+    n, count, dtype, seed = 13, 2_000_003, "float32", 5
+    fab, eps = make(n, planes=2)
+    out = {}
+
+    def fn(comm):
+        buf = ref.pattern(comm.rank, count, dtype, seed, n)
+        comm.all_reduce(buf, "sum", "tree")
+        out[comm.rank] = buf
+
+    _collective(eps, engine, dtype, fn)
+    want = ref.reduced("sum", count, dtype, seed, n)
+    assert [ref.wrong(out[r], want) for r in range(n)] == [0] * n
+    sent = [eps[r].counters()["tx_data_bytes"] for r in range(n)]
+    assert max(sent) < 2 * min(sent), sent
 
 
 def _sleeps() -> int:

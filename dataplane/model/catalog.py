@@ -4,7 +4,9 @@ transports (pure: no lab, no C)."""
 from __future__ import annotations
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
-ALGORITHMS = {"all-reduce": ("ring", "halving-doubling", "hierarchical", "in-network", "auto")}
+ALGORITHMS = {
+    "all-reduce": ("ring", "halving-doubling", "hierarchical", "tree", "in-network", "auto")
+}
 # auto: up to this many ranks a flat ring's 2(n-1) steps are few enough
 AUTO_FLAT_RANKS_MAX = 16
 # auto: below this many bytes per rank per step, a step costs its latency
@@ -67,6 +69,8 @@ def all_reduce_steps(algo: str, world: int) -> int:
     if algo == "hierarchical":
         g = groups_of(n)
         return 2 * (g - 1) + 2 * (n // g - 1)
+    if algo == "tree":  # up a balanced binary tree and down again
+        return 2 * (n.bit_length() - 1)
     if algo == "in-network":
         return 1
     raise ValueError(f"unknown all-reduce algorithm {algo!r}")

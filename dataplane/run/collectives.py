@@ -20,6 +20,8 @@ from dataplane.run.transport import Transport
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
+TREE_CHUNK_BYTES = 128 * 1024  # pipeline unit of the tree all-reduce
+MAX_TREE_CHUNKS = 64
 RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
 _TAG_BITS = 12  # tags per collective call: 4096
 _SEQ_MASK = 0x7FFFF  # collective calls' tags: bit 31 clear
@@ -159,6 +161,8 @@ class Comm:
             self._hd_all_reduce(buf, op)
         elif algo == "hierarchical":
             self._hier_all_reduce(buf, op)
+        elif algo == "tree":
+            self._tree_all_reduce(buf, op)
         elif algo == "in-network":
             self.t.all_reduce_in_network(buf, op, self.dtype)
         else:
@@ -312,6 +316,69 @@ class Comm:
             s.send(extra, tag(2 * levels + 1), buf, after=[told, *written((0, p))])
         self._run(s)
 
+    def _tree_all_reduce(self, buf: np.ndarray, op: str) -> None:
+        """The double binary tree all-reduce (as NCCL's tree algorithm): half
+        the buffer is reduced up one binary tree and broadcast back down it,
+        the other half over a second tree in which the first one's leaves
+        are the inner ranks, so every rank sends and receives about as much
+        as the others.  Each half goes in chunks, pipelined: a chunk climbs
+        while the one before it comes down.  2 log2(n) steps deep, whatever
+        the size; each rank sends about the whole buffer once up and once
+        down (twice the ring's bytes per rank at large n)."""
+        n = self.world
+        halves = bounds(buf.size, 2)
+        trees = double_binary_tree(n)
+        chunks = [
+            self._slices((halves[t + 1] - halves[t]) * buf.itemsize, TREE_CHUNK_BYTES,
+                         MAX_TREE_CHUNKS)
+            for t in range(2)
+        ]  # fmt: skip
+        # tags per tree: chunk k's climb (k) and descent (chunks + k), then
+        # the climb's and the descent's 'ready'
+        base = [0, 2 * chunks[0] + 2]
+        tag = self._tags(base[1] + 2 * chunks[1] + 2)
+        s = Schedule(self.dtype, op)
+        for t, (parent, children) in enumerate(trees):
+            half = buf[halves[t] : halves[t + 1]]
+            if half.size == 0:
+                continue
+            up, down = parent[self.rank], children[self.rank]
+            cb = bounds(half.size, chunks[t])
+            parts = [half[cb[k] : cb[k + 1]] for k in range(chunks[t])]
+
+            def tg(i: int, t=t) -> int:
+                return tag(base[t] + i)
+
+            ready_up, ready_down = 2 * chunks[t], 2 * chunks[t] + 1
+            # Rendezvous, as the ring's, by the half (both ends know it): a
+            # rank still in its last collective would turn a chunk away
+            big = self._rendezvous(half.nbytes)
+            staging = {c: [np.empty_like(p) for p in parts] for c in down}
+            got_up = {c: [s.recv(c, tg(k), staging[c][k]) for k in range(chunks[t])]
+                      for c in down}  # fmt: skip
+            got_down = [s.recv(up, tg(chunks[t] + k), parts[k]) for k in range(chunks[t])] \
+                if up is not None else None  # fmt: skip
+            if big:  # our receives are posted: the children may climb, the parent descend
+                for c in down:
+                    self._tell_ready(s, c, tg(ready_up))
+                if up is not None:
+                    self._tell_ready(s, up, tg(ready_down))
+            parent_ready = self._ready_from(s, up, tg(ready_up)) if big and up is not None else None
+            child_ready = {c: self._ready_from(s, c, tg(ready_down)) if big else None
+                           for c in down}  # fmt: skip
+            for k, part in enumerate(parts):
+                reduced = None
+                for c in down:
+                    reduced = s.reduce(part, staging[c][k], after=[got_up[c][k], reduced])
+                if up is not None:
+                    # the result lands in part once the parent has it all, so
+                    # only after this climb has been received: nothing to wait for
+                    s.send(up, tg(k), part, after=[reduced, parent_ready])
+                    reduced = got_down[k]
+                for c in down:
+                    s.send(c, tg(chunks[t] + k), part, after=[reduced, child_ready[c]])
+        self._run(s)
+
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
         """Rank r gets chunk r (reference.bounds) of the reduction of every send."""
         n, r = self.world, self.rank
@@ -412,3 +479,41 @@ class Comm:
             for j in range(slices):
                 s.send(nxt, tag(j), buf[b[j] : b[j + 1]], after=[got[j], ready])
         self._run(s)
+
+
+def _inorder_tree(lo: int, hi: int, parent: int | None, out_parent: list,
+                  out_children: list) -> int:  # fmt: skip
+    """The balanced binary tree over positions lo..hi-1 in order (its root
+    the middle one), into out_parent and out_children; returns its root."""
+    mid = (lo + hi) // 2
+    out_parent[mid] = parent
+    for a, b in ((lo, mid), (mid + 1, hi)):
+        if a < b:
+            out_children[mid].append(_inorder_tree(a, b, mid, out_parent, out_children))
+    return mid
+
+
+def double_binary_tree(n: int) -> list[tuple[list[int | None], list[list[int]]]]:
+    """Two binary trees over ranks 0..n-1, each as (parent of each rank, or
+    None at its root; children of each rank): the first a balanced tree over
+    the ranks in order, the second the same shape with the first one's
+    leaves put at its inner places (in order, then its inner ranks at its
+    leaves), so a rank that forwards in one tree is a leaf in the other
+    (wherever the leaves are as many as the inner ranks)."""
+    parent: list[int | None] = [None] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    if n:
+        _inorder_tree(0, n, None, parent, children)
+    inner = [r for r in range(n) if children[r]]
+    leaves = [r for r in range(n) if not children[r]]
+    # the second tree: the rank at each of the first's places
+    at = [0] * n
+    for place, rank in zip(inner + leaves, leaves + inner, strict=True):
+        at[place] = rank
+    parent2: list[int | None] = [None] * n
+    children2: list[list[int]] = [[] for _ in range(n)]
+    for place in range(n):
+        if parent[place] is not None:
+            parent2[at[place]] = at[parent[place]]
+        children2[at[place]] = [at[c] for c in children[place]]
+    return [(parent, children), (parent2, children2)]
