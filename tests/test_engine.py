@@ -551,7 +551,7 @@ def test_halving_doubling_waits_for_its_partners_and_is_exact(make, engine):
 @pytest.mark.parametrize("engine", [True, False])
 def test_the_tree_all_reduce_is_exact_and_shares_its_load(make, engine):
     """13 ranks, 8 MB each, over two binary trees (half the buffer each, in
-    128 KiB chunks, each climb after the parent said its receives are
+    64 chunks, each climb after the parent said its receives are
     posted): numpy's result bit for bit, and no rank sends twice what
     another does (one tree's inner ranks are the other's leaves; the same
     tree twice would have its inner ranks send three times its leaves')."""

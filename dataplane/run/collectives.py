@@ -20,7 +20,7 @@ from dataplane.run.transport import Transport
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
 CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
-TREE_CHUNK_BYTES = 128 * 1024  # pipeline unit of the tree all-reduce
+TREE_CHUNK_BYTES = 32 * 1024  # pipeline unit of the tree all-reduce
 MAX_TREE_CHUNKS = 64
 RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
 _TAG_BITS = 12  # tags per collective call: 4096
