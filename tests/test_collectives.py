@@ -248,7 +248,10 @@ def test_auto_picks_by_rank_count_and_size_and_says_why():
     assert pick_all_reduce(512, 256 << 10)[0] == "halving-doubling"
     algo, why = pick_all_reduce(48, 16 << 20)  # 48 is no power of two
     assert algo == "hierarchical" and why == "8 groups of 6: 24 steps, not the flat ring's 94"
-    assert pick_all_reduce(24, 256 << 10)[0] == "hierarchical"
+    assert pick_all_reduce(24, 256 << 10)[0] == "tree"
+    algo, why = pick_all_reduce(48, 1 << 20)  # up to 4 MiB a rank: the tree
+    assert algo == "tree" and why == "10 steps deep, not the flat ring's 94, pipelined in chunks"
+    assert pick_all_reduce(17, 64 << 20)[0] == "ring"  # prime: no groups, large: bandwidth
     assert pick_all_reduce(13, 256 << 10)[0] == "ring"  # prime: no groups
     assert pick_all_reduce(64, 1 << 20, in_network=True)[0] == "in-network"
 

@@ -74,10 +74,11 @@ def test_upn512_memory_at_1_MiB_per_rank(upn):
     assert res["workers_peak_rss_bytes"] < 12 * GiB
 
 
-def test_erack64_hierarchical_and_auto_all_reduce(erack64):
-    res = _bench(erack64, "all-reduce", MiB + 4, transport="ethplus", algo="hierarchical")
-    _exact(res, 64)
-    assert res["rows"][0]["algo"] == "hierarchical"
+def test_erack64_hierarchical_tree_and_auto_all_reduce(erack64):
+    for algo in ("hierarchical", "tree"):
+        res = _bench(erack64, "all-reduce", MiB + 4, transport="ethplus", algo=algo)
+        _exact(res, 64)
+        assert res["rows"][0]["algo"] == algo
     # (auto: erack-64x8's switches aggregate, so over ethplus they reduce)
     res = _bench(erack64, "all-reduce", MiB + 4, transport="ethplus", algo="auto")
     _exact(res, 64)

@@ -12,6 +12,10 @@ AUTO_FLAT_RANKS_MAX = 16
 # auto: below this many bytes per rank per step, a step costs its latency
 # more than its bytes, and the fewest steps win
 AUTO_LATENCY_BOUND_BYTES = 64 * 1024
+# auto, beyond AUTO_FLAT_RANKS_MAX ranks and no power of two: the tree up to
+# this many bytes a rank (48 ranks of erack-64x8: its busbw 2.3x, 1.8x and
+# 1.1x the hierarchical's at 256 KiB, 1 MiB and 4 MiB; larger, unmeasured)
+AUTO_TREE_BYTES_MAX = 4 << 20
 TRANSPORT_LABELS = {
     "ethplus": "ETH+ (this project's NIC)",
     "tcp": "kernel TCP",
@@ -83,8 +87,9 @@ def pick_all_reduce(world: int, size_bytes: int, in_network: bool = False) -> tu
     is latency-bound (halving-doubling on a power of two), a flat ring up to
     AUTO_FLAT_RANKS_MAX ranks, and beyond that halving-doubling on a power of
     two (Rabenseifner's: the ring's bytes in 2 log2(n) steps; on erack-64x8
-    at 16 MiB 0.84 of the ideal busbw against the hierarchical's 0.39) and
-    the hierarchical all-reduce otherwise (a ring inside groups, one across
+    at 16 MiB 0.84 of the ideal busbw against the hierarchical's 0.39), and
+    otherwise the double binary tree up to AUTO_TREE_BYTES_MAX a rank and
+    the hierarchical all-reduce past it (a ring inside groups, one across
     them)."""
     n = world
     ring = all_reduce_steps("ring", n)
@@ -97,6 +102,9 @@ def pick_all_reduce(world: int, size_bytes: int, in_network: bool = False) -> tu
         return "halving-doubling", f"{step_bytes} B a step is latency-bound: {hd} steps, not {ring}"
     if pow2 and n > AUTO_FLAT_RANKS_MAX:
         return "halving-doubling", f"{hd} steps, not the flat ring's {ring}, for the same bytes"
+    if n > AUTO_FLAT_RANKS_MAX and size_bytes <= AUTO_TREE_BYTES_MAX:
+        t = all_reduce_steps("tree", n)
+        return "tree", f"{t} steps deep, not the flat ring's {ring}, pipelined in chunks"
     if n > AUTO_FLAT_RANKS_MAX and groups_of(n) > 1:
         g, h = groups_of(n), all_reduce_steps("hierarchical", n)
         return "hierarchical", f"{n // g} groups of {g}: {h} steps, not the flat ring's {ring}"
