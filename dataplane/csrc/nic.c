@@ -346,6 +346,29 @@ static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 
 /* ---------------------------------------------------------------- timers, loop */
 
+/* The engine thread: free what it took off n->reap -- finished before its
+ * pass began, so nothing of the pass before holds it -- except a receive
+ * that failed bound (too small: its packets keep coming and find it), kept
+ * till the NIC's end as a schedule's are.  Their slots are free again. */
+static void free_reaped(struct ethp_nic *n, struct nic_msg *list)
+{
+    if (!list)
+        return;
+    nic_msg_unslot(n, list);
+    while (list) {
+        struct nic_msg *m = list;
+        list = m->done_next;
+        if (m->bound) {
+            m->done_next = n->orphans;
+            n->orphans = m;
+            continue;
+        }
+        if (m->sched_role == NIC_SCHED_WHOLE)
+            nic_sched_free(m->sched); /* NULL once its schedule retired */
+        free(m);
+    }
+}
+
 /* The callers' posts, in order; then the messages they released that had
  * finished when this pass began (a message finished at its post, an empty
  * in-network all-reduce, is taken as a command first). */
@@ -377,7 +400,7 @@ static void take_commands(struct ethp_nic *n)
         }
         m = next;
     }
-    nic_msg_free_reaped(n, reap);
+    free_reaped(n, reap);
 }
 
 /* The earliest time something is due: a timeout, or the port the next

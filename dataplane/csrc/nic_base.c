@@ -7,6 +7,17 @@
 
 #include "nic_int.h"
 
+/* A released message that has finished: onto the list the engine frees at
+ * its next take of commands (under n->lock; once). */
+void nic_msg_reap_locked(struct ethp_nic *n, struct nic_msg *m)
+{
+    if (m->reaping)
+        return;
+    m->reaping = 1;
+    m->done_next = n->reap;
+    n->reap = m;
+}
+
 void nic_complete(struct ethp_nic *n, struct nic_msg *m, int status)
 {
     pthread_mutex_lock(&n->lock);

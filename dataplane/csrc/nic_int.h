@@ -396,6 +396,8 @@ void nic_addr_to(struct ethp_nic *n, uint32_t plane, uint32_t dst_ip, uint16_t e
                  struct ethp_l2l3 *a);
 struct ethp_cc_params nic_cc_params(const struct ethp_nic *n);
 void nic_complete(struct ethp_nic *n, struct nic_msg *m, int status);
+/* m, released and finished, onto n->reap for the engine to free (under n->lock) */
+void nic_msg_reap_locked(struct ethp_nic *n, struct nic_msg *m);
 int nic_emit(struct ethp_nic *n, uint32_t plane, const struct ethp_l2l3 *a,
              const struct ethp_hdr_fields *h, const uint8_t *payload, uint32_t len,
              const uint8_t *int_block);
@@ -460,8 +462,7 @@ struct tx_pkt *nic_win_alloc(void);
 void nic_win_free(struct tx_pkt *w);
 int64_t nic_msg_register_locked(struct ethp_nic *n, struct nic_msg *m); /* under n->lock */
 struct nic_msg *nic_msg_lookup_locked(struct ethp_nic *n, int64_t handle);
-void nic_msg_reap_locked(struct ethp_nic *n, struct nic_msg *m);
-void nic_msg_free_reaped(struct ethp_nic *n, struct nic_msg *list);
+void nic_msg_unslot(struct ethp_nic *n, const struct nic_msg *list);
 void nic_bind(struct ethp_nic *n, struct nic_msg *m);
 
 /* nic_sched.c: the schedules the engine runs */

@@ -64,27 +64,12 @@ struct nic_msg *nic_msg_lookup_locked(struct ethp_nic *n, int64_t handle)
     return s->m && s->gen == (uint64_t)handle >> 32 && !s->m->released ? s->m : NULL;
 }
 
-/* A released message that has finished: onto the list the engine frees at
- * its next take of commands (under n->lock; once). */
-void nic_msg_reap_locked(struct ethp_nic *n, struct nic_msg *m)
+/* The slots of a list of messages (linked by done_next) free again, their
+ * handles unknown from now on, whatever reuses them. */
+void nic_msg_unslot(struct ethp_nic *n, const struct nic_msg *list)
 {
-    if (m->reaping)
-        return;
-    m->reaping = 1;
-    m->done_next = n->reap;
-    n->reap = m;
-}
-
-/* The engine thread: free what it took off n->reap -- finished before its
- * pass began, so nothing of the pass before holds it -- except a receive
- * that failed bound (too small: its packets keep coming and find it), kept
- * till the NIC's end as a schedule's are.  Their slots are free again. */
-void nic_msg_free_reaped(struct ethp_nic *n, struct nic_msg *list)
-{
-    if (!list)
-        return;
     pthread_mutex_lock(&n->lock);
-    for (struct nic_msg *m = list; m; m = m->done_next) {
+    for (const struct nic_msg *m = list; m; m = m->done_next) {
         struct nic_slot *s = &n->slots[m->slot];
         s->m = NULL;
         s->gen = s->gen >= 0x7fffffffu ? 1 : s->gen + 1;
@@ -93,18 +78,6 @@ void nic_msg_free_reaped(struct ethp_nic *n, struct nic_msg *list)
         n->held--;
     }
     pthread_mutex_unlock(&n->lock);
-    while (list) {
-        struct nic_msg *m = list;
-        list = m->done_next;
-        if (m->bound) {
-            m->done_next = n->orphans;
-            n->orphans = m;
-            continue;
-        }
-        if (m->sched_role == NIC_SCHED_WHOLE)
-            nic_sched_free(m->sched); /* NULL once its schedule retired */
-        free(m);
-    }
 }
 
 /* A send or a receive to its peer's queues (the engine's thread). */
