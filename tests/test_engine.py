@@ -415,6 +415,23 @@ def test_a_ports_rx_ring_holds_its_time_at_the_real_rate_within_its_bounds(k):
     assert ring < max(MiB, rate * nic.RX_RING_HOLD_NS / 8e9) + nic.RX_RING_BLOCK_BYTES
 
 
+@pytest.mark.parametrize("k", [100, 6400, 12800, 102400, 409600, 6.5e6])
+def test_a_ports_ring_timeout_is_a_hundredth_of_the_real_base_rtt_from_1_to_16_ms(k):
+    """A NIC ring's retire timer fires each timeout while the ring is up:
+    at 1 ms, 512 of them swamped both cores with timer softirqs.  The frames'
+    wait for it is real time k does not scale, so it stays within 1% of the
+    real base RTT (2 us nominal, as on the shipped labs) or at 1 ms, and the
+    RTT the engine counts on grows by what the longer wait adds."""
+    scaled_ns = int(2000 * k)
+    ms = nic.rx_ring_timeout_ms(scaled_ns)
+    assert 1 <= ms <= nic.RX_RING_TIMEOUT_MAX_MS
+    assert ms == 1 or ms * 1e6 <= scaled_ns * nic.RX_RING_TIMEOUT_SHARE
+    if k <= 12800:  # erack-8x4 and the like keep 1 ms rings
+        assert ms == 1 and nic.unscaled_rtt_ns(ms) == nic.UNSCALED_RTT_NS
+    if k == 409600:  # upn-512's and erack-64x8's floor
+        assert ms == 8 and nic.unscaled_rtt_ns(ms) == 9_000_000
+
+
 class _EpTransport(Transport):
     """The NIC transport's calls on an in-memory endpoint; engine=False
     leaves a schedule's steps to Python (as kernel TCP does).  Counts the

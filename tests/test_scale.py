@@ -1,16 +1,19 @@
 """The seed's flagship systems with jobs of all their ranks: ERack+ 64
 (64 accelerators x 8 planes) and UPN 512 (512 accelerators x 4 planes),
 ranks on rank hosts (as many worker processes as CPUs, the ranks threads
-in them).  The full-size runs are `slow` (scripts/test --all); the suite
-runs UPN 512 with a 64-rank job and ERack+ 64 with two all-reduces (a
-64-rank uneven all-to-all over tcp alone took 5 minutes here)."""
+in them).  UPN 512's jobs of all 512 ranks run in the suite (about a
+minute and a half in all); ERack+ 64's every collective over every
+transport is `slow` (scripts/test --all: a 64-rank uneven all-to-all over
+tcp alone took 5 minutes here), and the suite runs it with three
+all-reduces."""
 
 import contextlib
+import re
 
 import pytest
 from labtools import module_lab
 
-from dataplane.lab import registry
+from dataplane.lab import nic, registry
 from dataplane.model import catalog
 from dataplane.model.catalog import COLLECTIVES
 from dataplane.run import bench, trials
@@ -33,25 +36,6 @@ def _exact(res: dict, world: int) -> None:
     assert [r["wrong"] for r in res["rows"]] == [0]
 
 
-def test_upn512_collectives_on_64_of_its_ranks(upn):
-    nodes = [f"h{i}" for i in range(0, 512, 8)]  # spread over the switch's ports
-    res = _bench(upn, "all-reduce", 256 * KiB, nodes, transport="ethplus", algo="in-network")
-    _exact(res, 64)
-    assert res["rows"][0]["algo"] == "in-network"
-    # auto on a lab whose switches aggregate, over ethplus: the switches
-    res = _bench(upn, "all-reduce", 256 * KiB, nodes, transport="ethplus", algo="auto")
-    _exact(res, 64)
-    assert res["rows"][0]["algo"] == "in-network"
-    assert "the switches aggregate" in res["rows"][0]["algo_why"]
-    # over roce the switches cannot: 64 ranks of 4 KiB a step, a power of two
-    res = _bench(upn, "all-reduce", 256 * KiB, nodes, transport="roce", algo="auto")
-    _exact(res, 64)
-    assert res["rows"][0]["algo"] == "halving-doubling"
-    res = _bench(upn, "all-to-all", 256 * KiB, nodes, transport="ethplus", uneven=True)
-    _exact(res, 64)
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "collective,algo,uneven",
     [("all-reduce", "in-network", False), ("all-reduce", "auto", False),
@@ -65,9 +49,27 @@ def test_upn512_every_rank(upn, collective, algo, uneven):
     with hold:
         res = _bench(upn, collective, 256 * KiB, transport="ethplus", algo=algo, uneven=uneven)
     _exact(res, 512)
+    if algo == "auto":  # a lab whose switches aggregate, over ethplus: the switches
+        assert res["rows"][0]["algo"] == "in-network"
+        assert "the switches aggregate" in res["rows"][0]["algo_why"]
+    # At this lab's k a base RTT is most of a real second: the NICs' rings
+    # retire their blocks after 8-16 ms, not each ms (at 1 ms the 512 rings'
+    # timers swamped both cores: this all-to-all took 8 minutes), and the
+    # report says so.
+    notes = " ".join(res["fidelity"]["not_time_scaled"])
+    ring_ms = re.search(r"the NICs' (\d+) ms", notes)
+    assert ring_ms and 8 <= int(ring_ms[1]) <= nic.RX_RING_TIMEOUT_MAX_MS, notes
 
 
-@pytest.mark.slow
+def test_upn512_auto_over_roce_on_64_of_its_ranks(upn):
+    # over roce the switches cannot aggregate: 64 ranks of 4 KiB a step, a
+    # power of two
+    nodes = [f"h{i}" for i in range(0, 512, 8)]  # spread over the switch's ports
+    res = _bench(upn, "all-reduce", 256 * KiB, nodes, transport="roce", algo="auto")
+    _exact(res, 64)
+    assert res["rows"][0]["algo"] == "halving-doubling"
+
+
 def test_upn512_memory_at_1_MiB_per_rank(upn):
     res = _bench(upn, "all-reduce", MiB, transport="ethplus", algo="in-network")
     _exact(res, 512)

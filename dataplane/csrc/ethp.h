@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 45
+#define ETHP_ABI_VERSION 46
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -652,6 +652,7 @@ struct ethp_nic_cfg {
     uint32_t drop_psn_plus1;
     uint32_t ring_idle_ms;      /* the NIC's port: see struct ethp_port_cfg */
     uint32_t rx_ring_blocks;    /* its RX ring, in 64 KiB blocks (0: 256, 16 MiB) */
+    uint32_t rx_ring_timeout_ms; /* its blocks' retire timeout (0: 1 ms) */
     /* The time scale the real values above were computed at, and the parts
      * that do not scale with it: when the lab's fabric clock (set with
      * ethp_nic_set_clock) moves to another k, every real time above is

@@ -1060,8 +1060,10 @@ struct ethp_nic *ethp_nic_new(const struct ethp_nic_cfg *cfg, const char *netns_
     }
     snprintf(pio->netns_path, sizeof(pio->netns_path), "%s", netns_path ? netns_path : "");
     uint32_t blocks = cfg->rx_ring_blocks ? cfg->rx_ring_blocks : 256;
-    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = blocks, .block_timeout_ms = 1,
-                               .sndbuf_bytes = 4u << 20, .ring_idle_ms = cfg->ring_idle_ms};
+    uint32_t timeout_ms = cfg->rx_ring_timeout_ms ? cfg->rx_ring_timeout_ms : 1;
+    struct ethp_port_cfg pc = {.block_bytes = 1u << 16, .n_blocks = blocks,
+                               .block_timeout_ms = timeout_ms, .sndbuf_bytes = 4u << 20,
+                               .ring_idle_ms = cfg->ring_idle_ms};
     pio->port = ethp_port_open(netns_path, NULL, &pc, err);
     if (!pio->port) {
         free(pio);

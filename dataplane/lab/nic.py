@@ -58,6 +58,34 @@ def rx_ring_blocks(rate_real_bps: int) -> int:
     return min(RX_RING_MAX_BLOCKS, max(RX_RING_MIN_BLOCKS, want))
 
 
+# A TPACKET_V3 ring hands its reader a block when the block is full or when
+# its retire timer fires, and the kernel re-arms that timer every timeout
+# for as long as the ring is up, frames or not.  At 1 ms, upn-512's 512 NIC
+# rings (one a rank) fired over 100,000 times a second in an all-to-all over
+# all ranks: the timer softirqs took most of both cores, the switches' rings
+# overflowed, and the job ran 8 min 27 s (1 min 12 s at 8 ms).  A frame's
+# wait for the timer is real time that k does not scale, so the timeout is
+# at most RX_RING_TIMEOUT_SHARE of the real base RTT: 1 ms wherever that is
+# under 100 ms (erack-8x4 at its floor k), up to RX_RING_TIMEOUT_MAX_MS.
+RX_RING_TIMEOUT_SHARE = 0.01
+RX_RING_TIMEOUT_MAX_MS = 16
+
+
+def rx_ring_timeout_ms(scaled_rtt_ns: int) -> int:
+    """A NIC ring's retire timeout (ms) where the real base RTT, its scaled
+    part alone, is scaled_rtt_ns."""
+    share_ms = int(scaled_rtt_ns * RX_RING_TIMEOUT_SHARE) // 1_000_000
+    return min(RX_RING_TIMEOUT_MAX_MS, max(1, share_ms))
+
+
+def unscaled_rtt_ns(ring_timeout_ms: int) -> int:
+    """What a round trip adds unscaled where the NICs' rings retire blocks
+    after ring_timeout_ms (the switches' after 1 ms): UNSCALED_RTT_NS at
+    1 ms, and each ms more adds one (a packet and its ack wait in a NIC ring
+    each, about half of their timeouts on average)."""
+    return UNSCALED_RTT_NS + (ring_timeout_ms - 1) * 1_000_000
+
+
 # Where each frame an endpoint takes (rx_frames) ends: exactly one of these.
 RX_FATES = (
     "rx_malformed", "rx_spoofed", "rx_stale_epoch", "rx_data_pkts", "rx_dup_pkts",
@@ -300,17 +328,22 @@ class Endpoint:
         link = {lk["name"]: lk for lk in rec["topology"]["links"]}[ports[0]["link"]]
         rate_real = Scale(k).real_bps(link["params"]["rate_bps"])
         # The real base RTT is the scaled nominal one plus what the emulator
-        # adds unscaled: up to 1 ms per TPACKET_V3 ring a packet or its ack
-        # waits in (switch and NIC, each way), about 2 ms in all here.  (While
+        # adds unscaled: up to a ring's retire timeout (the switch's 1 ms, the
+        # NIC's rx_ring_timeout_ms) per TPACKET_V3 ring a packet or its ack
+        # waits in, each way: unscaled_rtt_ns, 2 ms at 1 ms rings.  (While
         # traffic is light the ports take frames one by one and add far less;
         # sizing the window for the busy case costs a light flow nothing.)
-        base_rtt_real = Scale(k).real_ns(rec["topology"]["base_rtt_ns"]) + UNSCALED_RTT_NS
+        scaled_rtt = Scale(k).real_ns(rec["topology"]["base_rtt_ns"])
+        ring_timeout_ms = rx_ring_timeout_ms(scaled_rtt)
+        base_rtt_real = scaled_rtt + unscaled_rtt_ns(ring_timeout_ms)
         nic_settings = {**rec["nic"], **({"cc": cc} if cc else {})}
         cfg, bdp = engine_cfg(
             self.rank, len(ports), rate_real, base_rtt_real, k, nic_settings, adaptive=adaptive,
             seed=seed, max_retries=max_retries, drop_psn=drop_psn,
             rnr_timeout_s=RNR_TIMEOUT_S if rnr_timeout_s is None else rnr_timeout_s,
+            unscaled_rtt_ns=unscaled_rtt_ns(ring_timeout_ms),
         )  # fmt: skip
+        cfg.rx_ring_timeout_ms = ring_timeout_ms
         cc = CC_NAMES[cfg.cc]
         if roce:
             roce_cfg(cfg, rec["nic"], k, len(ports), rate_real, qps, dcqcn, roce_spray)
@@ -362,6 +395,8 @@ class Endpoint:
             "rate_bps": cfg.rate_bps,
             "base_rtt_ns": cfg.base_rtt_ns,
             "rto_ns": cfg.rto_ns,
+            "rx_ring_timeout_ms": cfg.rx_ring_timeout_ms,
+            "unscaled_rtt_ns": cfg.unscaled_rtt_ns,
             "bdp_bytes": bdp,
             "max_cwnd_bytes": cfg.max_cwnd_bytes,
             "planes": planes,
