@@ -427,9 +427,9 @@ def test_a_ports_ring_timeout_is_a_hundredth_of_the_real_base_rtt_from_1_to_16_m
     assert 1 <= ms <= nic.RX_RING_TIMEOUT_MAX_MS
     assert ms == 1 or ms * 1e6 <= scaled_ns * nic.RX_RING_TIMEOUT_SHARE
     if k <= 12800:  # erack-8x4 and the like keep 1 ms rings
-        assert ms == 1 and nic.unscaled_rtt_ns(ms) == nic.UNSCALED_RTT_NS
+        assert ms == 1 and nic.rings_unscaled_rtt_ns(ms) == nic.UNSCALED_RTT_NS
     if k == 409600:  # upn-512's and erack-64x8's floor
-        assert ms == 8 and nic.unscaled_rtt_ns(ms) == 9_000_000
+        assert ms == 8 and nic.rings_unscaled_rtt_ns(ms) == 9_000_000
 
 
 class _EpTransport(Transport):

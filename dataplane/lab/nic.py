@@ -78,7 +78,7 @@ def rx_ring_timeout_ms(scaled_rtt_ns: int) -> int:
     return min(RX_RING_TIMEOUT_MAX_MS, max(1, share_ms))
 
 
-def unscaled_rtt_ns(ring_timeout_ms: int) -> int:
+def rings_unscaled_rtt_ns(ring_timeout_ms: int) -> int:
     """What a round trip adds unscaled where the NICs' rings retire blocks
     after ring_timeout_ms (the switches' after 1 ms): UNSCALED_RTT_NS at
     1 ms, and each ms more adds one (a packet and its ack wait in a NIC ring
@@ -335,13 +335,13 @@ class Endpoint:
         # sizing the window for the busy case costs a light flow nothing.)
         scaled_rtt = Scale(k).real_ns(rec["topology"]["base_rtt_ns"])
         ring_timeout_ms = rx_ring_timeout_ms(scaled_rtt)
-        base_rtt_real = scaled_rtt + unscaled_rtt_ns(ring_timeout_ms)
+        base_rtt_real = scaled_rtt + rings_unscaled_rtt_ns(ring_timeout_ms)
         nic_settings = {**rec["nic"], **({"cc": cc} if cc else {})}
         cfg, bdp = engine_cfg(
             self.rank, len(ports), rate_real, base_rtt_real, k, nic_settings, adaptive=adaptive,
             seed=seed, max_retries=max_retries, drop_psn=drop_psn,
             rnr_timeout_s=RNR_TIMEOUT_S if rnr_timeout_s is None else rnr_timeout_s,
-            unscaled_rtt_ns=unscaled_rtt_ns(ring_timeout_ms),
+            unscaled_rtt_ns=rings_unscaled_rtt_ns(ring_timeout_ms),
         )  # fmt: skip
         cfg.rx_ring_timeout_ms = ring_timeout_ms
         cc = CC_NAMES[cfg.cc]

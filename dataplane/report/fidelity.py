@@ -466,7 +466,7 @@ def report(result: dict, rec: dict) -> dict:
     fell = [r["size"] for r in result["rows"] if r.get("fell_behind")]
     busy = result["machine_busy_frac"]
     k = float(rec["time_scale"])
-    # a NIC transport's engines say what their rings add (nic.unscaled_rtt_ns)
+    # a NIC transport's engines say what their rings add (nic.rings_unscaled_rtt_ns)
     unscaled_ns = transport.get("unscaled_rtt_ns", SWITCH_RINGS_RTT_NS)
     ring_ms = transport.get("rx_ring_timeout_ms")
     ring_text = f"the NICs' {ring_ms} ms" if ring_ms else "no NIC rings"
