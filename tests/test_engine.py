@@ -491,10 +491,10 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
     """Every collective's schedule, run by the engine itself (receives,
     reductions in C, next sends; the rendezvous past 256 KiB a message):
     the all-reduce's ring, halving-doubling (6 ranks: two fold in and out),
-    hierarchical and tree forms, reduce-scatter, all-gather, an uneven all-to-all
-    and a broadcast give numpy's reference bit for bit, with no message
-    posted from Python; the same schedules run step by step from Python
-    agree."""
+    hierarchical and tree forms, reduce-scatter, all-gather, an uneven
+    all-to-all and a broadcast down the chain and down the trees give
+    numpy's reference bit for bit, with no message posted from Python; the
+    same schedules run step by step from Python agree."""
     n, seed, root = 6, 3, 4
     fab, eps = make(n, planes=2)
     b = ref.bounds(count, n)
@@ -517,9 +517,10 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
             a2a = ref.pattern(r, int(counts[r].sum()), dtype, seed, n)
             got["all-to-all"] = np.empty(int(counts[:, r].sum()), send.dtype)
             comm.all_to_all(a2a, counts[r], got["all-to-all"], counts[:, r])
-            got["broadcast"] = (ref.pattern(r, count, dtype, seed, n) if r == root
-                                else np.zeros(count, send.dtype))  # fmt: skip
-            comm.broadcast(got["broadcast"], root)
+            for algo in ("ring", "tree"):
+                got[f"broadcast-{algo}"] = (ref.pattern(r, count, dtype, seed, n) if r == root
+                                            else np.zeros(count, send.dtype))  # fmt: skip
+                comm.broadcast(got[f"broadcast-{algo}"], root, algo)
             out[r] = got
 
         posted = [t.posted for t in _collective(eps, engine, dtype, fn)]
@@ -540,7 +541,8 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
                 pieces.append(whole[lo : lo + counts[s, r]])
             assert got["all-to-all"].tobytes() == np.concatenate(pieces).tobytes(), (engine, r)
             bcast = ref.pattern(root, count, dtype, seed, n)
-            assert got["broadcast"].tobytes() == bcast.tobytes(), (engine, r)
+            for algo in ("ring", "tree"):
+                assert got[f"broadcast-{algo}"].tobytes() == bcast.tobytes(), (engine, r, algo)
 
 
 def _all_reduce_13(make, engine: bool, algo: str, seed: int) -> dict:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
 ALGORITHMS = {
-    "all-reduce": ("ring", "halving-doubling", "hierarchical", "tree", "in-network", "auto")
+    "all-reduce": ("ring", "halving-doubling", "hierarchical", "tree", "in-network", "auto"),
+    # ring: the pipelined chain root, root+1, ...; tree: two binary trees
+    # under the root, half the buffer down each
+    "broadcast": ("ring", "tree", "auto"),
 }
 # auto: up to this many ranks a flat ring's 2(n-1) steps are few enough
 AUTO_FLAT_RANKS_MAX = 16
@@ -14,7 +17,8 @@ AUTO_FLAT_RANKS_MAX = 16
 AUTO_LATENCY_BOUND_BYTES = 64 * 1024
 # auto, beyond AUTO_FLAT_RANKS_MAX ranks and no power of two: the tree up to
 # this many bytes a rank (48 ranks of erack-64x8: its busbw 2.3x, 1.8x and
-# 1.1x the hierarchical's at 256 KiB, 1 MiB and 4 MiB; larger, unmeasured)
+# 1.1x the hierarchical's at 256 KiB, 1 MiB and 4 MiB; the hierarchical's
+# 1.34x and 1.52x the tree's at 8 and 16 MiB)
 AUTO_TREE_BYTES_MAX = 4 << 20
 TRANSPORT_LABELS = {
     "ethplus": "ETH+ (this project's NIC)",
@@ -78,6 +82,28 @@ def all_reduce_steps(algo: str, world: int) -> int:
     if algo == "in-network":
         return 1
     raise ValueError(f"unknown all-reduce algorithm {algo!r}")
+
+
+def broadcast_steps(algo: str, world: int) -> int:
+    """Hops from the root to the farthest rank: the chain's world - 1; the
+    tree's one to each tree's root, then down a balanced binary tree over
+    the other world - 1 ranks."""
+    if algo == "ring":
+        return max(0, world - 1)
+    if algo == "tree":
+        return min(1, world - 1) + max(0, world - 1).bit_length() - 1
+    raise ValueError(f"unknown broadcast algorithm {algo!r}")
+
+
+def pick_broadcast(world: int) -> tuple[str, str]:
+    """What --algo auto runs for a broadcast over world ranks, and why: the
+    chain up to AUTO_FLAT_RANKS_MAX ranks, the two trees beyond (as MPI
+    libraries leave a pipelined chain for trees as the ranks grow)."""
+    chain = broadcast_steps("ring", world)
+    if world <= AUTO_FLAT_RANKS_MAX:
+        return "ring", f"a chain of {chain} hops, pipelined"
+    t = broadcast_steps("tree", world)
+    return "tree", f"{t} hops deep, not the chain's {chain}, pipelined in chunks"
 
 
 def pick_all_reduce(world: int, size_bytes: int, in_network: bool = False) -> tuple[str, str]:

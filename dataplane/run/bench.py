@@ -23,7 +23,13 @@ from pathlib import Path
 
 from dataplane.errors import UsageError
 from dataplane.model import catalog
-from dataplane.model.catalog import ALGORITHMS, bus_factor, canonical, pick_all_reduce
+from dataplane.model.catalog import (
+    ALGORITHMS,
+    bus_factor,
+    canonical,
+    pick_all_reduce,
+    pick_broadcast,
+)
 from dataplane.report import fidelity
 from dataplane.run import inc, reference
 from dataplane.run.job import Job, Plan, Workload, iteration_times_s, ranks_per_host
@@ -159,8 +165,9 @@ def overlap_text(a: list[float] | None, b: list[float] | None) -> str:
 def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = False) -> dict:
     """A job's row in nominal units (from the fabric clock: time_nominal_s;
     real seconds / k for a row without it), with the bandwidths; an
-    all-reduce's row names its algorithm (--algo auto: the one chosen for its
-    size, and why; in_network: whether auto may hand it to the switches)."""
+    all-reduce's or a broadcast's row names its algorithm (--algo auto: the
+    one chosen for its size, and why; in_network: whether auto may hand an
+    all-reduce to the switches)."""
     t_s = row.get("time_nominal_s")
     t_s = Scale(k).nominal_s(row["time_real_s"]) if t_s is None else t_s
     alg = row["size"] / t_s / 1e9 if t_s > 0 else 0.0
@@ -169,9 +176,11 @@ def nominal_row(row: dict, spec: Spec, world: int, k: float, in_network: bool = 
     # iterations' (a row from before rank_iters_range_s: the job's)
     its = row.get("rank_iters_range_s") or [x for x in iteration_times_s(row) or [] if x > 0]
     chosen = {}
-    if spec.collective == "all-reduce":
+    if spec.collective in ("all-reduce", "broadcast"):
         algo, why = spec.algo, ""
-        if algo == "auto":
+        if algo == "auto" and spec.collective == "broadcast":
+            algo, why = pick_broadcast(world)
+        elif algo == "auto":
             algo, why = pick_all_reduce(world, row["size"], in_network)
         chosen = {"algo": algo, "algo_why": why}
     return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataplane.model.catalog import ALGORITHMS, groups_of, pick_all_reduce
+from dataplane.model.catalog import ALGORITHMS, groups_of, pick_all_reduce, pick_broadcast
 from dataplane.run.reference import bounds
 from dataplane.run.schedule import Schedule
 from dataplane.run.transport import Transport
@@ -457,11 +457,20 @@ class Comm:
         s.copy(recv[rd[r] : rd[r + 1]], send[sd[r] : sd[r + 1]])
         self._run(s)
 
-    def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
-        """Root's buf to every rank, down a pipelined chain root, root+1, ..."""
+    def broadcast(self, buf: np.ndarray, root: int = 0, algo: str = "ring") -> None:
+        """Root's buf to every rank: down a pipelined chain root, root+1, ...
+        (ring), or half down each of two binary trees (tree); auto:
+        catalog.pick_broadcast's choice (every rank makes the same)."""
         n, r = self.world, self.rank
         if n == 1 or buf.size == 0:
             return
+        if algo == "auto":
+            algo = pick_broadcast(n)[0]
+        if algo == "tree":
+            self._tree_broadcast(buf, root)
+            return
+        if algo != "ring":
+            raise ValueError(f"unknown broadcast algorithm {algo!r}")
         slices = self._slices(buf.nbytes, CHAIN_SLICE_BYTES, (1 << _TAG_BITS) - 1)
         b = bounds(buf.size, slices)
         tag = self._tags(slices + 1)
@@ -478,6 +487,51 @@ class Comm:
         if pos < n - 1:
             for j in range(slices):
                 s.send(nxt, tag(j), buf[b[j] : b[j + 1]], after=[got[j], ready])
+        self._run(s)
+
+    def _tree_broadcast(self, buf: np.ndarray, root: int) -> None:
+        """Half of root's buf down each of two binary trees over the other
+        ranks (double_binary_tree: a rank that forwards in one is a leaf of
+        the other), the root the parent of both trees' roots; each half in
+        chunks, pipelined.  log2(n) + 1 hops deep; the root sends the buffer
+        once, and every other rank about once too."""
+        n, r = self.world, self.rank
+
+        # tree places 0..n-2 are the ranks after the root, in order
+        def rank_at(place: int | None) -> int:
+            return root if place is None else (root + 1 + place) % n
+
+        me = None if r == root else (r - root - 1) % n
+        halves = bounds(buf.size, 2)
+        chunks = [
+            self._slices((halves[t + 1] - halves[t]) * buf.itemsize, TREE_CHUNK_BYTES,
+                         MAX_TREE_CHUNKS)
+            for t in range(2)
+        ]  # fmt: skip
+        base = [0, chunks[0] + 1]  # per tree: its chunks, then its 'ready'
+        tag = self._tags(base[1] + chunks[1] + 1)
+        s = Schedule(self.dtype)
+        for t, (parent, children) in enumerate(double_binary_tree(n - 1)):
+            half = buf[halves[t] : halves[t + 1]]
+            if half.size == 0:
+                continue
+            if me is None:  # the root: the parent of this tree's root
+                up, down = None, [rank_at(parent.index(None))]
+            else:
+                up, down = rank_at(parent[me]), [rank_at(c) for c in children[me]]
+            cb = bounds(half.size, chunks[t])
+            parts = [half[cb[k] : cb[k + 1]] for k in range(chunks[t])]
+            ready = base[t] + chunks[t]
+            # the rendezvous, by the half (both ends know it), as the ring's
+            big = self._rendezvous(half.nbytes)
+            got = [s.recv(up, tag(base[t] + k), parts[k]) if up is not None else None
+                   for k in range(chunks[t])]  # fmt: skip
+            if big and up is not None:
+                self._tell_ready(s, up, tag(ready))
+            child_ready = {c: self._ready_from(s, c, tag(ready)) if big else None for c in down}
+            for k, part in enumerate(parts):
+                for c in down:
+                    s.send(c, tag(base[t] + k), part, after=[got[k], child_ready[c]])
         self._run(s)
 
 

@@ -30,6 +30,7 @@ import uvloop
 from dataplane.errors import EthplusError, Interrupted
 from dataplane.lab import cpu, fabric_client, registry
 from dataplane.lab.labs import module_environ, python_module
+from dataplane.model.catalog import canonical
 from dataplane.report import fidelity
 from dataplane.run import inc, transport
 
@@ -241,7 +242,8 @@ class Job:
                 raise JobError(f"a job needs two or more distinct accelerators, not {plan.nodes}")
             hosts = [by_name[x] for x in plan.nodes]
             plan.members = [h["index"] for h in hosts]
-        if plan.algo == "auto" and inc.auto_in_network(rec, plan.transport):
+        all_reduce = canonical(plan.collective) == "all-reduce"
+        if all_reduce and plan.algo == "auto" and inc.auto_in_network(rec, plan.transport):
             plan.algo = "in-network"  # catalog.pick_all_reduce's first choice
         if plan.algo == "in-network":
             plan.inc = plan_in_network(rec, plan.members)

@@ -76,7 +76,7 @@ class Case:
         elif self.c == "all-to-all":
             cm.all_to_all(self.send, self.matrix[self.r], self.recv, self.matrix[:, self.r])
         else:
-            cm.broadcast(self.send, self.root)
+            cm.broadcast(self.send, self.root, self.algo)
 
     def expected(self) -> np.ndarray:
         n, r, dt, seed, b = self.n, self.r, self.dtype, self.seed, self.b
