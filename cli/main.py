@@ -850,7 +850,7 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
         " labs with [switch] inc = true, transport ethplus) or auto (chosen per size"
         " and rank count, as libraries do at scale; stated above each row);"
         " broadcast: ring (the pipelined chain, default), tree (half the buffer down"
-        " each of two binary trees) or auto (the chain up to 16 ranks, the trees beyond)",
+        " each of two binary trees) or auto (the chain up to 7 ranks, the trees beyond)",
     )
     p.add_argument("--root", type=int, default=0, help="broadcast root rank (0)")
     p.add_argument(

@@ -346,6 +346,8 @@ def test_a_killed_worker_fails_the_run_naming_its_rank(erack):
     (["bench", "all-reduce", "--lab", "x", "--dtype", "float64"], "unknown data type 'float64'"),
     (["bench", "all-reduce", "--lab", "x", "--sizes", "2"], "smaller than one float32"),
     (["bench", "all-to-all", "--lab", "x", "--algo", "halving-doubling"], "no algorithm"),
+    (["bench", "broadcast", "--lab", "x", "--algo", "in-network"],
+     "broadcast has no algorithm 'in-network' (expected one of ring, tree, auto)"),
     (["bench", "all-reduce", "--lab", "ethp-no-such-lab"], "neither a running lab"),
     (["bench", "all-reduce", "--lab", "x", "--cc", "cubic"], "unknown congestion control 'cubic'"),
     (["bench", "all-reduce", "--lab", "x", "--transport", "tcp", "--cc", "hpcc"], "not of tcp"),

@@ -62,7 +62,7 @@ def test_types_and_operators(dtype, op):
 def test_uneven_all_to_all_and_other_roots():
     assert _wrong(7, "all-to-all", "ring", 50_000, uneven=True) == [0] * 7
     assert _wrong(5, "broadcast", "ring", 300_001, root=3) == [0] * 5
-    for world, root in ((5, 3), (6, 5), (19, 7)):  # 19: auto's tree too
+    for world, root in ((5, 3), (6, 5), (19, 7)):  # 19: auto's tree
         for algo in ("tree", "auto"):
             assert _wrong(world, "broadcast", algo, 300_001, root=root) == [0] * world
 
@@ -263,9 +263,9 @@ def test_auto_picks_by_rank_count_and_size_and_says_why():
     assert pick_all_reduce(64, 1 << 20, in_network=True)[0] == "in-network"
 
 
-def test_auto_broadcast_leaves_the_chain_for_the_trees_past_16_ranks():
-    assert pick_broadcast(8) == ("ring", "a chain of 7 hops, pipelined")
-    assert pick_broadcast(16)[0] == "ring"
+def test_auto_broadcast_leaves_the_chain_for_the_trees_from_8_ranks():
+    assert pick_broadcast(4) == ("ring", "a chain of 3 hops, pipelined")
+    assert pick_broadcast(7)[0] == "ring" and pick_broadcast(8)[0] == "tree"
     assert pick_broadcast(64) == ("tree", "6 hops deep, not the chain's 63, pipelined in chunks")
     assert broadcast_steps("tree", 512) == 9 and broadcast_steps("ring", 512) == 511
     assert broadcast_steps("tree", 2) == broadcast_steps("ring", 2) == 1

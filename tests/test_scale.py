@@ -87,6 +87,16 @@ def test_erack64_hierarchical_tree_and_auto_all_reduce(erack64):
     assert res["rows"][0]["algo"] == "in-network"
 
 
+def test_erack64_auto_broadcast_goes_down_the_two_trees(erack64):
+    # 64 ranks: the trees, 6 hops deep (the chain's 63 took 7x as long at
+    # this size); on a lab whose switches aggregate an all-reduce's auto,
+    # not a broadcast's
+    res = _bench(erack64, "broadcast", 256 * KiB + 4, transport="ethplus", algo="auto", root=37)
+    _exact(res, 64)
+    assert res["rows"][0]["algo"] == "tree"
+    assert res["rows"][0]["algo_why"] == "6 hops deep, not the chain's 63, pipelined in chunks"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("transport_name", catalog.available())
 @pytest.mark.parametrize("collective", COLLECTIVES)

@@ -20,6 +20,10 @@ AUTO_LATENCY_BOUND_BYTES = 64 * 1024
 # 1.1x the hierarchical's at 256 KiB, 1 MiB and 4 MiB; the hierarchical's
 # 1.34x and 1.52x the tree's at 8 and 16 MiB)
 AUTO_TREE_BYTES_MAX = 4 << 20
+# auto broadcast: the chain up to this many ranks, the two trees beyond
+# (erack-64x8 at 8, 16 and 64 ranks, 256 KiB to 16 MiB: the trees' busbw
+# 1.1-7.3x the chain's, level with it at 16 MiB on 8 ranks)
+AUTO_CHAIN_RANKS_MAX = 7
 TRANSPORT_LABELS = {
     "ethplus": "ETH+ (this project's NIC)",
     "tcp": "kernel TCP",
@@ -97,10 +101,10 @@ def broadcast_steps(algo: str, world: int) -> int:
 
 def pick_broadcast(world: int) -> tuple[str, str]:
     """What --algo auto runs for a broadcast over world ranks, and why: the
-    chain up to AUTO_FLAT_RANKS_MAX ranks, the two trees beyond (as MPI
+    chain up to AUTO_CHAIN_RANKS_MAX ranks, the two trees beyond (as MPI
     libraries leave a pipelined chain for trees as the ranks grow)."""
     chain = broadcast_steps("ring", world)
-    if world <= AUTO_FLAT_RANKS_MAX:
+    if world <= AUTO_CHAIN_RANKS_MAX:
         return "ring", f"a chain of {chain} hops, pipelined"
     t = broadcast_steps("tree", world)
     return "tree", f"{t} hops deep, not the chain's {chain}, pipelined in chunks"
