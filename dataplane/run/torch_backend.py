@@ -365,8 +365,8 @@ class EthplusGroup(dist.ProcessGroup):
         nbytes = sum(a.nbytes for a in arrays)
 
         def run() -> None:
-            for a in arrays:
-                self.comm.broadcast(a, root)
+            for a in arrays:  # the chain on a few ranks, the two trees on more
+                self.comm.broadcast(a, root, "auto")
 
         return self.engine.submit("broadcast", nbytes, run, tensors)
 
