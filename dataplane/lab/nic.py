@@ -63,7 +63,7 @@ def rx_ring_blocks(rate_real_bps: int) -> int:
 # for as long as the ring is up, frames or not.  At 1 ms, upn-512's 512 NIC
 # rings (one a rank) fired over 100,000 times a second in an all-to-all over
 # all ranks: the timer softirqs took most of both cores, the switches' rings
-# overflowed, and the job ran 8 min 27 s (1 min 12 s at 8 ms).  A frame's
+# overflowed, and the job ran 8 min 27 s (62 s at 8 ms).  A frame's
 # wait for the timer is real time that k does not scale, so the timeout is
 # at most RX_RING_TIMEOUT_SHARE of the real base RTT: 1 ms wherever that is
 # under 100 ms (erack-8x4 at its floor k), up to RX_RING_TIMEOUT_MAX_MS.
