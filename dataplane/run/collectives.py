@@ -494,7 +494,8 @@ class Comm:
         ranks (double_binary_tree: a rank that forwards in one is a leaf of
         the other), the root the parent of both trees' roots; each half in
         chunks, pipelined.  log2(n) + 1 hops deep; the root sends the buffer
-        once, and every other rank about once too."""
+        once, and so does each rank that forwards (half to each of its two
+        children, in its one tree), a leaf of both nothing."""
         n, r = self.world, self.rank
 
         # tree places 0..n-2 are the ranks after the root, in order
