@@ -269,6 +269,14 @@ def test_auto_broadcast_leaves_the_chain_for_the_trees_from_8_ranks():
     assert pick_broadcast(64) == ("tree", "6 hops deep, not the chain's 63, pipelined in chunks")
     assert broadcast_steps("tree", 512) == 9 and broadcast_steps("ring", 512) == 511
     assert broadcast_steps("tree", 2) == broadcast_steps("ring", 2) == 1
+    assert broadcast_steps("tree", 1) == broadcast_steps("ring", 1) == 0
+
+
+def _path_up(parent: list, r: int) -> list[int]:
+    path = [r]
+    while parent[path[-1]] is not None:
+        path.append(parent[path[-1]])
+    return path
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 8, 63, 64, 512])
@@ -291,5 +299,8 @@ def test_the_double_binary_tree_spans_every_rank_twice_with_inner_ranks_apart(n)
                 todo.append(c)
         assert seen == set(range(n))
         inner.append({r for r in range(n) if children[r]})
+        # a broadcast over n + 1 ranks: one hop to this tree's root, then down
+        depth = max(len(_path_up(parent, r)) - 1 for r in range(n))
+        assert broadcast_steps("tree", n + 1) == 1 + depth
     assert len(inner[0] & inner[1]) <= n % 2
     assert all_reduce_steps("tree", n) <= 2 * max(1, n).bit_length()

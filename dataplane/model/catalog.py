@@ -92,10 +92,12 @@ def broadcast_steps(algo: str, world: int) -> int:
     """Hops from the root to the farthest rank: the chain's world - 1; the
     tree's one to each tree's root, then down a balanced binary tree over
     the other world - 1 ranks."""
+    if world <= 1:
+        return 0
     if algo == "ring":
-        return max(0, world - 1)
+        return world - 1
     if algo == "tree":
-        return min(1, world - 1) + max(0, world - 1).bit_length() - 1
+        return (world - 1).bit_length()  # 1 + the depth of a tree of world - 1
     raise ValueError(f"unknown broadcast algorithm {algo!r}")
 
 
