@@ -335,13 +335,14 @@ class Endpoint:
         # sizing the window for the busy case costs a light flow nothing.)
         scaled_rtt = Scale(k).real_ns(rec["topology"]["base_rtt_ns"])
         ring_timeout_ms = rx_ring_timeout_ms(scaled_rtt)
-        base_rtt_real = scaled_rtt + rings_unscaled_rtt_ns(ring_timeout_ms)
+        unscaled_rtt = rings_unscaled_rtt_ns(ring_timeout_ms)
+        base_rtt_real = scaled_rtt + unscaled_rtt
         nic_settings = {**rec["nic"], **({"cc": cc} if cc else {})}
         cfg, bdp = engine_cfg(
             self.rank, len(ports), rate_real, base_rtt_real, k, nic_settings, adaptive=adaptive,
             seed=seed, max_retries=max_retries, drop_psn=drop_psn,
             rnr_timeout_s=RNR_TIMEOUT_S if rnr_timeout_s is None else rnr_timeout_s,
-            unscaled_rtt_ns=rings_unscaled_rtt_ns(ring_timeout_ms),
+            unscaled_rtt_ns=unscaled_rtt,
         )  # fmt: skip
         cfg.rx_ring_timeout_ms = ring_timeout_ms
         cc = CC_NAMES[cfg.cc]
