@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import subprocess
 import threading
 import time
@@ -9,7 +10,7 @@ import time
 import pytest
 from conftest import RUN_ID
 
-from dataplane.lab import core
+from dataplane.lab import core, nic
 from dataplane.lab.core import Addr, Header, Pool, Port, PortConfig, build_frame, parse_frame
 
 pytestmark = pytest.mark.root
@@ -390,3 +391,29 @@ def test_a_ring_taken_down_for_a_trickle_is_not_set_up_again_at_once(veth_ns):
     assert c["ring_builds"] == 2 and rx.ring_up, c
     assert _psns(got) == list(range(n)), c  # none lost, doubled or reordered
     assert pool.available == 4096
+
+
+def _kernel_rx_ring_timeouts_ms(netns_path: str) -> list[int]:
+    """What the kernel says of the RX rings of the packet sockets in a
+    namespace (ss's packet diag): each ring's block retire timeout."""
+    ss = subprocess.run(["nsenter", f"--net={netns_path}", "ss", "-0", "-a", "-e", "-m"],
+                        capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return [int(x) for x in re.findall(r"ring_rx\([^)]*tmo:(\d+)", ss)]
+
+
+def test_a_nic_port_ring_retires_its_blocks_after_the_timeout_asked_for(veth_ns):
+    """The NIC's rx_ring_timeout_ms reaches the kernel's ring (its timer
+    fires each timeout while the ring is up: upn-512's 512 rings at 1 ms
+    swamped both cores); 0 keeps 1 ms."""
+    path, _a, _b = veth_ns
+    for asked, want in ((9, 9), (0, 1)):
+        cfg, _bdp = nic.engine_cfg(0, 1, 10**9, 10**7, 1.0, {}, adaptive=False, seed=1,
+                                   max_retries=3, drop_psn=None)  # fmt: skip
+        cfg.rx_ring_timeout_ms, cfg.ring_idle_ms = asked, 0  # the ring from the start
+        err = core.ffi.new("int *")
+        n = core.lib.ethp_nic_new(cfg, path.encode(), 2, err)
+        assert n != core.ffi.NULL, err[0]
+        try:
+            assert _kernel_rx_ring_timeouts_ms(path) == [want]
+        finally:
+            core.lib.ethp_nic_free(n)
