@@ -1,5 +1,7 @@
 """Collective algorithms and the reference, without a network (ranks are threads)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,42 @@ def test_uneven_all_to_all_and_other_roots():
     for world, root in ((5, 3), (6, 5), (19, 7)):  # 19: auto's tree
         for algo in ("tree", "auto"):
             assert _wrong(world, "broadcast", algo, 300_001, root=root) == [0] * world
+
+
+def _prepared_runs(world: int, collective: str, algo: str, runs: int, ops_max: int) -> list:
+    """Each rank's elements wrong in runs runs of a case prepared ahead
+    (as the timed runs are), the buffers filled afresh before each, and how
+    many runs it built ahead."""
+    bar = threading.Barrier(world, timeout=60)
+
+    def body(comm):
+        case = Case(comm, collective, 2 * ref.PERIOD + 3, algo=algo, seed=7)
+        case.prepare(runs, ops_max)
+        ahead = case.runs_prepared
+        wrong = []
+        for _ in range(runs):
+            case.fill()
+            bar.wait()
+            case.run()
+            wrong.append(case.wrong())
+            bar.wait()
+        return ahead, wrong
+
+    return run_ranks(world, body)
+
+
+@pytest.mark.parametrize("collective,algo", CASES)
+@pytest.mark.parametrize("world", [1, 5])
+def test_runs_built_ahead_give_the_same_bits(collective, algo, world):
+    # prepared runs share their scratch arrays (the ring's staging), and
+    # their copies happen when they run: each run, built before any ran,
+    # still gives the reference
+    assert _prepared_runs(world, collective, algo, 3, 1 << 20) == [(3, [0, 0, 0])] * world
+
+
+def test_runs_built_ahead_stop_at_the_op_budget():
+    # one run at least; the others are built when they run
+    assert _prepared_runs(4, "all-reduce", "ring", 3, 1) == [(1, [0, 0, 0])] * 4
 
 
 def test_large_buffers_are_pipelined_in_slices():

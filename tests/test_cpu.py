@@ -153,3 +153,21 @@ def test_threads_asking_together_share_one_reading_of_a_process():
     assert shared(8) == 2.0, "another process: its own reading"
     time.sleep(0.6)  # well past twice the reading's time (even if its sleep overran): stale
     assert shared(7) == 3.0 and calls == [7, 8, 7]
+
+
+def test_ranks_at_one_barrier_share_its_reading_however_late_they_come():
+    """With the barrier's name as token, a rank that comes long after the
+    reading (its thread waited seconds for the GIL on upn-512) still gets
+    it, and does not read all the process's threads again; the next barrier
+    reads afresh."""
+    calls = []
+
+    def reading(pid: int) -> float:
+        calls.append(pid)
+        return float(len(calls))
+
+    shared = cpu.Shared(reading)
+    assert together(16, lambda: shared(7, token="time-0")) == [1.0] * 16
+    time.sleep(0.2)  # far past twice the reading's time
+    assert shared(7, token="time-0") == 1.0 and calls == [7]
+    assert together(16, lambda: shared(7, token="time-1")) == [2.0] * 16 and calls == [7, 7]

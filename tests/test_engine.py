@@ -24,6 +24,7 @@ from dataplane.run import reference as ref
 from dataplane.run.collectives import Comm
 from dataplane.run.schedule import Schedule
 from dataplane.run.transport import Transport
+from dataplane.run.workload import Case
 
 KiB, MiB = 1024, 1024 * 1024
 TIMEOUT_S = 30
@@ -445,6 +446,12 @@ class _EpTransport(Transport):
     def run(self, sched):
         return self.ep.post_sched(sched) if self._engine else None
 
+    def compile(self, sched):
+        return nic.compile_sched(sched) if self._engine else None
+
+    def run_compiled(self, compiled):
+        return self.ep.post_compiled(compiled)
+
     def _isend(self, peer, tag, view):
         self.posted += 1
         return self.ep.post_send(peer, tag, view)
@@ -543,6 +550,37 @@ def test_the_engine_runs_every_collective_by_itself_bit_for_bit(make, dtype, op,
             bcast = ref.pattern(root, count, dtype, seed, n)
             for algo in ("ring", "tree"):
                 assert got[f"broadcast-{algo}"].tobytes() == bcast.tobytes(), (engine, r, algo)
+
+
+def test_runs_the_engine_was_given_ahead_give_the_same_bits(make):
+    """The timed runs are built and compiled for the engine before their
+    barrier (Case.prepare): three of each collective, built before any ran
+    and sharing their staging, each give the reference, none posted from
+    Python."""
+    n = 6
+    fab, eps = make(n, planes=2)
+    bar = threading.Barrier(n, timeout=TIMEOUT_S)
+    wrong = {}
+
+    def fn(comm):
+        for collective, algo in (("all-reduce", "ring"), ("all-reduce", "halving-doubling"),
+                                 ("all-reduce", "hierarchical"), ("all-reduce", "tree"),
+                                 ("reduce-scatter", "ring"), ("all-gather", "ring"),
+                                 ("all-to-all", "ring"), ("broadcast", "ring"),
+                                 ("broadcast", "tree")):  # fmt: skip
+            case = Case(comm, collective, 300_001, algo=algo, uneven=True, root=4, seed=5)
+            case.prepare(3, 1 << 20)
+            assert case.runs_prepared == 3
+            for k in range(3):
+                case.fill()
+                bar.wait()
+                case.run()
+                wrong[comm.rank, collective, algo, k] = case.wrong()
+                bar.wait()
+
+    posted = [t.posted for t in _collective(eps, True, "float32", fn)]
+    assert posted == [0] * n
+    assert len(wrong) == n * 9 * 3 and set(wrong.values()) == {0}, wrong
 
 
 def _all_reduce_13(make, engine: bool, algo: str, seed: int) -> dict:

@@ -227,28 +227,35 @@ class WaitWatch:
 
 class Shared:
     """A process-wide reading (fn(pid): every thread of pid read from /proc)
-    that the threads asking for it at about the same time share: a caller
-    within twice the time the last reading took of its end gets that
-    reading, one who comes during a reading waits for it.  So a reading is
-    at most three readings' time old, and a rank host's 256 ranks asking at
-    one barrier cost one reading of its 257 threads, not 256 (each 514 file
-    reads: a third of upn-512's rank hosts' Python CPU).  A process of few
-    threads reads in well under a millisecond, and shares next to nothing."""
+    that the threads asking for it together share.  With a token (a
+    barrier's name): every caller with the last reading's token gets that
+    reading, one who comes during it waits for it.  Without: a caller within
+    twice the time the last reading took of its end gets it.  So a rank
+    host's 256 ranks asking at one barrier cost one reading of its 257
+    threads, not 256 (each 514 file reads: a third of upn-512's rank hosts'
+    Python CPU).  Not by time alone at a barrier: there a reading, fought
+    for the GIL by the ranks already running, took seconds (3.7 s on
+    upn-512), the callers after it each read again, and its 256 ranks began
+    their timed all-to-all up to 9.6 s apart.  A process of few threads
+    reads in well under a millisecond, and shares next to nothing."""
 
     def __init__(self, fn):
         self.fn = fn
         self._lock = threading.Lock()
-        self._last: dict[int, tuple[float, float, float]] = {}  # pid -> value, end, took
+        # pid -> value, end, took, token
+        self._last: dict[int, tuple[float, float, float, str | None]] = {}
 
-    def __call__(self, pid: int) -> float:
+    def __call__(self, pid: int, token: str | None = None) -> float:
         with self._lock:
             t0 = time.monotonic()
             last = self._last.get(pid)
-            if last is not None and t0 - last[1] <= 2 * last[2]:
+            if last is not None and (
+                last[3] == token if token is not None else t0 - last[1] <= 2 * last[2]
+            ):
                 return last[0]
             value = self.fn(pid)
             t1 = time.monotonic()
-            self._last[pid] = (value, t1, t1 - t0)
+            self._last[pid] = (value, t1, t1 - t0, token)
             return value
 
 

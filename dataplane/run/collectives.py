@@ -39,6 +39,58 @@ class Comm:
         self.dtype = dtype
         self._seq = 0
         self._p2p: dict[tuple[int, int, int], int] = {}  # (direction, peer, tag) -> messages
+        # prepare(): the steps of the call being built (None: run them now),
+        # its schedules' ops, and the scratch arrays the prepared runs share
+        self._collect: list | None = None
+        self._collect_ops = 0
+        self._scratch: list[np.ndarray] = []
+        self._scratch_used = 0
+
+    # -- prepared runs
+    def prepare(self, call, runs: int, ops_max: int) -> list[list]:
+        """What `runs` calls of call() would do, built now and run by none:
+        each call's schedules (compiled for the transport's engine,
+        Transport.compile) and in-network all-reduces, as a list of steps
+        for run_prepared, in call order, so that starting one later costs no
+        Python.  Stops once they hold ops_max schedule ops (one run at
+        least).  The runs share their scratch arrays, so they run one after
+        another, each to its end, as collective calls do."""
+        out: list[list] = []
+        self._scratch, self._collect_ops = [], 0
+        try:
+            while len(out) < runs and (not out or self._collect_ops < ops_max):
+                self._collect, self._scratch_used = [], 0
+                call()
+                out.append(self._collect)
+        finally:
+            self._collect, self._scratch = None, []
+        return out
+
+    @staticmethod
+    def run_prepared(steps: list) -> None:
+        """Run one call that prepare() built; return once it is done."""
+        for step in steps:
+            step()
+
+    def _do(self, step) -> None:
+        """Run step() now, or keep it while preparing."""
+        if self._collect is None:
+            step()
+        else:
+            self._collect.append(step)
+
+    def _scratch_like(self, a: np.ndarray) -> np.ndarray:
+        """An array shaped as a, for data on its way: a new one, or while
+        preparing, the call's next of the scratch the prepared runs share."""
+        if self._collect is None:
+            return np.empty_like(a)
+        i, pool = self._scratch_used, self._scratch
+        self._scratch_used += 1
+        if i == len(pool):
+            pool.append(np.empty_like(a))
+        elif pool[i].shape != a.shape or pool[i].dtype != a.dtype:
+            pool[i] = np.empty_like(a)
+        return pool[i]
 
     # -- point to point
     def _p2p_tag(self, direction: int, peer: int, tag: int) -> int:
@@ -125,8 +177,17 @@ class Comm:
 
     def _run(self, s: Schedule) -> None:
         """Hand the whole schedule to the transport's engine, or run it from
-        Python where the transport has none; return once it is done."""
-        h = self.t.run(s)
+        Python where the transport has none; return once it is done (while
+        preparing: compile it, and keep it to run later)."""
+        if self._collect is None:
+            self._run_now(s, None)
+            return
+        self._collect_ops += len(s)
+        compiled = self.t.compile(s)
+        self._collect.append(lambda: self._run_now(s, compiled))
+
+    def _run_now(self, s: Schedule, compiled: object | None) -> None:
+        h = self.t.run(s) if compiled is None else self.t.run_compiled(compiled)
         if h is None:
             s.run_with(self.t)
         else:
@@ -164,7 +225,7 @@ class Comm:
         elif algo == "tree":
             self._tree_all_reduce(buf, op)
         elif algo == "in-network":
-            self.t.all_reduce_in_network(buf, op, self.dtype)
+            self._do(lambda: self.t.all_reduce_in_network(buf, op, self.dtype))
         else:
             raise ValueError(
                 f"unknown all-reduce algorithm {algo!r} ({', '.join(ALGORITHMS['all-reduce'])})"
@@ -189,7 +250,7 @@ class Comm:
         # sends chunk r-s and receives chunk r-s-1 (mod n).
         first = 0 if scatter else n - 1
         last = 2 * (n - 1) if gather else n - 1
-        staging = {s: np.empty_like(chunk((r - s - 1) % n)) for s in range(first, n - 1)}
+        staging = {s: self._scratch_like(chunk((r - s - 1) % n)) for s in range(first, n - 1)}
 
         def recv_of(s: int) -> np.ndarray:
             s += first
@@ -285,9 +346,9 @@ class Comm:
         told = None  # the extra rank's word that its result's receive is posted
         if extra is not None and big:
             told = self._ready_from(s, extra, tag(ready_tag + levels + 1))
-        pre = np.empty_like(buf) if extra is not None else None
+        pre = self._scratch_like(buf) if extra is not None else None
         got_pre = s.recv(extra, tag(0), pre) if extra is not None else None
-        staging = [np.empty_like(region(keep)) for _, keep, _ in plan]
+        staging = [self._scratch_like(region(keep)) for _, keep, _ in plan]
         got_rs = [s.recv(peer, tag(1 + i), staging[i]) for i, (peer, _, _) in enumerate(plan)]
         got_ag = {
             i: s.recv(plan[i][0], tag(1 + levels + i), region(plan[i][2]))
@@ -353,7 +414,7 @@ class Comm:
             # Rendezvous, as the ring's, by the half (both ends know it): a
             # rank still in its last collective would turn a chunk away
             big = self._rendezvous(half.nbytes)
-            staging = {c: [np.empty_like(p) for p in parts] for c in down}
+            staging = {c: [self._scratch_like(p) for p in parts] for c in down}
             got_up = {c: [s.recv(c, tg(k), staging[c][k]) for k in range(chunks[t])]
                       for c in down}  # fmt: skip
             got_down = [s.recv(up, tg(chunks[t] + k), parts[k]) for k in range(chunks[t])] \
@@ -385,7 +446,7 @@ class Comm:
         b = bounds(send.size, n)
         if recv.size != b[r + 1] - b[r]:
             raise ValueError(f"reduce-scatter: rank {r} needs a {b[r + 1] - b[r]}-element output")
-        recv[:] = send[b[r] : b[r + 1]]
+        self._do(lambda: np.copyto(recv, send[b[r] : b[r + 1]]))
         if n == 1 or send.size == 0:
             return
 
@@ -394,7 +455,7 @@ class Comm:
 
         # At step s a rank sends the partial sum of chunk r-s-1 and receives
         # chunk r-s-2; the last receive is its own chunk.
-        partial = [np.empty_like(chunk((r - s - 2) % n)) for s in range(n - 2)] + [recv]
+        partial = [self._scratch_like(chunk((r - s - 2) % n)) for s in range(n - 2)] + [recv]
 
         def send_of(s: int) -> np.ndarray:
             return chunk((r - 1) % n) if s == 0 else partial[s - 1]
@@ -412,7 +473,7 @@ class Comm:
         b = bounds(recv.size, n)
         if send.size != b[r + 1] - b[r]:
             raise ValueError(f"all-gather: rank {r} must contribute {b[r + 1] - b[r]} elements")
-        recv[b[r] : b[r + 1]] = send
+        self._do(lambda: np.copyto(recv[b[r] : b[r + 1]], send))
         if n == 1 or recv.size == 0:
             return
 

@@ -90,6 +90,16 @@ class Transport(ABC):
         caller runs it step by step (Schedule.run_with)."""
         return None
 
+    def compile(self, sched: Schedule) -> object | None:
+        """Work out now what run(sched) would first (the engine's form of
+        the schedule), for run_compiled to start it later at once; None:
+        nothing to do ahead, run(sched) it then."""
+        return None
+
+    def run_compiled(self, compiled: object) -> object:
+        """Start a schedule compile() made; the handle to wait on."""
+        raise TypeError(f"{self.name}: compiles no schedules")
+
     def all_reduce_in_network(self, buf, op: str, dtype: str) -> None:
         """All-reduce buf in place in the switches (in-network computing)."""
         raise needs_ethplus(self.name)
@@ -144,6 +154,12 @@ class Group(Transport):
 
     def run(self, sched: Schedule) -> object | None:
         return self.inner.run(sched.with_peers(self.members))
+
+    def compile(self, sched: Schedule) -> object | None:
+        return self.inner.compile(sched.with_peers(self.members))
+
+    def run_compiled(self, compiled: object) -> object:
+        return self.inner.run_compiled(compiled)
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.inner._isend(self.members[peer], tag, view)

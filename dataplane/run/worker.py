@@ -101,6 +101,11 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# Schedule ops a process builds ahead of its timed runs (Case.prepare),
+# shared among its ranks: about half a KB an op (the Python schedule and the
+# engine's compiled form), so half a GB at most
+PREPARED_OPS_PER_PROCESS = 1 << 20
+
 # The NIC engine's own fidelity counters, taken over each timed window.
 ENGINE_KEYS = (
     "eng_late_wakeups", "eng_late_sum_ns", "eng_lost_ns", "rx_ring_drops", "rx_wait_sum_ns",
@@ -145,8 +150,8 @@ def checked_run(
     return case.wrong(), t1 - t, n1 - n
 
 
-def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
-    """One rank's whole job; hosted: one of several ranks of this process."""
+def run(link: Link, plan: dict, node: str, ranks_here: int = 1) -> None:
+    """One rank's whole job, in a process of ranks_here ranks."""
     rec = _lab_record(plan["lab"])
     if rec is None:
         raise SystemExit(f"lab {plan['lab']!r} is gone")
@@ -157,7 +162,7 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
         members=plan.get("members"),
         inc=plan.get("inc"),
         cc=plan.get("cc"),
-        shared_engine=hosted and plan.get("shared_engine", True),
+        shared_engine=ranks_here > 1 and plan.get("shared_engine", True),
         # the run's seed: kernel TCP's source ports, the NICs' entropy values
         # (which paths a flow hashes onto)
         seed=plan.get("seed", 1),
@@ -185,8 +190,12 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
                     wrong += checked_run(link, case, f"warm-{i}-{k}", timer)[0]
                 else:
                     case.run()
+            # the timed runs built now: after the barrier each only starts
+            case.prepare(plan["iters"], PREPARED_OPS_PER_PROCESS // ranks_here)
             link.barrier(f"time-{i}")
-            c0, waited0 = t.counters(), _process_waited_s(os.getpid())
+            c0 = t.counters()
+            # one reading for all the ranks of this process at this barrier
+            waited0 = _process_waited_s(os.getpid(), token=f"time-{i}")
             late0 = timer.any_late_ns()
             t0, n0 = timer.now()
             ends, nends, nruns, run_s = [], [], [], 0.0
@@ -222,14 +231,14 @@ def run(link: Link, plan: dict, node: str, hosted: bool = False) -> None:
         t.close()
 
 
-def serve_rank(path: str, node: str, hosted: bool = False) -> int:
+def serve_rank(path: str, node: str, ranks_here: int = 1) -> int:
     """One rank, start to end, on the job's socket at path: 0, or 1 after
     telling the job why not."""
     link = Link(path)
     link.send(hello=node, pid=os.getpid())
     plan = link.recv()["plan"]
     try:
-        run(link, plan, node, hosted)
+        run(link, plan, node, ranks_here)
     except (TransportError, OSError, ValueError) as e:
         link.send(error=str(e))
         return 1
@@ -239,12 +248,12 @@ def serve_rank(path: str, node: str, hosted: bool = False) -> int:
     return 0
 
 
-def _hosted(path: str, node: str, ns: str, codes: dict[str, int]) -> None:
+def _hosted(path: str, node: str, ns: str, ranks_here: int, codes: dict[str, int]) -> None:
     """A thread's rank in a rank host: in its own namespace first."""
     codes[node] = 1
     try:
         core.netns_enter_thread(ns)
-        codes[node] = serve_rank(path, node, hosted=True)
+        codes[node] = serve_rank(path, node, ranks_here)
     except SystemExit as e:  # the job went away
         print(f"{node}: {e}", file=sys.stderr)
     except BaseException:  # noqa: BLE001 - into the log, for the job to quote
@@ -265,7 +274,9 @@ def main(argv: list[str]) -> int:
         return serve_rank(path, ranks[0][0])
     codes: dict[str, int] = {}
     threads = [
-        threading.Thread(target=_hosted, args=(path, node, ns, codes), name=f"rank-{node}")
+        threading.Thread(
+            target=_hosted, args=(path, node, ns, len(ranks), codes), name=f"rank-{node}"
+        )
         for node, ns in ranks
     ]
     for t in threads:

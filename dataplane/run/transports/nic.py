@@ -79,10 +79,17 @@ class NicTransport(Transport):
             ) from e
 
     def run(self, sched: Schedule) -> object | None:
+        c = self.compile(sched)
+        return None if c is None else self.run_compiled(c)
+
+    def compile(self, sched: Schedule) -> object | None:
         if sched.reduces() and sched.dtype not in nic.REDUCE_DTYPES:
             return None
+        return nic.compile_sched(sched)
+
+    def run_compiled(self, compiled: object) -> object:
         try:
-            return self.ep.post_sched(sched)
+            return self.ep.post_compiled(compiled)
         except self._errors as e:
             raise TransportError(f"rank {self.rank}: {e}") from e
 
