@@ -15,7 +15,7 @@ from dataplane.model.catalog import (
     pick_broadcast,
 )
 from dataplane.run import reference as ref
-from dataplane.run.collectives import double_binary_tree
+from dataplane.run.collectives import chain_slice_bytes, double_binary_tree
 from dataplane.run.transport import TransportError
 from dataplane.run.workload import Case
 from tests.localtransport import run_ranks
@@ -67,6 +67,19 @@ def test_uneven_all_to_all_and_other_roots():
     for world, root in ((5, 3), (6, 5), (19, 7)):  # 19: auto's tree
         for algo in ("tree", "auto"):
             assert _wrong(world, "broadcast", algo, 300_001, root=root) == [0] * world
+
+
+def test_the_chain_pipelines_a_small_broadcast_in_slices():
+    # 256 KiB crossed each hop of the chain whole; now in 8 slices of 32 KiB
+    assert [chain_slice_bytes(n << 10) for n in (4, 256, 1024, 2048, 16384)] == [
+        32 << 10,
+        32 << 10,
+        128 << 10,
+        256 << 10,
+        256 << 10,
+    ]
+    for count in (65_536, 65_536 * 4 + 3):  # 256 KiB, about 1 MiB: 8 slices
+        assert _wrong(8, "broadcast", "ring", count, root=5) == [0] * 8
 
 
 def _prepared_runs(world: int, collective: str, algo: str, runs: int, ops_max: int) -> list:

@@ -19,7 +19,12 @@ from dataplane.run.transport import Transport
 
 SLICE_BYTES = 512 * 1024  # pipeline unit of the ring algorithms
 MAX_SLICES = 16
-CHAIN_SLICE_BYTES = 256 * 1024  # pipeline unit of the broadcast chain
+# the broadcast chain's pipeline unit: the buffer in CHAIN_SLICES_MIN slices
+# or more, each CHAIN_SLICE_MIN_BYTES to CHAIN_SLICE_BYTES (a 256 KiB
+# broadcast in one slice crossed every hop whole)
+CHAIN_SLICE_BYTES = 256 * 1024
+CHAIN_SLICE_MIN_BYTES = 32 * 1024
+CHAIN_SLICES_MIN = 8
 TREE_CHUNK_BYTES = 32 * 1024  # pipeline unit of the tree all-reduce
 MAX_TREE_CHUNKS = 64
 RENDEZVOUS_BYTES = 256 * 1024  # all-to-all: from this size per peer, send when the peer is ready
@@ -28,6 +33,12 @@ _SEQ_MASK = 0x7FFFF  # collective calls' tags: bit 31 clear
 P2P_TAG = 1 << 31  # point-to-point messages' tags: bit 31, the user's tag, a count
 P2P_USER_TAGS = 256
 _ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
+
+
+def chain_slice_bytes(nbytes: int) -> int:
+    """The broadcast chain's slice for a buffer of nbytes: CHAIN_SLICES_MIN
+    of them at least, each CHAIN_SLICE_MIN_BYTES to CHAIN_SLICE_BYTES."""
+    return min(CHAIN_SLICE_BYTES, max(CHAIN_SLICE_MIN_BYTES, nbytes // CHAIN_SLICES_MIN))
 
 
 class Comm:
@@ -532,15 +543,15 @@ class Comm:
             return
         if algo != "ring":
             raise ValueError(f"unknown broadcast algorithm {algo!r}")
-        slices = self._slices(buf.nbytes, CHAIN_SLICE_BYTES, (1 << _TAG_BITS) - 1)
+        slices = self._slices(buf.nbytes, chain_slice_bytes(buf.nbytes), (1 << _TAG_BITS) - 1)
         b = bounds(buf.size, slices)
         tag = self._tags(slices + 1)
         pos = (r - root) % n
         prev, nxt = (r - 1) % n, (r + 1) % n
         s = Schedule(self.dtype)
-        # the rendezvous, as the ring's: big slices leave once the next rank
-        # said its receives are posted
-        big = self._rendezvous(buf.nbytes // slices)
+        # the rendezvous, as the ring's: a big buffer's slices leave once the
+        # next rank said its receives are posted
+        big = self._rendezvous(buf.nbytes)
         ready = self._ready_from(s, nxt, tag(slices)) if big and pos < n - 1 else None
         got = [s.recv(prev, tag(j), buf[b[j] : b[j + 1]]) if pos else None for j in range(slices)]
         if big and pos:
