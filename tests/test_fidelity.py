@@ -25,6 +25,19 @@ def test_a_window_that_lost_link_time_fell_behind():
     assert w["fell_behind"] and w["added_delay_share"] == 0.2
 
 
+def test_frames_a_switch_lost_before_reading_them_mark_the_window():
+    # every link on time, but a switch's RX ring overflowed: frames lost
+    # that no emulated queue dropped (upn-512's all-to-all, otherwise clean)
+    a, b = _sample(0.0, 0, 0, 0), _sample(1.0, 1000, 0, 0)
+    assert not fidelity.window([a, b], 0.1, 0.9, 10e6)["fell_behind"]
+    a["ring_drops"], b["ring_drops"] = 7, 7  # before the window only
+    assert not fidelity.window([a, b], 0.1, 0.9, 10e6)["fell_behind"]
+    b["ring_drops"] = 19
+    w = fidelity.window([a, b], 0.1, 0.9, 10e6)
+    assert w["fell_behind"] and w["ring_drops"] == 12
+    assert fidelity.why("pacing", w) == ["the switches' RX rings dropped 12 frames"]
+
+
 def test_no_samples_no_verdict():
     assert fidelity.window([], 0.0, 1.0, 1e6) is None
     row = {"t0": 0.0, "t1": 1.0}

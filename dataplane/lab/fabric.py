@@ -218,8 +218,8 @@ class Fabric:
             self._pids_at = now
         waited = self._waits.read()
         return {"t": now, "k": self.k, "busy": busy, "total": total, "ports": ports,
-                "waited": waited, "clock": self.clock.reports(),
-                "engines": self.clock.engines()}  # fmt: skip
+                "ring_drops": self.ring_drops(), "waited": waited,
+                "clock": self.clock.reports(), "engines": self.clock.engines()}  # fmt: skip
 
     def _observe(self, a: dict, b: dict) -> governor.Observation:
         span_ns = max((b["t"] - a["t"]) * 1e9, 1.0)
@@ -260,6 +260,7 @@ class Fabric:
             )
             / base_rtt_real_ns,
             any_behind_share=(cb["any_late_ns"] - ca["any_late_ns"]) / span_ns,
+            switch_ring_drops=b["ring_drops"] - a["ring_drops"],
             busy_share=(b["busy"] - a["busy"]) / total if total > 0 else 0.0,
         )
 
@@ -355,7 +356,19 @@ class Fabric:
             rows = sw.counter_rows(fidelity.SAMPLE_FIELDS, len(node_ports))
             for p, row in zip(node_ports, rows, strict=True):
                 ports[f"{name}:{p['peer']}"] = row
-        return {"time_scale": self.k, "cpu_s": cpu.self_s(), "ports": ports}
+        return {"time_scale": self.k, "cpu_s": cpu.self_s(), "ports": ports,
+                "ring_drops": self.ring_drops()}  # fmt: skip
+
+    def ring_drops(self) -> int:
+        """Frames the switches lost before reading them (their RX rings
+        full, or no buffer to take them into) so far: the host's losses,
+        which no emulated link or queue decided."""
+        return sum(
+            v
+            for sw in self.switches.values()
+            for k, v in sw.receive_counters()[0].items()
+            if k in fidelity.HOST_DROPS
+        )
 
     def set_link(self, name: str, changes: dict) -> dict:
         if name not in self.links:

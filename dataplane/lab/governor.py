@@ -68,6 +68,7 @@ class Observation:
     ring_drops: int = 0  # NIC engines: frames their RX rings dropped
     engine_rx_delay_share: float = 0.0  # NIC engines: frames' mean wait in their rings / base RTT
     any_behind_share: float = 0.0  # NIC engines: time some engine was behind (their union)
+    switch_ring_drops: int = 0  # switches: frames lost before they read them
     waited_share: float = 0.0  # ranks: the worst one's time ready but not scheduled
     start_skew_share: float = 0.0  # ranks: their staggered start (a row's only; not sampled)
     busy_share: float = 0.0  # the machine

@@ -63,6 +63,12 @@ ANY_BEHIND_MAX = 0.05
 # at that barrier, measured a 1 MiB all-reduce at 249 GB/s (286 at twice k)
 # with every other check clean; reading once a process: 322-329 at three k.
 START_SKEW_MAX = 0.05
+# Frames a switch lost before reading them (stats.LOST_BEFORE_READ but a
+# foreign frame's): its RX ring overflowed or it had no buffer to take one
+# into; the host's losses, not the emulated fabric's.  Any in a row's window
+# makes it `behind` (upn-512's all-to-all at k 3.3e6 lost 50,723 so, with
+# every other check clean).
+HOST_DROPS = ("drop_ring", "drop_no_buf")
 # A job's samples of the fabric (Fabric.sample): these counters of every
 # switch port, several times a second
 SAMPLE_FIELDS = ("tx_bytes", "q_bytes", "late_frames", "late_sum_ns", "tx_frames", "lost_link_ns")
@@ -137,6 +143,7 @@ def window(samples: list[dict], t0: float, t1: float, base_rtt_real_ns: float) -
         "late_share": _delta(a, b, _LATE_FRAMES) / tx if tx else 0.0,
         "lost_link_share": lost / span_ns,
         "added_delay_share": added / base_rtt_real_ns,
+        "ring_drops": b.get("ring_drops", 0) - a.get("ring_drops", 0),
     }
     out["fell_behind"] = bool(why("pacing", out))
     return out
@@ -230,6 +237,8 @@ CHECKS = (
           "a switch port lost {v:.1%} of its link time"),
     Check("pacing", "added_delay_share", "added_delay_share", ADDED_DELAY_MAX,
           "switch delay lines ran {v:.1%} of a base RTT late"),
+    Check("pacing", "ring_drops", "switch_ring_drops", 0,
+          "the switches' RX rings dropped {v} frames"),
     Check("endpoints", "lost_share_max", "engine_lost_share", LOST_SHARE_MAX,
           "a NIC engine lost {v:.1%} of its link time", who="lost_share_rank"),
     Check("endpoints", "added_delay_share", "engine_added_delay_share", ADDED_DELAY_MAX,

@@ -195,7 +195,8 @@ def fabric_sample(lab: str, prev: dict | None = None) -> dict:
         raise ValueError(resp.get("error", "sample failed"))
     st = resp["sample"]
     ports = fidelity.PortRows(st["ports"], prev["ports"] if prev else None)
-    return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports}
+    return {"t": time.monotonic(), "cpu_s": st["cpu_s"], "k": st["time_scale"], "ports": ports,
+            "ring_drops": st.get("ring_drops", 0)}  # fmt: skip
 
 
 def iteration_times_s(timing: dict) -> list[float] | None:
