@@ -85,6 +85,23 @@ def test_it_lowers_after_calm_but_never_under_the_floor_nor_to_a_k_that_fell_beh
     assert g.k == 1000 * RAISE * LOWER
 
 
+def test_a_trial_behind_raises_k_from_the_highest_k_it_fell_behind_at():
+    """A burst raised k during a trial, the quiet after it lowered k: the
+    next trial starts above the burst's k, not above where the last ended
+    (upn-512's all-to-all trials began at 1.84e6, then 2.28e6, each behind
+    up to 4.4e6)."""
+    g = Governor(1000, k=2000)
+    assert g.raise_for("a trial fell behind", 0.0, behind_at_k=6000) == 6000 * RAISE
+    assert g.events[-1]["k_from"] == 2000  # the k the fabric ran at
+    # then never lowered to where it fell behind within BAD_MEMORY_S
+    _run(g, CALM, HOLD_S, 5 * CALM_S)
+    assert g.k == 6000 * RAISE * LOWER
+    # a k lower than now is no base; none past the ceiling
+    g = Governor(1000, k=3000)
+    assert g.raise_for("behind", 0.0, behind_at_k=100) == 3000 * RAISE
+    assert Governor(1000).raise_for("behind", 0.0, behind_at_k=1e12) is None
+
+
 def test_raises_that_do_not_relieve_the_lateness_stop():
     g = Governor(1000)
     t = 0.0

@@ -166,7 +166,8 @@ class Fabric:
         """The `scale` request: k (pins the time scale there), "hold" (pins
         it where it is), "auto" (the governor moves it again, from there;
         with "floor", never under that k from now on) or
-        "raise" (the governor raises it now: a run's verdict saw lateness)."""
+        "raise" (the governor raises it now: a run's verdict saw lateness;
+        "from": the highest k that run fell behind at)."""
         k = req.get("k")
         if k == "hold":
             self.pinned = True
@@ -176,8 +177,12 @@ class Fabric:
             if g is None or self.pinned:
                 raise ValueError(f"lab {self.name}'s time scale is not governed now")
             g.k = self.k
+            try:
+                behind_at_k = float(req.get("from", 0.0))
+            except (TypeError, ValueError):
+                raise ValueError(f"from: a time scale, not {req.get('from')!r}") from None
             new = g.raise_for(str(req.get("why", "asked to")), time.monotonic(),
-                              self.clock.nominal_s())  # fmt: skip
+                              self.clock.nominal_s(), behind_at_k)  # fmt: skip
             if new is not None:
                 self.rescale(new)
             return {"time_scale": self.k, "governed": True}

@@ -175,13 +175,19 @@ class Governor:
         up = RAISE_SEVERE if obs.severe() else RAISE
         return self._change(min(self.k * up, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
 
-    def raise_for(self, why: str, now_s: float, nominal_s: float = 0.0) -> float | None:
+    def raise_for(self, why: str, now_s: float, nominal_s: float = 0.0,
+                  behind_at_k: float = 0.0) -> float | None:  # fmt: skip
         """Raise k now because a run's own verdict says something fell behind
-        (a trial too short for the governor's windows to see it)."""
-        if self.k >= self.floor_k * MAX_FACTOR:
+        (a trial too short for the governor's windows to see it), from the
+        highest k it fell behind at (behind_at_k) if that is above k now: a
+        burst raises k, the quiet after it lowers k again, and raised from
+        where it ended each trial of upn-512's all-to-all began at about the
+        last one's start (1.84e6 then 2.28e6, both behind up to 4.4e6)."""
+        base = max(self.k, behind_at_k)
+        if base >= self.floor_k * MAX_FACTOR:
             return None
-        self.bad_k, self.bad_at = max(self.k, self.bad_k), now_s
-        return self._change(min(self.k * RAISE, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
+        self.bad_k, self.bad_at = max(base, self.bad_k), now_s
+        return self._change(min(base * RAISE, self.floor_k * MAX_FACTOR), why, now_s, nominal_s)
 
     def _record(self, new: float, why: str, now_s: float, nominal_s: float) -> None:
         self.events.append(

@@ -308,9 +308,8 @@ def trial_runs(
     def raised(t: dict) -> None:
         lo, hi = t["k_range"] or (0, 0)
         if not _wait_for_a_change(rec, hi):
-            labs.control(
-                rec["name"], {"op": "scale", "k": "raise", "why": f"{what(t)} fell behind"}
-            )
+            labs.control(rec["name"], {"op": "scale", "k": "raise", "from": hi,
+                                       "why": f"{what(t)} fell behind"})  # fmt: skip
         say(f"# governor: {what(t)} fell behind at k={lo:g}..{hi:g}; trying again")
 
     if first is not None:
