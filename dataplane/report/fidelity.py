@@ -68,7 +68,7 @@ START_SKEW_MAX = 0.05
 # into; the host's losses, not the emulated fabric's.  Any in a row's window
 # makes it `behind` (an upn-512 all-to-all job at k 3.3e6 lost 50,723 so,
 # its row otherwise clean at 13.82 us; 4.2 us in runs without them).
-HOST_DROPS = ("drop_ring", "drop_no_buf")
+HOST_DROPS = tuple(k for k in stats.LOST_BEFORE_READ if k != "drop_foreign")
 # A job's samples of the fabric (Fabric.sample): these counters of every
 # switch port, several times a second
 SAMPLE_FIELDS = ("tx_bytes", "q_bytes", "late_frames", "late_sum_ns", "tx_frames", "lost_link_ns")
