@@ -36,6 +36,7 @@ struct mf_ep {
     uint32_t ep;
     int attached, evfd;
     struct mf_frame *head; /* on the way to it, by due time */
+    struct mf_frame *tail; /* the last of them: most frames go after it */
     uint64_t free_ns[ETHP_NIC_MAX_PLANES]; /* when each downlink's data queue is empty */
     uint64_t max_seq; /* of the data frames delivered so far */
 };
@@ -152,11 +153,16 @@ static void mf_send(struct ethp_memfab *fab, uint32_t plane, const uint8_t *data
     }
     if (fab->cfg.reorder) /* held back: up to `reorder` frames overtake it */
         f->due_ns += ethp_rng_next(&fab->rng) % (fab->cfg.reorder * ser + 1);
-    struct mf_frame **pp = &to->head;
+    /* in due order, equal times in arrival order: most frames are due
+     * after every frame queued (a walk from the head per frame made a
+     * 256-endpoint all-to-all the fabric's, not the engines') */
+    struct mf_frame **pp = to->tail && to->tail->due_ns <= f->due_ns ? &to->tail->next : &to->head;
     while (*pp && (*pp)->due_ns <= f->due_ns)
         pp = &(*pp)->next;
     f->next = *pp;
     *pp = f;
+    if (!f->next)
+        to->tail = f;
     if (pp == &to->head)
         ethp_kick(to->evfd); /* its engine may sleep past the new head's time */
 }
@@ -201,6 +207,8 @@ static uint32_t mf_rx_each(void *ctx, uint32_t k, ethp_frame_fn fn, void *arg)
     while (m < k && m < MF_BURST && me->head && me->head->due_ns <= now) {
         struct mf_frame *f = me->head;
         me->head = f->next;
+        if (!me->head)
+            me->tail = NULL;
         if (f->seq && f->seq < me->max_seq)
             fab->c[ETHP_MF_reordered]++;
         else if (f->seq)
@@ -248,6 +256,7 @@ static void mf_counters(void *ctx, uint64_t *out)
 
 static void mf_drain(struct mf_ep *me)
 {
+    me->tail = NULL;
     while (me->head) {
         struct mf_frame *f = me->head;
         me->head = f->next;
