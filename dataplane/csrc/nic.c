@@ -509,10 +509,8 @@ static void nic_rescale(struct ethp_nic *n, double k, uint64_t now)
                               1000000000u);
     struct ethp_cc_params pp = nic_cc_params(n);
     uint32_t subs = c->roce ? c->qps : n->n_ports;
-    for (uint32_t i = 0; i < n->max_peers; i++) {
-        struct nic_peer *p = &n->peers[i];
-        if (!p->known)
-            continue;
+    for (uint32_t i = 0; i < n->n_made; i++) {
+        struct nic_peer *p = &n->peers[n->made[i]];
         for (uint32_t j = 0; j < subs; j++)
             cc_rescale(n, &p->cc[j].st, &pp, r_step);
         p->reo_ns = nic_reorder_window_ns(c);
@@ -1024,6 +1022,7 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     if (n->peers == MAP_FAILED)
         n->peers = NULL;
     n->peer_known = calloc(max_peers, 1);
+    n->made = calloc(max_peers, sizeof(*n->made));
     n->peer_ips = calloc((size_t)max_peers * ETHP_NIC_MAX_PLANES, sizeof(uint32_t));
     n->active = calloc(max_peers, sizeof(*n->active));
     n->sleeping = calloc(max_peers, sizeof(*n->sleeping));
@@ -1032,7 +1031,7 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int rc = 0;
-    if (!n->peers || !n->peer_known || !n->peer_ips || !n->active || !n->sleeping || !n->pool ||
+    if (!n->peers || !n->peer_known || !n->made || !n->peer_ips || !n->active || !n->sleeping || !n->pool ||
         n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
@@ -1109,7 +1108,7 @@ int ethp_nic_add_peer(struct ethp_nic *n, uint32_t ep, const uint32_t *ips, uint
         return -EINVAL;
     memcpy(&n->peer_ips[(size_t)ep * ETHP_NIC_MAX_PLANES], ips, count_ips * sizeof(uint32_t));
     n->n_known += !n->peer_known[ep];
-    n->peer_known[ep] = 1;
+    n->peer_known[ep] = NIC_PEER_KNOWN;
     return 0;
 }
 
@@ -1127,7 +1126,9 @@ struct nic_peer *nic_peer_make(struct ethp_nic *n, uint32_t ep)
     p->reo_ns = nic_reorder_window_ns(&n->cfg);
     p->credit_sub_bytes = UINT64_MAX;
     nic_set_credit(n, p, n->first_credit_bytes);
-    p->known = 1;
+    n->made[n->n_made] = ep;
+    __atomic_store_n(&n->n_made, n->n_made + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&n->peer_known[ep], NIC_PEER_MADE, __ATOMIC_RELEASE);
     return p;
 }
 
@@ -1192,9 +1193,9 @@ void ethp_nic_free(struct ethp_nic *n)
         ethp_kick(n->evfd);
         pthread_join(n->thread, NULL);
     }
-    for (uint32_t i = 0; n->peers && i < n->max_peers; i++) {
-        nic_win_free(n->peers[i].win);
-        free(n->peers[i].rbits);
+    for (uint32_t i = 0; n->peers && n->made && i < n->n_made; i++) {
+        nic_win_free(n->peers[n->made[i]].win);
+        free(n->peers[n->made[i]].rbits);
     }
     for (uint32_t i = 0; i < n->n_slots; i++) {
         struct nic_msg *m = n->slots[i].m;
@@ -1213,6 +1214,7 @@ void ethp_nic_free(struct ethp_nic *n)
     if (n->peers)
         munmap(n->peers, (size_t)n->max_peers * sizeof(*n->peers));
     free(n->peer_known);
+    free(n->made);
     free(n->peer_ips);
     free(n->active);
     free(n->sleeping);
@@ -1395,8 +1397,9 @@ uint64_t ethp_nic_held(struct ethp_nic *n)
 
 void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
 {
-    const uint64_t *c =
-        peer < 0 ? n->c : (nic_peer_known(n, (uint32_t)peer) ? n->peers[peer].c : NULL);
+    /* made peers only: an entry never made is never read (nic_int.h) */
+    const struct nic_peer *one = peer < 0 ? NULL : nic_peer_if_made(n, (uint32_t)peer);
+    const uint64_t *c = peer < 0 ? n->c : one ? one->c : NULL;
     for (int i = 0; i < ETHP_NIC_NCOUNTERS; i++)
         out[i] = c ? __atomic_load_n(&c[i], __ATOMIC_RELAXED) : 0;
     /* the window and the rate are state, not counters: summed here, on read */
@@ -1410,17 +1413,15 @@ void ethp_nic_counters(struct ethp_nic *n, int32_t peer, uint64_t *out)
         out[ETHP_NC_ring_backoffs] = io[ETHP_PC_ring_backoffs];
         out[ETHP_NC_rx_ring_drops] = io[ETHP_PC_rx_ring_drops];
         out[ETHP_NC_rate_bps] = 0;
-        for (uint32_t i = 0; i < n->max_peers; i++)
-            out[ETHP_NC_rate_bps] += __atomic_load_n(&n->peers[i].c[ETHP_NC_rate_bps], __ATOMIC_RELAXED);
     }
-    for (uint32_t i = peer < 0 ? 0 : (uint32_t)peer; c && i < n->max_peers; i++) {
-        const struct nic_peer *q = &n->peers[i];
-        for (uint32_t j = 0; q->known && q->win && j < nic_subs(n); j++)
+    uint32_t n_made = peer < 0 ? __atomic_load_n(&n->n_made, __ATOMIC_ACQUIRE) : one != NULL;
+    for (uint32_t i = 0; i < n_made; i++) {
+        const struct nic_peer *q = one ? one : &n->peers[n->made[i]];
+        if (!one)
+            out[ETHP_NC_rate_bps] += __atomic_load_n(&q->c[ETHP_NC_rate_bps], __ATOMIC_RELAXED);
+        for (uint32_t j = 0; q->win && j < nic_subs(n); j++)
             out[ETHP_NC_cwnd_bytes] += __atomic_load_n(&q->cc[j].st.cwnd_bytes, __ATOMIC_RELAXED);
-        if (q->known)
-            out[ETHP_NC_credit_bytes] += __atomic_load_n(&q->credit_bytes, __ATOMIC_RELAXED);
-        if (peer >= 0)
-            break;
+        out[ETHP_NC_credit_bytes] += __atomic_load_n(&q->credit_bytes, __ATOMIC_RELAXED);
     }
 }
 

@@ -127,7 +127,6 @@ struct nic_qp {
 struct nic_peer {
     uint32_t ep;
     uint32_t ip[ETHP_NIC_MAX_PLANES];
-    int known;
     int active; /* on the engine's active list */
     int asleep; /* on its sleeping list instead (nic_sleep), at sleep_idx */
     uint32_t sleep_idx;
@@ -229,15 +228,21 @@ struct ethp_nic {
     int epfd, evfd, udp_fd;
     struct nic_port ports[ETHP_NIC_MAX_PLANES];
     uint32_t n_ports;
-    /* Peers by endpoint.  ethp_nic_add_peer records one (peer_known, its
-     * addresses in peer_ips); its state in peers is made on first use, by
-     * the engine's thread (nic_peer_of): a 512-rank job's rank talks to a
-     * few peers in a ring or in-network all-reduce, and the untouched
-     * entries (6.7 KB each, and a 2 KiB receive bitmap) stay zero pages. */
+    /* Peers by endpoint.  ethp_nic_add_peer records one (peer_known
+     * NIC_PEER_KNOWN, its addresses in peer_ips); its state in peers is
+     * made on first use, by the engine's thread (nic_peer_of: then
+     * NIC_PEER_MADE, and on the made list): a 512-rank job's rank talks to
+     * a few peers in a ring or in-network all-reduce, and the untouched
+     * entries (6.7 KB each, and a 2 KiB receive bitmap) are never mapped.
+     * Nothing reads an entry before it is made (a read maps the zero page,
+     * and the first write then copies it and flushes every CPU's TLB), and
+     * whatever visits every peer's state walks the made list only. */
     struct nic_peer *peers;
     uint8_t *peer_known;
     uint32_t *peer_ips; /* max_peers x ETHP_NIC_MAX_PLANES */
     uint32_t n_known;
+    uint32_t *made; /* the peers made, in the order they were */
+    uint32_t n_made; /* written by the engine's thread (release), read by any */
     uint64_t first_credit_bytes; /* rccc: a new peer's credit until its first grant */
     uint32_t max_peers;
     /* Peers with something to send, to resend, to ack or a timer running:
@@ -339,9 +344,21 @@ static inline void nic_activate(struct ethp_nic *n, struct nic_peer *p)
     }
 }
 
+enum { NIC_PEER_UNKNOWN, NIC_PEER_KNOWN, NIC_PEER_MADE };
+
+/* Whether ep is a peer (its state made or not). */
 static inline int nic_peer_known(const struct ethp_nic *n, uint32_t ep)
 {
-    return ep < n->max_peers && n->peer_known[ep];
+    return ep < n->max_peers && __atomic_load_n(&n->peer_known[ep], __ATOMIC_ACQUIRE);
+}
+
+/* A peer's state if it has been made (any thread), else NULL. */
+static inline const struct nic_peer *nic_peer_if_made(const struct ethp_nic *n, uint32_t ep)
+{
+    if (ep >= n->max_peers ||
+        __atomic_load_n(&n->peer_known[ep], __ATOMIC_ACQUIRE) != NIC_PEER_MADE)
+        return NULL;
+    return &n->peers[ep];
 }
 
 struct nic_peer *nic_peer_make(struct ethp_nic *n, uint32_t ep);
@@ -352,7 +369,7 @@ static inline struct nic_peer *nic_peer_of(struct ethp_nic *n, uint32_t ep)
 {
     if (!nic_peer_known(n, ep))
         return NULL;
-    return n->peers[ep].known ? &n->peers[ep] : nic_peer_make(n, ep);
+    return n->peer_known[ep] == NIC_PEER_MADE ? &n->peers[ep] : nic_peer_make(n, ep);
 }
 
 static inline uint64_t nic_ser_ns(const struct ethp_nic *n, uint32_t frame_bytes)
