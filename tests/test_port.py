@@ -331,11 +331,11 @@ def _run_until_the_ring_is_up(tx, rx, pool, frames, n: int, got: list) -> int:
 def test_a_ring_that_carried_a_burst_only_makes_the_next_set_up_wait(veth_ns):
     """A burst that sets a ring up and then stops (at a large k a port's
     traffic comes in bursts a round trip of seconds apart) left a ring that
-    carried fewer frames than two a block: not worth its set-up, so the
-    next waits, as after a trickle."""
+    carried fewer frames than its set-up costs: not worth it, so the next
+    waits, as after a trickle."""
     path, a, b = veth_ns
     pool = Pool(4096, 4096)
-    # 512 blocks: worth it from 1024 frames
+    # 8 MiB: worth it from 2304 frames (port.c's ETHP_RING_PAID_*)
     rx = Port(b, path, PortConfig(block_bytes=16384, n_blocks=512, ring_idle_ms=50))
     tx = Port(a, path)
     frames, got, n = _numbered(0, 20_000), [], 0

@@ -41,16 +41,18 @@
 #define PACKET_FANOUT_FLAG_IGNORE_OUTGOING 0x4000 /* Linux 6.9 */
 #endif
 /* A port with ring_idle_ms: frames first come one at a time.  This many
- * within ETHP_RING_WINDOW_NS call for the ring. */
-#define ETHP_RING_AT_FRAMES 8
-#define ETHP_RING_WINDOW_NS 1000000ull
+ * within ETHP_RING_WINDOW_NS call for the ring (8,000 a second, for 8 ms:
+ * a burst shorter than that does not pay for a ring; with 8 in 1 ms
+ * upn-512's NIC rings were set up in every burst of its all-to-all). */
+#define ETHP_RING_AT_FRAMES 64
+#define ETHP_RING_WINDOW_NS 8000000ull
 #define ETHP_RING_RETRY_NS 1000000000ull /* after a failed set-up */
 /* A ring whose blocks held fewer frames than this on average over
  * ring_idle_ms is taken down too: its blocks were retired by their timer,
  * each frame waiting for it, and one by one it would not wait at all. */
 #define ETHP_RING_SPARSE_FRAMES_PER_BLOCK 2
 /* A ring taken down for a trickle, or having carried fewer frames than
- * ETHP_RING_SPARSE_FRAMES_PER_BLOCK for each of its blocks, was not worth
+ * paid for it (ETHP_RING_PAID_*, below), was not worth
  * setting up (the kernel zeroes all of it: a switch's is up to 32 MiB), so
  * the next waits this long, twice as long after each such ring up to the
  * most; a ring that carried a run of traffic and went idle clears the
@@ -59,6 +61,15 @@
  * that idled out after it (a plane switch: 100 in a 4 MiB all-reduce),
  * and the set-ups were a fifth of all the CPU of a 16 MiB all-reduce. */
 #define ETHP_RING_BACKOFF_MIN_NS 250000000ull
+/* What a ring must carry in its life to have paid for its set-up: a frame
+ * for each ETHP_RING_PAID_BYTES_PER_FRAME of it (the kernel zeroes it all)
+ * and ETHP_RING_PAID_FRAMES_MIN more (its helper threads, the socket's
+ * set-up and RCU waits).  At two frames a block a NIC's 1 MiB ring counted
+ * as paid after 32 frames: in upn-512's all-to-all (k 3.28e6) each of the
+ * 512 NIC rings was set up eight times in one job (4,368 set-ups, some
+ * 15,000 helper threads, a tenth of the NIC threads' CPU). */
+#define ETHP_RING_PAID_BYTES_PER_FRAME 4096u
+#define ETHP_RING_PAID_FRAMES_MIN 256u
 #define ETHP_RING_BACKOFF_MAX_NS 4000000000ull
 #define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
 #define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
@@ -718,9 +729,11 @@ static void rx_step(struct ethp_port *p, uint64_t now)
         int sparse = now - p->ring_window_ns >= p->idle_ns && blocks &&
                      p->ring_window_frames < ETHP_RING_SPARSE_FRAMES_PER_BLOCK * blocks;
         if (now - p->last_ring_ns >= p->idle_ns || sparse) {
-            /* worth its set-up: a run of traffic that went idle, at least
-             * ETHP_RING_SPARSE_FRAMES_PER_BLOCK frames for each of its blocks */
-            int paid = p->ring_life_frames >= ETHP_RING_SPARSE_FRAMES_PER_BLOCK * p->n_blocks;
+            /* worth its set-up: a run of traffic that went idle, and as
+             * many frames as ETHP_RING_PAID_* ask */
+            uint64_t ring_bytes = (uint64_t)p->block_bytes * p->n_blocks;
+            int paid = p->ring_life_frames >=
+                       ring_bytes / ETHP_RING_PAID_BYTES_PER_FRAME + ETHP_RING_PAID_FRAMES_MIN;
             if (!sparse && paid)
                 p->ring_backoff_ns = 0;
             else if (p->ring_backoff_ns < ETHP_RING_BACKOFF_MAX_NS)
