@@ -279,6 +279,28 @@ def test_an_idle_port_has_no_ring_and_a_run_of_traffic_sets_one_up_then_idling_p
     assert pool.available == 4096  # nothing leaked
 
 
+def test_bursts_shorter_than_the_ring_window_come_one_by_one(veth_ns):
+    """A burst of a few dozen frames (at a large k, a port's traffic comes in
+    such bursts, seconds apart) does not set a ring up: it takes 64 frames
+    within 8 ms.  With 8 within 1 ms, every burst of upn-512's all-to-all
+    set a NIC's ring up: 4,368 set-ups in one job."""
+    path, a, b = veth_ns
+    pool = Pool(4096, 4096)
+    rx = Port(b, path, PortConfig(n_blocks=64, ring_idle_ms=50))
+    tx = Port(a, path)
+    got, n = [], 0
+    for _ in range(3):
+        burst = _numbered(n, 40)
+        assert tx.send(burst, pool) == len(burst)
+        n += len(burst)
+        got += _drain(rx, pool, n - len(got))
+        got += _receive_for(rx, pool, 0.02)  # then nothing for 20 ms
+    c = rx.counters()
+    assert _psns(got) == list(range(n)), c
+    assert c["ring_builds"] == 0 and c["rx_one_by_one"] == n and not rx.ring_up, c
+    assert pool.available == 4096
+
+
 @pytest.mark.parametrize(
     "gap_s,blocks",
     [(0.005, 64), (0.0006, 64), (0.0006, 4)],

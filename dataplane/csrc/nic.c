@@ -1031,8 +1031,8 @@ struct ethp_nic *ethp_nic_new_io(const struct ethp_nic_cfg *cfg, const struct et
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int rc = 0;
-    if (!n->peers || !n->peer_known || !n->made || !n->peer_ips || !n->active || !n->sleeping || !n->pool ||
-        n->epfd < 0 || n->evfd < 0)
+    if (!n->peers || !n->peer_known || !n->made || !n->peer_ips || !n->active || !n->sleeping ||
+        !n->pool || n->epfd < 0 || n->evfd < 0)
         rc = -ENOMEM;
     if (!rc) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = NIC_EVFD_TAG};

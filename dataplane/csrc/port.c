@@ -52,8 +52,8 @@
  * each frame waiting for it, and one by one it would not wait at all. */
 #define ETHP_RING_SPARSE_FRAMES_PER_BLOCK 2
 /* A ring taken down for a trickle, or having carried fewer frames than
- * paid for it (ETHP_RING_PAID_*, below), was not worth
- * setting up (the kernel zeroes all of it: a switch's is up to 32 MiB), so
+ * pay for it (ETHP_RING_PAID_*, below), was not worth setting up (the
+ * kernel zeroes all of it: a switch's is up to 32 MiB), so
  * the next waits this long, twice as long after each such ring up to the
  * most; a ring that carried a run of traffic and went idle clears the
  * wait.  Measured: erack-64x8 at k 1.6e6, where a port's real traffic
@@ -61,16 +61,16 @@
  * that idled out after it (a plane switch: 100 in a 4 MiB all-reduce),
  * and the set-ups were a fifth of all the CPU of a 16 MiB all-reduce. */
 #define ETHP_RING_BACKOFF_MIN_NS 250000000ull
+#define ETHP_RING_BACKOFF_MAX_NS 4000000000ull
 /* What a ring must carry in its life to have paid for its set-up: a frame
  * for each ETHP_RING_PAID_BYTES_PER_FRAME of it (the kernel zeroes it all)
  * and ETHP_RING_PAID_FRAMES_MIN more (its helper threads, the socket's
- * set-up and RCU waits).  At two frames a block a NIC's 1 MiB ring counted
- * as paid after 32 frames: in upn-512's all-to-all (k 3.28e6) each of the
- * 512 NIC rings was set up eight times in one job (4,368 set-ups, some
- * 15,000 helper threads, a tenth of the NIC threads' CPU). */
+ * set-up and RCU waits).  At two frames a block a NIC's 1 MiB ring was
+ * paid for after 32 frames, and cleared its backoff (upn-512's all-to-all
+ * at k 3.28e6: 4,368 set-ups of 512 NIC rings in one job, some 15,000
+ * helper threads, a tenth of the NIC threads' CPU). */
 #define ETHP_RING_PAID_BYTES_PER_FRAME 4096u
 #define ETHP_RING_PAID_FRAMES_MIN 256u
-#define ETHP_RING_BACKOFF_MAX_NS 4000000000ull
 #define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
 #define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
 /* data.u64 of a port's epoll events: the caller's tag | which socket << 32 */
