@@ -98,6 +98,14 @@ static inline uint64_t ethp_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* CLOCK_REALTIME in ns: the clock of the kernel's arrival stamps. */
+static inline uint64_t ethp_wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* Wake a dataplane thread sleeping in epoll on its eventfd. */
 static inline void ethp_kick(int evfd)
 {

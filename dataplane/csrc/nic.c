@@ -224,7 +224,12 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     struct ethp_parsed ps;
     if (c->wall_ns) {
         uint64_t stamp = n->io.rx_stamp_ns(n->io.ctx);
-        if (stamp && stamp < c->wall_ns) { /* (a frame that came in since: no wait) */
+        /* A frame that came in after reading began: the thread may have been
+         * kept off the CPU mid-read since (a frozen process, a busy machine),
+         * and what came meanwhile waited until now, not until then. */
+        if (stamp >= c->wall_ns)
+            c->wall_ns = ethp_wall_ns();
+        if (stamp && stamp < c->wall_ns) {
             uint64_t wait = c->wall_ns - stamp;
             c->wait_sum_ns += wait;
             if (wait > c->wait_max_ns)
@@ -324,11 +329,8 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
 static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 {
     struct rx_ctx c = {.n = n, .now = now};
-    if (n->io.rx_stamp_ns) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        c.wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    }
+    if (n->io.rx_stamp_ns)
+        c.wall_ns = ethp_wall_ns();
     while (n->io.rx_each(n->io.ctx, NIC_BURST, on_frame, &c) == NIC_BURST)
         ;
     if (!c.wait_frames)

@@ -776,11 +776,8 @@ static uint32_t one_by_one_recv(struct ethp_port *p, uint64_t now)
     }
     int r = recvmmsg(p->one_fd, mm, ETHP_RX_CHUNK, MSG_DONTWAIT, NULL);
     uint32_t got = r > 0 ? (uint32_t)r : 0;
-    if (got) { /* for a frame the kernel did not stamp */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        p->held_wall_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    }
+    if (got) /* for a frame the kernel did not stamp */
+        p->held_wall_ns = ethp_wall_ns();
     p->held = p->held_next = 0;
     for (uint32_t i = 0; i < got; i++) {
         if (from[i].sll_pkttype == PACKET_OUTGOING) /* never ours to take */

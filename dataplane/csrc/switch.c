@@ -698,10 +698,8 @@ static int rx(struct ethp_switch *sw, uint64_t now)
 {
     struct ethp_pkt *pk[SW_BURST];
     uint64_t wall[SW_BURST];
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t wall_at = ethp_wall_ns();
     uint64_t mono_at = ethp_now_ns();
-    uint64_t wall_at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     uint64_t prev = 0;
     for (uint32_t turn = 0; turn < SW_RX_TURN; turn += SW_BURST) {
         uint32_t n = ethp_port_rx_burst_stamped(sw->io, sw->pool, pk, wall, SW_BURST);
