@@ -9,7 +9,9 @@ in rank hosts whose NIC engines share one thread per process (hosts), and in
 rank hosts with an engine thread per rank (hosts-own); rank hosts:
 --ranks-per-host, default the ranks over as many processes as CPUs.  One
 after the other on the same lab, governed from its floor.  Prints per run:
-real seconds, CPU-seconds (fabric and workers) per nominal GB moved, the
+real seconds, CPU-seconds (fabric and workers) per nominal GB moved (in all,
+and past the worker processes' start-up, which each process pays once
+whatever the job moves: the first ratio grows as a job moves less), the
 workers' peak memory (each process's peak, summed), busbw against the ideal,
 the k range and the fidelity verdict; then the CPU ratio of one-per-rank to
 rank hosts.
@@ -68,6 +70,7 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
     cpu_s = (f["cpu"]["fabric_cores"] + f["cpu"]["workers_cores"]) * wall
     switches_s = f["cpu"]["fabric_frames_cores"] * wall
     engines_s = f["cpu"]["workers_frames_cores"] * wall
+    startup_s = f["cpu"].get("workers_startup_cores", 0.0) * wall
     nominal_GB = _moved_bytes(res, spec) / 1e9
     row = res["rows"][-1]
     return {
@@ -78,6 +81,10 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         "job_wall_s": wall,
         "cpu_s": cpu_s,
         "cpu_s_per_nominal_GB": cpu_s / nominal_GB,
+        # the worker processes' start-up (Python, imports, the transports'
+        # set-up: a cost per process, whatever the job moves), and the rest
+        "startup_cpu_s": startup_s,
+        "past_startup_cpu_s_per_nominal_GB": (cpu_s - startup_s) / nominal_GB,
         # not in cpu_s: the job's coordinator (this process), which starts the
         # ranks, serves their barriers and samples the fabric and every
         # worker process (so more of them costs it more), and a governed
@@ -111,7 +118,9 @@ def _print(lab: str, mode: str, r: dict) -> None:
         f"  real {r['real_s']:7.1f} s  CPU {r['cpu_s_per_nominal_GB']:8.2f} s/GB"
         f" (fabric {r['fabric_cpu_s']:.1f} s, workers {r['workers_cpu_s']:.1f} s;"
         f" of which switch threads {r['switches_cpu_s']:.1f} s,"
-        f" NIC engines {r['engines_cpu_s']:.1f} s; coordinator {r['coordinator_cpu_s']:.1f} s)"
+        f" NIC engines {r['engines_cpu_s']:.1f} s, start-up {r['startup_cpu_s']:.1f} s;"
+        f" coordinator {r['coordinator_cpu_s']:.1f} s;"
+        f" past start-up {r['past_startup_cpu_s_per_nominal_GB']:.2f} s/GB)"
         f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
         f"  busbw {r['busbw_GBps']:6.1f} GB/s = {r['share_of_ideal']:.3f} of ideal"
         f"  {k_text}  {r['verdict']}  #wrong {r['wrong']}",
@@ -119,33 +128,37 @@ def _print(lab: str, mode: str, r: dict) -> None:
     )
 
 
-def _per_GB(rounds: list[dict[str, dict]]) -> dict[str, list[float]]:
-    """Each mode's CPU per nominal GB, a value per round it ran in."""
+def _per_GB(rounds: list[dict[str, dict]], key: str) -> dict[str, list[float]]:
+    """Each mode's figure key, a value per round it ran in."""
     out: dict[str, list[float]] = {}
     for runs in rounds:
         for mode, r in runs.items():
-            out.setdefault(mode, []).append(r["cpu_s_per_nominal_GB"])
+            out.setdefault(mode, []).append(r[key])
     return out
 
 
 def _print_ratios(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     """One process per rank's CPU per nominal GB over each other mode's: of
     their medians, and with --repeat, each round's ratio beside it (the
-    rounds where both ran)."""
-    per_GB = _per_GB(rounds)
-    base = per_GB.get("per-rank")
-    for mode, vals in per_GB.items():
-        if mode == "per-rank" or not base:
-            continue
-        ratio = statistics.median(base) / statistics.median(vals)
-        text = (f"{lab:11s} {size_text(size):>7s} CPU per nominal GB, one process"
-                f" per rank / {mode}: {ratio:.2f}x")  # fmt: skip
-        if len(rounds) > 1:
-            each = [x["per-rank"]["cpu_s_per_nominal_GB"] / x[mode]["cpu_s_per_nominal_GB"]
-                    for x in rounds if "per-rank" in x and mode in x]  # fmt: skip
-            text += (f" (medians of {len(base)} and {len(vals)} runs;"
-                     f" each round: {', '.join(f'{x:.2f}' for x in each)})")  # fmt: skip
-        print(text, flush=True)
+    rounds where both ran); then the same past the worker processes'
+    start-up, which a job pays once per process whatever it moves (so the
+    first ratio grows as a job moves less)."""
+    for key, what in (("cpu_s_per_nominal_GB", "CPU per nominal GB"),
+                      ("past_startup_cpu_s_per_nominal_GB", "past start-up")):  # fmt: skip
+        per_GB = _per_GB(rounds, key)
+        base = per_GB.get("per-rank")
+        for mode, vals in per_GB.items():
+            if mode == "per-rank" or not base:
+                continue
+            ratio = statistics.median(base) / statistics.median(vals)
+            text = (f"{lab:11s} {size_text(size):>7s} {what}, one process"
+                    f" per rank / {mode}: {ratio:.2f}x")  # fmt: skip
+            if len(rounds) > 1:
+                each = [x["per-rank"][key] / x[mode][key]
+                        for x in rounds if "per-rank" in x and mode in x]  # fmt: skip
+                text += (f" (medians of {len(base)} and {len(vals)} runs;"
+                         f" each round: {', '.join(f'{x:.2f}' for x in each)})")  # fmt: skip
+            print(text, flush=True)
 
 
 def _print_ceiling(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
@@ -158,7 +171,7 @@ def _print_ceiling(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     every = [r for runs in rounds for r in runs.values()]
     switches = min((r["switches_cpu_s_per_nominal_GB"] for r in every), default=0.0)
     frames = min((r["frames_cpu_s_per_nominal_GB"] for r in every), default=0.0)
-    base = _per_GB(rounds).get("per-rank")
+    base = _per_GB(rounds, "cpu_s_per_nominal_GB").get("per-rank")
     if not base or not switches:
         return
     per_rank = statistics.median(base)

@@ -732,6 +732,12 @@ def test_ranks_share_processes_and_stay_byte_exact(erack, transport, extra, tmp_
     else:
         assert 0 < c["workers_frames_cores"] <= c["workers_cores"] * 1.01 + slack, c
     assert "(switch threads " in r.stdout
+    # and the workers' start-up, before their ranks were ready: each of the
+    # three processes' Python, imports and transport set-up (tens of ms at
+    # least), a part of the workers' CPU
+    startup_s = c["workers_startup_cores"] * res["wall_s"]
+    assert 3 * 0.01 < startup_s < c["workers_cores"] * res["wall_s"], c
+    assert "start-up " in r.stdout
 
 
 def test_a_killed_rank_host_fails_the_run_naming_its_ranks(erack):

@@ -502,6 +502,10 @@ def report(result: dict, rec: dict) -> dict:
             # are the kernel's work in the ranks' own threads)
             "fabric_frames_cores": fabric_frames_s / wall,
             "workers_frames_cores": float(per_process(result["ranks"], "frames_cpu_s")) / wall,
+            # and what their processes took before their ranks were ready
+            # (start-up: Python, imports, the transports' set-up), which a
+            # job of more processes pays more of whatever it moves
+            "workers_startup_cores": float(per_process(result["ranks"], "ready_cpu_s")) / wall,
             "machine_busy_share": busy,
             "saturated": busy > BUSY_MAX,
         },
@@ -554,12 +558,14 @@ def after_reruns(f: dict, rows: list[dict], reruns: list[dict], checks=()) -> No
 
 def cpu_text(c: dict) -> str:
     """The fabric's and the workers' cores, and of them what the threads
-    that move frames took (results from before they were counted: left out)."""
+    that move frames took and the workers' start-up (results from before
+    they were counted: left out)."""
 
     def part(name: str, who: str) -> str:
-        frames = c.get(f"{name}_frames_cores")
-        of = f" ({who} {frames:.2f})" if frames else ""
-        return f"{name} {c[f'{name}_cores']:.2f} cores{of}"
+        frames, startup = c.get(f"{name}_frames_cores"), c.get(f"{name}_startup_cores")
+        of = [f"{who} {frames:.2f}"] if frames else []
+        of += [f"start-up {startup:.2f}"] if startup else []
+        return f"{name} {c[f'{name}_cores']:.2f} cores" + (f" ({', '.join(of)})" if of else "")
 
     return f"{part('fabric', 'switch threads')}, {part('workers', 'NIC engines')}"
 

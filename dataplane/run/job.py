@@ -101,6 +101,7 @@ class Rank:
     node: str
     writer: asyncio.StreamWriter | None = None
     ready: dict = field(default_factory=dict)
+    ready_cpu_s: float = 0.0  # its process's CPU when it was ready
     done: dict | None = None
     error: str | None = None
 
@@ -340,7 +341,13 @@ class Job:
             "world": self.world,
             "rows": self.rows,
             "ranks": [
-                {"rank": r.rank, "node": r.node, "transport": r.ready, **(r.done or {})}
+                {
+                    "rank": r.rank,
+                    "node": r.node,
+                    "transport": r.ready,
+                    "ready_cpu_s": r.ready_cpu_s,
+                    **(r.done or {}),
+                }
                 for r in self.ranks
             ],
             "hosts": [
@@ -445,6 +452,7 @@ class Job:
                 self.on_progress(name)
         elif "ready" in msg:
             r.ready = msg["ready"]
+            r.ready_cpu_s = float(msg.get("cpu_s", 0.0))
         elif "result" in msg:
             res = msg["result"]
             slot = self.results[res["index"]]

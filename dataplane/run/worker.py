@@ -169,7 +169,8 @@ def run(link: Link, plan: dict, node: str, ranks_here: int = 1) -> None:
     )
     t = open_transport(plan["transport"], plan["lab"], node, rec, opts, link.barrier)
     comm = Comm(t, plan["dtype"])
-    link.send(ready=t.describe())
+    # (the process's CPU so far: its start-up, imports and transport set-up)
+    link.send(ready=t.describe(), cpu_s=cpu.self_s())
     item = reference.itemsize(plan["dtype"])
     timer = Timer(plan["lab"], float(rec["time_scale"]))
     np.seterr(all="ignore")  # timed runs reduce already-reduced data: overflow is fine
