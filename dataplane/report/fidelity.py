@@ -504,7 +504,9 @@ def report(result: dict, rec: dict) -> dict:
             "workers_frames_cores": float(per_process(result["ranks"], "frames_cpu_s")) / wall,
             # and what their processes took before their ranks were ready
             # (start-up: Python, imports, the transports' set-up), which a
-            # job of more processes pays more of whatever it moves
+            # job of more processes pays more of whatever it moves: each
+            # process's CPU when its last rank was ready (in a rank host, the
+            # ranks ready before it may have begun filling their buffers)
             "workers_startup_cores": float(per_process(result["ranks"], "ready_cpu_s")) / wall,
             "machine_busy_share": busy,
             "saturated": busy > BUSY_MAX,

@@ -101,7 +101,7 @@ class Rank:
     node: str
     writer: asyncio.StreamWriter | None = None
     ready: dict = field(default_factory=dict)
-    ready_cpu_s: float = 0.0  # its process's CPU when it was ready
+    ready_cpu_s: float = 0.0  # its process's CPU (all its threads) when it was ready
     done: dict | None = None
     error: str | None = None
 
