@@ -106,6 +106,30 @@ static inline uint64_t ethp_wall_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A reader's clocks for the kernel's arrival stamps (CLOCK_REALTIME), and
+ * the loop's clock beside it: read as a round of reading begins, and again
+ * for a frame stamped after them (ethp_rx_clock_see).  The reader may have
+ * been stopped mid-read (its process frozen, a busy machine), and a frame
+ * that came meanwhile waited until it was read, not until reading began. */
+struct ethp_rx_clock {
+    uint64_t wall_ns, mono_ns;
+};
+
+static inline void ethp_rx_clock_read(struct ethp_rx_clock *c)
+{
+    c->wall_ns = ethp_wall_ns();
+    c->mono_ns = ethp_now_ns();
+}
+
+/* Before a frame's stamp is set against c.  Returns 1 if c was read again. */
+static inline int ethp_rx_clock_see(struct ethp_rx_clock *c, uint64_t stamp_ns)
+{
+    if (stamp_ns < c->wall_ns)
+        return 0;
+    ethp_rx_clock_read(c);
+    return 1;
+}
+
 /* Wake a dataplane thread sleeping in epoll on its eventfd. */
 static inline void ethp_kick(int evfd)
 {

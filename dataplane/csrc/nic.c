@@ -61,7 +61,8 @@ const char *ethp_nic_counter_name(uint32_t i)
 struct rx_ctx {
     struct ethp_nic *n;
     uint64_t now;
-    uint64_t wall_ns;      /* CLOCK_REALTIME when this round of reading began */
+    int stamped;           /* the port gives arrival stamps */
+    struct ethp_rx_clock clock; /* the stamps are set against it */
     uint64_t wait_sum_ns;  /* frames' waits in the ring before it (rx_wait_*) */
     uint64_t wait_frames;
     uint64_t wait_max_ns;  /* the longest of them */
@@ -222,15 +223,11 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     struct rx_ctx *c = arg;
     struct ethp_nic *n = c->n;
     struct ethp_parsed ps;
-    if (c->wall_ns) {
+    if (c->stamped) {
         uint64_t stamp = n->io.rx_stamp_ns(n->io.ctx);
-        /* A frame that came in after reading began: the thread may have been
-         * kept off the CPU mid-read since (a frozen process, a busy machine),
-         * and what came meanwhile waited until now, not until then. */
-        if (stamp >= c->wall_ns)
-            c->wall_ns = ethp_wall_ns();
-        if (stamp && stamp < c->wall_ns) {
-            uint64_t wait = c->wall_ns - stamp;
+        ethp_rx_clock_see(&c->clock, stamp);
+        if (stamp && stamp < c->clock.wall_ns) {
+            uint64_t wait = c->clock.wall_ns - stamp;
             c->wait_sum_ns += wait;
             if (wait > c->wait_max_ns)
                 c->wait_max_ns = wait;
@@ -328,9 +325,9 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
  * say) is found out by what came in meanwhile. */
 static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 {
-    struct rx_ctx c = {.n = n, .now = now};
-    if (n->io.rx_stamp_ns)
-        c.wall_ns = ethp_wall_ns();
+    struct rx_ctx c = {.n = n, .now = now, .stamped = n->io.rx_stamp_ns != NULL};
+    if (c.stamped)
+        ethp_rx_clock_read(&c.clock);
     while (n->io.rx_each(n->io.ctx, NIC_BURST, on_frame, &c) == NIC_BURST)
         ;
     if (!c.wait_frames)

@@ -698,8 +698,8 @@ static int rx(struct ethp_switch *sw, uint64_t now)
 {
     struct ethp_pkt *pk[SW_BURST];
     uint64_t wall[SW_BURST];
-    uint64_t wall_at = ethp_wall_ns();
-    uint64_t mono_at = ethp_now_ns();
+    struct ethp_rx_clock clock;
+    ethp_rx_clock_read(&clock);
     uint64_t prev = 0;
     for (uint32_t turn = 0; turn < SW_RX_TURN; turn += SW_BURST) {
         uint32_t n = ethp_port_rx_burst_stamped(sw->io, sw->pool, pk, wall, SW_BURST);
@@ -718,8 +718,10 @@ static int rx(struct ethp_switch *sw, uint64_t now)
             p->port = (uint16_t)(idx1 - 1);
             /* in ring (arrival) order across the whole turn: the ingress
              * delay lines then release it as it arrived, not port by port */
+            if (ethp_rx_clock_see(&clock, wall[i]))
+                now = clock.mono_ns; /* (never after now, the one of this frame) */
             admit(sw, port, p,
-                  arrival(now, mono_at, wall_at, wall[i], sw->cfg.catchup_ns, &prev));
+                  arrival(now, clock.mono_ns, clock.wall_ns, wall[i], sw->cfg.catchup_ns, &prev));
         }
         if (n < SW_BURST)
             return 0;
