@@ -199,7 +199,7 @@ def _incast(ctx, flows: list[tuple[str, str]], seconds: float, warm_s: float | N
         eps[s].post_send(eps[d].rank, 20 + i, src)
     st0 = ctx.lab.totals()
     time.sleep(seconds if warm_s is None else warm_s)
-    sw0, lost0 = ctx.lab.totals(), [eps[s].counters()["eng_lost_ns"] for s, _ in flows]
+    sw0, eng0 = ctx.lab.totals(), {n: eps[n].counters() for n in nodes}
     marks = [[eps[d].counters(eps[s].rank)["rx_data_bytes"] for s, d in flows]]
     rate_marks = [[eps[s].counters(eps[d].rank)["rate_bps"] for s, d in flows]]
     for _ in range(windows):
@@ -222,18 +222,19 @@ def _incast(ctx, flows: list[tuple[str, str]], seconds: float, warm_s: float | N
         "switch": {k: st1.get(k, 0) - st0.get(k, 0) for k in st1},
     }
     # whether the machine kept up while the windows were measured: frames
-    # the switches never read, or a sender's engine late past its pacers'
-    # catch-up (the verdicts' checks, fidelity.HOST_DROPS and LOST_SHARE_MAX)
+    # the switches never read, an engine (a sender's or a receiver's) late
+    # past its pacers' catch-up, or frames its RX ring dropped (the verdicts'
+    # checks: fidelity.HOST_DROPS, LOST_SHARE_MAX, the endpoints' ring drops)
     dropped = sum(st1.get(k, 0) - sw0.get(k, 0) for k in fidelity.HOST_DROPS)
-    lost = max(
-        eps[s].counters()["eng_lost_ns"] - l0 for (s, _), l0 in zip(flows, lost0, strict=True)
-    )
-    lost_share = lost / (windows * seconds * 1e9)
-    out["host_behind"] = ([f"the switches' rings dropped {dropped} frames"] if dropped else []) + (
-        [f"a sender's engine lost {lost_share:.1%} of its link time"]
-        if lost_share > fidelity.LOST_SHARE_MAX
-        else []
-    )
+    out["host_behind"] = [f"the switches' rings dropped {dropped} frames"] if dropped else []
+    for n in nodes:
+        c0, c1 = eng0[n], eps[n].counters()
+        lost_share = (c1["eng_lost_ns"] - c0["eng_lost_ns"]) / (windows * seconds * 1e9)
+        ring = c1["rx_ring_drops"] - c0["rx_ring_drops"]
+        if lost_share > fidelity.LOST_SHARE_MAX:
+            out["host_behind"].append(f"{n}'s engine lost {lost_share:.1%} of its link time")
+        if ring:
+            out["host_behind"].append(f"{n}'s RX ring dropped {ring} frames")
     ctx.close(*nodes)  # mid-transfer: the rest is cut short
     return out
 
@@ -284,12 +285,26 @@ def test_without_dcqcn_pfc_pauses_instead(erack):
 def test_pfc_head_of_line_blocking_slows_an_innocent_flow(erack):
     """h1 sends to h3 (nobody else does) and to h0; when h2, h4 and h5 also
     send to h0, h0's switch port pauses h1's whole uplink and h1 -> h3 slows,
-    although its own path is idle."""
-    alone = _incast(erack, [("h1", "h3"), ("h1", "h0")], 1.5, dcqcn=False)
-    blocked = _incast(
-        erack, [("h1", "h3"), ("h1", "h0"), ("h2", "h0"), ("h4", "h0"), ("h5", "h0")], 1.5,
-        dcqcn=False,
-    )  # fmt: skip
+    although its own path is idle.  Alone it has half of h1's uplink
+    (3.6-3.9 MB/s real at k 6400), blocked 0.42-0.49 of that in nine runs
+    (docs/performance.md, session 51).  Judged on a pair of runs the machine
+    kept up with, up to three pairs: a fresh clone's suite once measured the
+    innocent flow alone at half its usual rate (1.97 MB/s), and the
+    receivers' engines were not checked then."""
+    for _ in range(3):
+        alone = _incast(erack, [("h1", "h3"), ("h1", "h0")], 1.5, dcqcn=False)
+        blocked = _incast(
+            erack, [("h1", "h3"), ("h1", "h0"), ("h2", "h0"), ("h4", "h0"), ("h5", "h0")], 1.5,
+            dcqcn=False,
+        )  # fmt: skip
+        if not alone["host_behind"] + blocked["host_behind"]:
+            break
+    else:
+        pytest.fail(f"the machine fell behind in three pairs: {alone['host_behind']}, "
+                    f"{blocked['host_behind']}")  # fmt: skip
     innocent_alone, innocent_blocked = alone["rates"][0], blocked["rates"][0]
-    assert innocent_blocked < 0.75 * innocent_alone, (innocent_alone, innocent_blocked)
+    # every flow's rate and every engine's counters beside the two: whether
+    # the innocent flow alone had its half of the uplink
+    why = (alone["rates"], blocked["rates"], alone["sender_nics"], alone["receivers"])
+    assert innocent_blocked < 0.75 * innocent_alone, why
     assert blocked["switch"]["pause_tx"] > 0 and blocked["sender_nics"][0]["pauses_rx"] > 0
