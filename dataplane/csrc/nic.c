@@ -225,7 +225,12 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
     struct ethp_parsed ps;
     if (c->stamped) {
         uint64_t stamp = n->io.rx_stamp_ns(n->io.ctx);
-        ethp_rx_clock_see(&c->clock, stamp);
+        /* A frame that came in since the pass began is handled when it was
+         * read, not at the pass's clock: before it came, had the thread
+         * been stopped mid-read (an ack's RTT sample would leave the stop
+         * out, and a pacer would not see the time that went by). */
+        if (ethp_rx_clock_see(&c->clock, stamp))
+            c->now = c->clock.mono_ns;
         if (stamp && stamp < c->clock.wall_ns) {
             uint64_t wait = c->clock.wall_ns - stamp;
             c->wait_sum_ns += wait;
@@ -323,15 +328,18 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
  * lab's union of stalls (*stall_from, the earliest start of this pass's
  * stall): an engine stopped while it had nothing due (its process frozen,
  * say) is found out by what came in meanwhile. */
-static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
+/* Frames in, each handled at the pass's clock (now) or, if it came in
+ * since, when it was read.  Returns the clock the pass goes on with. */
+static uint64_t rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 {
     struct rx_ctx c = {.n = n, .now = now, .stamped = n->io.rx_stamp_ns != NULL};
     if (c.stamped)
         ethp_rx_clock_read(&c.clock);
     while (n->io.rx_each(n->io.ctx, NIC_BURST, on_frame, &c) == NIC_BURST)
         ;
+    now = c.now;
     if (!c.wait_frames)
-        return;
+        return now;
     n->c[ETHP_NC_rx_wait_sum_ns] += c.wait_sum_ns;
     n->c[ETHP_NC_rx_wait_frames] += c.wait_frames;
     if (n->clock) {
@@ -341,6 +349,7 @@ static void rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
     uint64_t over = c.wait_max_ns > NIC_RX_STALL_NS ? c.wait_max_ns - NIC_RX_STALL_NS : 0;
     if (over && over < now && now - over < *stall_from)
         *stall_from = now - over;
+    return now;
 }
 
 /* ---------------------------------------------------------------- timers, loop */
@@ -640,7 +649,7 @@ static void nic_pass(struct ethp_nic *n, const struct epoll_event *evs, int k, u
     n->prev_pass_ns = now;
     if (n->clock)
         follow_clock(n, now);
-    rx(n, now, &stall_from);
+    now = rx(n, now, &stall_from);
     if (n->clock && stall_from < now)
         ethp_clock_report_late(n->clock, stall_from, now);
     else if (n->clock)
