@@ -1,6 +1,7 @@
 """The AF_PACKET port (TPACKET_V3 RX ring, TPACKET_V2 TX ring) on a real veth pair."""
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -26,14 +27,10 @@ def _namespace_with_veths(tag: str, pairs: list[tuple[str, str]]):
         # before any link is up: no IPv6 packet of the kernel's among the frames
         for conf in ("all", "default"):
             core.netns_sysctl(path, f"net/ipv6/conf/{conf}/disable_ipv6", "1")
-        for a, b in pairs:
-            subprocess.run(
-                ["ip", "-n", name, "link", "add", a, "mtu", "9000", "type", "veth"]
-                + ["peer", "name", b, "mtu", "9000"],
-                check=True,
-            )
-            for i in (a, b):
-                subprocess.run(["ip", "-n", name, "link", "set", i, "up"], check=True)
+        cmds = [f"link add {a} mtu 9000 type veth peer name {b} mtu 9000" for a, b in pairs]
+        cmds += [f"link set {i} up" for pair in pairs for i in pair]
+        subprocess.run(["ip", "-n", name, "-batch", "-"], input="\n".join(cmds) + "\n",
+                       text=True, check=True)  # fmt: skip
         yield path
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
@@ -149,6 +146,38 @@ def test_a_frame_longer_than_the_mtu_is_counted_and_the_rest_go_out(veth_ns):
     assert c["tx_errors"] == 1 and c["tx_frames"] == 3
     time.sleep(0.05)
     assert rx.recv(pool) == []  # the long one never went out
+
+
+def _links(ns: str) -> list[dict]:
+    """The namespace's interfaces with their counters (ip -j -s link)."""
+    out = subprocess.run(["ip", "-n", ns, "-j", "-s", "link"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return json.loads(out)
+
+
+def test_each_of_many_interfaces_keeps_its_own_mtu():
+    """A switch's one port sends out of every interface of its namespace (64
+    on erack-64x8's plane switches), each bounded by its own MTU: among 80
+    interfaces, a frame too long for the one of MTU 1500 is counted and
+    refused there and goes out of every other, round after round (the
+    second from what the port learned of each in the first)."""
+    pairs = [(f"ethpm{i}a", f"ethpm{i}b") for i in range(80)]
+    small = pairs[41][0]
+    with _namespace_with_veths("mtu", pairs) as path:
+        ns = os.path.basename(path)
+        subprocess.run(["ip", "-n", ns, "link", "set", small, "mtu", "1500"], check=True)
+        index = {lk["ifname"]: lk["ifindex"] for lk in _links(ns)}
+        pool = Pool(64, 4096)
+        tx = Port(pairs[0][0], path)
+        frame = build_frame(Addr(), Header(len_bytes=2000), bytes(2000), compact=True)
+        for _ in range(2):
+            for a, _ in pairs:
+                assert tx.send([frame], pool, ifindex=index[a]) == 1
+        c = tx.counters()
+        assert c["tx_errors"] == 2 and c["tx_frames"] == 2 * 79, c
+        got = {lk["ifname"]: lk["stats64"]["rx"]["packets"] for lk in _links(ns)}
+        assert all(got[b] == (0 if a == small else 2) for a, b in pairs), got
+        tx.close()
 
 
 def test_frames_for_a_down_interface_are_refused_not_retried_forever(veth_ns):

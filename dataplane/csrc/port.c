@@ -35,7 +35,11 @@
 #define ETHP_TX_SLOTS_PER_BLOCK (ETHP_TX_BLOCK_BYTES / ETHP_TX_SLOT_BYTES)
 #define ETHP_TX_BLOCKS 19 /* 133 slots: two switch bursts; 1.2 MiB */
 #define ETHP_TX_SLOTS (ETHP_TX_SLOTS_PER_BLOCK * ETHP_TX_BLOCKS)
-#define ETHP_MTU_CACHE 16
+/* The MTU cache's first size: a switch's single port sends on every one of
+ * its interfaces (64 on erack-64x8's plane switches, 2..65), and a direct-
+ * mapped cache of 16 missed on nearly every burst there (two ioctls each:
+ * some 6% of its threads' CPU); it grows past half full. */
+#define ETHP_MTU_CACHE_MIN 64u
 
 #ifndef PACKET_FANOUT_FLAG_IGNORE_OUTGOING
 #define PACKET_FANOUT_FLAG_IGNORE_OUTGOING 0x4000 /* Linux 6.9 */
@@ -100,10 +104,11 @@ struct ethp_port {
     int tx_fd;               /* transmits; nobody sleeps on it */
     uint8_t *tx_ring;
     uint32_t tx_head;        /* next slot to fill: the kernel's next to send */
-    struct {
-        int ifindex;
+    struct ethp_mtu_slot {
+        int ifindex;         /* 0: empty */
         uint32_t max_frame_bytes;
-    } mtu[ETHP_MTU_CACHE];   /* per egress interface, direct-mapped */
+    } *mtu;                  /* per egress interface, open addressing */
+    uint32_t mtu_cap, mtu_used; /* slots (a power of two), taken */
     int ifindex;
     uint8_t *ring;
     size_t ring_bytes;
@@ -459,6 +464,7 @@ void ethp_port_close(struct ethp_port *p)
         close(p->bell_fd);
     pthread_mutex_destroy(&p->fd_lock);
     free(p->scratch);
+    free(p->mtu);
     free(p);
 }
 
@@ -963,17 +969,48 @@ static uint32_t tx_status(const struct tpacket2_hdr *h)
 
 /* The largest frame the interface takes (its MTU plus the Ethernet header),
  * or 0 if it cannot be asked. */
+static struct ethp_mtu_slot *mtu_slot(struct ethp_mtu_slot *t, uint32_t cap, int ifindex)
+{
+    uint32_t i = ((uint32_t)ifindex * 2654435761u) & (cap - 1);
+    while (t[i].ifindex && t[i].ifindex != ifindex)
+        i = (i + 1) & (cap - 1);
+    return &t[i];
+}
+
+/* Room for one more interface in the MTU cache (0: out of memory). */
+static int mtu_room(struct ethp_port *p)
+{
+    if (p->mtu && 2 * (p->mtu_used + 1) <= p->mtu_cap)
+        return 1;
+    uint32_t cap = p->mtu ? 2 * p->mtu_cap : ETHP_MTU_CACHE_MIN;
+    struct ethp_mtu_slot *t = calloc(cap, sizeof(*t));
+    if (!t)
+        return 0;
+    for (uint32_t i = 0; p->mtu && i < p->mtu_cap; i++)
+        if (p->mtu[i].ifindex)
+            *mtu_slot(t, cap, p->mtu[i].ifindex) = p->mtu[i];
+    free(p->mtu);
+    p->mtu = t;
+    p->mtu_cap = cap;
+    return 1;
+}
+
 static uint32_t max_frame_bytes(struct ethp_port *p, int ifindex)
 {
-    unsigned k = (unsigned)ifindex % ETHP_MTU_CACHE;
-    if (p->mtu[k].ifindex == ifindex && p->mtu[k].max_frame_bytes)
-        return p->mtu[k].max_frame_bytes;
+    if (p->mtu) {
+        const struct ethp_mtu_slot *e = mtu_slot(p->mtu, p->mtu_cap, ifindex);
+        if (e->ifindex == ifindex)
+            return e->max_frame_bytes;
+    }
     struct ifreq ifr = {.ifr_ifindex = ifindex};
     if (ioctl(p->tx_fd, SIOCGIFNAME, &ifr) < 0 || ioctl(p->tx_fd, SIOCGIFMTU, &ifr) < 0)
         return 0;
-    p->mtu[k].ifindex = ifindex;
-    p->mtu[k].max_frame_bytes = (uint32_t)ifr.ifr_mtu + ETHP_ETH_HDR_BYTES;
-    return p->mtu[k].max_frame_bytes;
+    uint32_t bytes = (uint32_t)ifr.ifr_mtu + ETHP_ETH_HDR_BYTES;
+    if (ifindex > 0 && mtu_room(p)) {
+        *mtu_slot(p->mtu, p->mtu_cap, ifindex) = (struct ethp_mtu_slot){ifindex, bytes};
+        p->mtu_used++;
+    }
+    return bytes;
 }
 
 uint32_t ethp_port_tx_burst_to(struct ethp_port *p, struct ethp_pkt **pkts, uint32_t n,

@@ -310,8 +310,10 @@ class Port:
     def wait(self, timeout_ms: int) -> bool:
         return _check(lib.ethp_port_wait(self._p, timeout_ms), f"poll on {self.ifname}") > 0
 
-    def send(self, frames: list[bytes], pool: Pool) -> int:
-        """Copy frames into pool buffers and send them in one burst."""
+    def send(self, frames: list[bytes], pool: Pool, ifindex: int = 0) -> int:
+        """Copy frames into pool buffers and send them in one burst, out of
+        this port's interface or (ifindex) another of its namespace's, as a
+        switch's one port sends out of each of its interfaces."""
         pkts, got = pool.get(len(frames))
         try:
             if got < len(frames):
@@ -321,7 +323,7 @@ class Port:
                     raise WireError(lib.ETHP_ERR_OVERSIZE)
                 ffi.memmove(pkts[i].data, f, len(f))
                 pkts[i].len = len(f)
-            return lib.ethp_port_tx_burst(self._p, pkts, got)
+            return lib.ethp_port_tx_burst_to(self._p, pkts, got, ifindex)
         finally:
             pool.put(pkts, got)
 
