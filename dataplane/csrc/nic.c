@@ -327,9 +327,9 @@ static void on_frame(void *arg, const uint8_t *data, uint32_t len, int ifindex)
  * unread for longer than NIC_RX_STALL_NS puts the rest of its wait in the
  * lab's union of stalls (*stall_from, the earliest start of this pass's
  * stall): an engine stopped while it had nothing due (its process frozen,
- * say) is found out by what came in meanwhile. */
-/* Frames in, each handled at the pass's clock (now) or, if it came in
- * since, when it was read.  Returns the clock the pass goes on with. */
+ * say) is found out by what came in meanwhile.  Each frame is handled at
+ * the pass's clock (now) or, if it came in since, when it was read; returns
+ * the clock the pass goes on with. */
 static uint64_t rx(struct ethp_nic *n, uint64_t now, uint64_t *stall_from)
 {
     struct rx_ctx c = {.n = n, .now = now, .stamped = n->io.rx_stamp_ns != NULL};

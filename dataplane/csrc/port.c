@@ -38,7 +38,7 @@
 /* The MTU cache's first size: a switch's single port sends on every one of
  * its interfaces (64 on erack-64x8's plane switches, 2..65), and a direct-
  * mapped cache of 16 missed on nearly every burst there (two ioctls each:
- * some 6% of its threads' CPU); it grows past half full. */
+ * some 5% of its threads' CPU); it grows past half full. */
 #define ETHP_MTU_CACHE_MIN 64u
 
 #ifndef PACKET_FANOUT_FLAG_IGNORE_OUTGOING
@@ -967,8 +967,8 @@ static uint32_t tx_status(const struct tpacket2_hdr *h)
     return __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
 }
 
-/* The largest frame the interface takes (its MTU plus the Ethernet header),
- * or 0 if it cannot be asked. */
+/* Where ifindex's answer is in the MTU cache t, or the empty slot it
+ * would take. */
 static struct ethp_mtu_slot *mtu_slot(struct ethp_mtu_slot *t, uint32_t cap, int ifindex)
 {
     uint32_t i = ((uint32_t)ifindex * 2654435761u) & (cap - 1);
@@ -995,6 +995,8 @@ static int mtu_room(struct ethp_port *p)
     return 1;
 }
 
+/* The largest frame the interface takes (its MTU plus the Ethernet header),
+ * or 0 if it cannot be asked. */
 static uint32_t max_frame_bytes(struct ethp_port *p, int ifindex)
 {
     if (p->mtu) {
