@@ -182,11 +182,22 @@ def test_one_qp_sprayed_over_paths_collapses(erack, record_property):
     assert t_sprayed > 1.5 * t_one_path, (t_sprayed, t_one_path)
 
 
+INCAST_MSGS = 4
+
+
 def _incast(ctx, flows: list[tuple[str, str]], seconds: float, warm_s: float | None = None,
             windows: int = 1, **kw) -> dict:  # fmt: skip
     """Every flow (src, dst) streams on one QP (plane 0) for warm_s (default
     seconds) and then seconds: the bytes/s each delivered in the second
-    part, and everyone's counters."""
+    part, and everyone's counters.  Each flow is INCAST_MSGS messages of
+    512 MiB (one buffer each way, posted again): more than a flow alone at
+    its link's rate can send before the end at k 640 (78 MB/s real for 2
+    GiB: 27 s).  With one message a flow once finished before the windows
+    did, and read 0 B/s after, as if DCQCN had starved it (a fresh clone's
+    suite, and a run in eight here: the first flow had 467 MB of its 537
+    through before the windows began, the second 118 MB; the second's
+    posts came seconds after the first's); `finished` says whether one
+    did."""
     nodes = sorted({n for f in flows for n in f})
     ctx.close(*nodes)
     eps = {n: ctx.ep(n, qps=1, **kw) for n in nodes}
@@ -195,8 +206,10 @@ def _incast(ctx, flows: list[tuple[str, str]], seconds: float, warm_s: float | N
     for i, (s, d) in enumerate(flows):
         src, dst = np.ones(size, np.uint8), np.zeros(size, np.uint8)
         keep += [src, dst]
-        eps[d].post_recv(eps[s].rank, 20 + i, dst)
-        eps[s].post_send(eps[d].rank, 20 + i, src)
+        for m in range(INCAST_MSGS):
+            tag = 20 + i + 100 * m
+            eps[d].post_recv(eps[s].rank, tag, dst)
+            eps[s].post_send(eps[d].rank, tag, src)
     st0 = ctx.lab.totals()
     time.sleep(seconds if warm_s is None else warm_s)
     sw0, eng0 = ctx.lab.totals(), {n: eps[n].counters() for n in nodes}
@@ -220,6 +233,12 @@ def _incast(ctx, flows: list[tuple[str, str]], seconds: float, warm_s: float | N
         "sender_nics": [eps[s].counters() for s, _ in flows],  # pauses are per port
         "receivers": [eps[d].counters(eps[s].rank) for s, d in flows],
         "switch": {k: st1.get(k, 0) - st0.get(k, 0) for k in st1},
+        # flows whose every message was delivered before the windows ended
+        "finished": [
+            f"{s}->{d}"
+            for (s, d), got in zip(flows, marks[-1], strict=True)
+            if got >= INCAST_MSGS * size
+        ],  # fmt: skip
     }
     # whether the machine kept up while the windows were measured: frames
     # the switches never read, an engine (a sender's or a receiver's) late
@@ -264,6 +283,7 @@ def test_dcqcn_shares_a_port_fairly_with_cnps_and_rate_cuts(erack_k640):
     # the senders' rates and the switches' counters beside the windows: how
     # the cuts fell, and whether the machine fell behind (late frames)
     why = (r["windows"], r["sender_rates"], r["switch"])
+    assert not r["finished"], f"a flow ran out of data before the windows ended: {r['finished']}"
     assert abs(a - b) / ((a + b) / 2) <= 0.3 and max(spread) < 1.0, why
     assert all(x["tx_cnps"] > 0 for x in r["receivers"])
     assert all(x["rx_cnps"] > 0 and x["rate_cuts"] > 0 for x in r["senders"])
