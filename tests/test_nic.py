@@ -74,14 +74,16 @@ def test_messages_arrive_byte_exact_under_loss(erack, loss):
     assert delta_b["rx_data_bytes"] == placed  # every byte placed exactly once
     if loss == "0":
         # Nothing is lost on the link, so every retransmission is a
-        # duplicate at the receiver or answers a trim (a queue over its
-        # threshold while the machine ran a switch late).  The only
-        # duplicates allowed are the loss detector's rare reordering
-        # misjudgements (a plane's switch thread descheduled for longer than
-        # the reordering window on this 2-core machine): never a timeout, at
-        # most one packet in a thousand.
+        # duplicate at the receiver, answers a trim (a queue over its
+        # threshold while the machine ran a switch late) or a frame the
+        # receiver's RX ring dropped (its engine kept off the CPU: a fresh
+        # clone's suite saw 4, each resent once).  The only duplicates
+        # allowed are the loss detector's rare reordering misjudgements (a
+        # plane's switch thread descheduled for longer than the reordering
+        # window on this 2-core machine): never a timeout, at most one
+        # packet in a thousand.
         moved = f"sender {_moved(delta_a)}, receiver {_moved(delta_b)}"
-        resent = delta_b["rx_dup_pkts"] + delta_b["rx_trimmed_pkts"]
+        resent = delta_b["rx_dup_pkts"] + delta_b["rx_trimmed_pkts"] + delta_b["rx_ring_drops"]
         assert resent == delta_a["retx_pkts"], moved
         assert delta_a["retx_timeout"] == 0, moved
         assert delta_a["retx_pkts"] <= delta_a["tx_data_pkts"] // 1000, moved
