@@ -377,10 +377,17 @@ def test_fuzz_malformed_eth_frames_at_an_endpoint(erack):
     assert a.wait(hs, 120) == size and b.wait(hr, 120) == size
     assert np.array_equal(out, data)
     c1 = b.counters()
+    d = {k: c1[k] - c0[k] for k in ("rx_malformed", "rx_spoofed", "rx_ring_drops")}
     # three kinds in four fail the parser; the fourth is well formed but
-    # does not come from h0's switch (h3's MAC): refused as spoofed
-    assert c1["rx_malformed"] - c0["rx_malformed"] == len(frames) * 3 // 4
-    assert c1["rx_spoofed"] - c0["rx_spoofed"] == len(frames) // 4
+    # does not come from h0's switch (h3's MAC): refused as spoofed.  A frame
+    # h0's RX ring dropped (its engine kept off the CPU: a fresh clone's
+    # suite saw 48 of 100,000 go so) never reached the parser: the misses
+    # may not exceed the ring's drops, and so few (a percent at most) cannot
+    # hide a kind the parser let through
+    unparsed = len(frames) * 3 // 4 - d["rx_malformed"]
+    unrefused = len(frames) // 4 - d["rx_spoofed"]
+    assert unparsed >= 0 and unrefused >= 0, d
+    assert unparsed + unrefused <= d["rx_ring_drops"] <= len(frames) // 100, d
 
 
 def test_host_kernel_never_answers_eth_frames(lab_name):
