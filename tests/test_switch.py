@@ -483,6 +483,30 @@ def test_link_jitter_spreads_delay_and_keeps_order(erack):
     assert [p.header.psn for p in got] == list(range(300))
 
 
+def test_a_long_link_holds_thousands_of_frames_in_flight_in_order(erack):
+    """A link whose delay holds far more frames than a few (a long cable at
+    full rate): every frame crosses it, once, in the order sent, on both
+    of its delay lines (the host's side into the switch, the switch's out
+    to the next host), while frames keep joining and leaving them."""
+    links = ("h6-plane2", "h3-plane2")
+    delay_us = 40  # x k: about 0.26 s of real time at k 6400, 1,200 frames
+    src_p, dst_p = erack.port("h6", plane=2), erack.port("h3", plane=2)
+    frames = [ethp_frame(src_p, dst_p, size=500, psn=i, compact=True) for i in range(4000)]
+    cap = Capture(dst_p)
+    try:
+        for lk in links:
+            erack.link_set(lk, "delay", f"{delay_us}us")
+        send_paced(core.Port(src_p.ifname, src_p.ns), core.Pool(512, 9300), frames, 20e6)
+        got = [p for p in ethp_frames(cap.drain(quiet_s=2.0)) if p.header.dst_ep == dst_p.ep]
+    finally:
+        cap.close()
+        for lk in links:
+            erack.link_set(lk, "delay", "500ns")  # the lab file's
+    in_flight = 20e6 / 8 / len(frames[0]) * delay_us * 1e-6 * erack.k
+    assert in_flight > 256, in_flight  # far more than a line starts with
+    assert [p.header.psn for p in got] == list(range(len(frames)))
+
+
 def _llr_links(lab: Lab, links: tuple[str, ...], *change: str) -> None:
     for link in links:
         lab.link_set(link, *change)
