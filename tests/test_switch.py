@@ -492,6 +492,7 @@ def test_a_long_link_holds_thousands_of_frames_in_flight_in_order(erack):
     delay_us = 40  # x k: about 0.26 s of real time at k 6400, 1,200 frames
     src_p, dst_p = erack.port("h6", plane=2), erack.port("h3", plane=2)
     frames = [ethp_frame(src_p, dst_p, size=500, psn=i, compact=True) for i in range(4000)]
+    ring0 = stats.totals(erack.stats()).get("drop_ring", 0)
     cap = Capture(dst_p)
     try:
         for lk in links:
@@ -504,7 +505,12 @@ def test_a_long_link_holds_thousands_of_frames_in_flight_in_order(erack):
             erack.link_set(lk, "delay", "500ns")  # the lab file's
     in_flight = 20e6 / 8 / len(frames[0]) * delay_us * 1e-6 * erack.k
     assert in_flight > 256, in_flight  # far more than a line starts with
-    assert [p.header.psn for p in got] == list(range(len(frames)))
+    psns = [p.header.psn for p in got]
+    assert psns == sorted(set(psns)), "frames reordered or repeated on the link"
+    # every frame, unless a switch's RX ring dropped it (its thread kept off
+    # the CPU by the machine): then no more than those
+    ring_drops = stats.totals(erack.stats()).get("drop_ring", 0) - ring0
+    assert len(frames) - len(psns) <= ring_drops <= len(frames) // 100, (len(psns), ring_drops)
 
 
 def _llr_links(lab: Lab, links: tuple[str, ...], *change: str) -> None:
