@@ -161,6 +161,28 @@ def _print_ratios(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
             print(text, flush=True)
 
 
+def _k_span(rounds: list[dict[str, dict]], mode: str) -> tuple[float, float] | None:
+    """The least and most k a mode's runs were at."""
+    ks = [k for runs in rounds if mode in runs for k in runs[mode]["k_range"] or ()]
+    return (min(ks), max(ks)) if ks else None
+
+
+def _print_k_note(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
+    """Say so when the governor settled the modes at different k: CPU per
+    nominal GB moves with k, so their ratio is then not like for like."""
+    base = _k_span(rounds, "per-rank")
+    modes = {m for runs in rounds for m in runs} - {"per-rank"}
+    for mode in sorted(modes):
+        other = _k_span(rounds, mode)
+        if base and other and base != other:
+            span = ", ".join(
+                f"{m} k {a:g}..{b:g}" for m, (a, b) in (("per-rank", base), (mode, other))
+            )
+            print(f"{lab:11s} {size_text(size):>7s} note: the modes ran at different k ({span});"
+                  f" CPU per nominal GB moves with k: --time-scale K compares them at one",
+                  flush=True)  # fmt: skip
+
+
 def _print_ceiling(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     """How far grouping ranks into processes can cut the CPU at all: the
     switches' threads forward the same frames whatever process a rank runs
@@ -232,6 +254,7 @@ def main() -> int:
                         rounds[-1][mode] = r
                         out.append({"lab": lab, "mode": mode, "round": round_, **r})
                 _print_ratios(lab, size, rounds)
+                _print_k_note(lab, size, rounds)
                 _print_ceiling(lab, size, rounds)
     if args.json:
         with open(args.json, "w") as f:
