@@ -483,7 +483,7 @@ def test_link_jitter_spreads_delay_and_keeps_order(erack):
     assert [p.header.psn for p in got] == list(range(300))
 
 
-def test_a_long_link_holds_thousands_of_frames_in_flight_in_order(erack):
+def test_a_long_link_holds_over_a_thousand_frames_in_flight_in_order(erack):
     """A link whose delay holds far more frames than a few (a long cable at
     full rate): every frame crosses it, once, in the order sent, on both
     of its delay lines (the host's side into the switch, the switch's out
