@@ -161,20 +161,17 @@ def _print_ratios(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
             print(text, flush=True)
 
 
-def _k_span(rounds: list[dict[str, dict]], mode: str) -> tuple[float, float] | None:
-    """The least and most k a mode's runs were at."""
-    ks = [k for runs in rounds if mode in runs for k in runs[mode]["k_range"] or ()]
-    return (min(ks), max(ks)) if ks else None
-
-
 def _print_k_note(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     """Say so when the governor settled the modes at different k: CPU per
     nominal GB moves with k, so their ratio is then not like for like."""
-    base = _k_span(rounds, "per-rank")
-    modes = {m for runs in rounds for m in runs} - {"per-rank"}
-    for mode in sorted(modes):
-        other = _k_span(rounds, mode)
-        if base and other and base != other:
+    spans = {}
+    for mode, ranges in _per_GB(rounds, "k_range").items():
+        ks = [k for r in ranges if r for k in r]
+        if ks:
+            spans[mode] = (min(ks), max(ks))
+    base = spans.pop("per-rank", None)
+    for mode, other in sorted(spans.items()):
+        if base and other != base:
             span = ", ".join(
                 f"{m} k {a:g}..{b:g}" for m, (a, b) in (("per-rank", base), (mode, other))
             )
