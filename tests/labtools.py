@@ -158,6 +158,13 @@ def send_paced(
             time.sleep(ahead)
 
 
+def assert_missed_only_by_ring(missing: int, ring_drops: int, why: object = None) -> None:
+    """A count that fell short of the frames sent, by no more than a receive
+    ring dropped: such a frame never reached what counts (its reader was
+    kept off the CPU by the machine), and none is counted twice."""
+    assert 0 <= missing <= ring_drops, why if why is not None else (missing, ring_drops)
+
+
 class Capture:
     """Frames arriving at a host port, read from an AF_PACKET ring by a thread
     from the moment it is made (a TPACKET_V3 ring retires a block per timeout,

@@ -19,6 +19,7 @@ from conftest import ethplus
 from labtools import (
     Capture,
     Lab,
+    assert_missed_only_by_ring,
     capture_cli,
     ethp_frame,
     ethp_frames,
@@ -498,19 +499,21 @@ def test_a_long_link_holds_over_a_thousand_frames_in_flight_in_order(erack):
         for lk in links:
             erack.link_set(lk, "delay", f"{delay_us}us")
         send_paced(core.Port(src_p.ifname, src_p.ns), core.Pool(512, 9300), frames, 20e6)
+        had = len(cap.frames)  # what h3 had received when h6 had sent every frame
         got = [p for p in ethp_frames(cap.drain(quiet_s=2.0)) if p.header.dst_ep == dst_p.ep]
     finally:
         cap.close()
         for lk in links:
             erack.link_set(lk, "delay", "500ns")  # the lab file's
-    in_flight = 20e6 / 8 / len(frames[0]) * delay_us * 1e-6 * erack.k
-    assert in_flight > 256, in_flight  # far more than a line starts with
+    # the rest were on the link then: about 2,400 at k 6400 (a second's
+    # sending spread over 0.26 s of delay on each line)
+    assert len(frames) - had > 1000, had
     psns = [p.header.psn for p in got]
     assert psns == sorted(set(psns)), "frames reordered or repeated on the link"
-    # every frame, unless a switch's RX ring dropped it (its thread kept off
-    # the CPU by the machine): then no more than those
+    # every frame, unless a switch's RX ring dropped it
     ring_drops = stats.totals(erack.stats()).get("drop_ring", 0) - ring0
-    assert len(frames) - len(psns) <= ring_drops <= len(frames) // 100, (len(psns), ring_drops)
+    assert_missed_only_by_ring(len(frames) - len(psns), ring_drops, (len(psns), ring_drops))
+    assert ring_drops <= len(frames) // 100, ring_drops
 
 
 def _llr_links(lab: Lab, links: tuple[str, ...], *change: str) -> None:
