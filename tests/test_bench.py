@@ -496,6 +496,24 @@ def test_kernel_tcp_on_a_shipped_lab_gets_and_counts_the_switches_ecn_marks(erac
     assert f"{ce} segments delivered CE-marked" in r.stdout, r.stdout
 
 
+def test_kernel_tcp_opens_streams_only_to_the_peers_a_rank_uses(erack, tmp_path):
+    """A rank connects to a peer when its collective first uses it, not to
+    every rank of the job: in a ring all-reduce of 8 ranks each holds
+    streams to its two neighbours (16 peers in all, not 56), in
+    halving-doubling to its three partners (24), one stream per plane."""
+    for algo, peers in (("ring", 16), ("halving-doubling", 24)):
+        js = tmp_path / f"{algo}.json"
+        r = ethplus("bench", "all-reduce", "--lab", erack, "--transport", "tcp",
+                    "--algo", algo, "--sizes", "64K", "--iters", "1", "--warmup", "0",
+                    "--json", str(js))  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        res = json.loads(js.read_text())
+        assert [row["wrong"] for row in res["rows"]] == [0]
+        t = res["fidelity"]["kernel_tcp"]
+        assert (t["tcp_peers"], t["tcp_streams"]) == (peers, 4 * peers), t
+        assert f"over {4 * peers} streams to {peers} peers" in r.stdout, r.stdout
+
+
 # a busy loop above the ranks' priority (nice 0) and below the fabric's (-10)
 RANK_HOG = "import os\nos.nice(-5)\nwhile True:\n    pass\n"
 

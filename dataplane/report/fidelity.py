@@ -349,6 +349,11 @@ def kernel_tcp(result: dict) -> dict[str, int]:
 def kernel_tcp_text(t: dict[str, int]) -> str:
     """kernel_tcp() in a line."""
     line = f"{t['tcp_retx_segs']} segments resent"
+    if "tcp_peers" in t:  # (both ends of a pair count it)
+        line += (
+            f" over {t['tcp_streams']} streams to {t['tcp_peers']} peers (every rank's added:"
+            " each to the peers its collective used)"
+        )
     if "tcp_rtos" in t:
         line += (
             f", {t['tcp_rtos']} retransmit timeouts ({t['tcp_rto_time_ms']} ms real in RTO"

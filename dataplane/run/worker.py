@@ -14,6 +14,7 @@ barriers.  It reports one line of JSON per size, then its counters.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -261,11 +262,22 @@ def _hosted(path: str, node: str, ns: str, ranks_here: int, codes: dict[str, int
         traceback.print_exc()
 
 
+def _open_files_to_the_hard_limit() -> None:
+    """A rank host's ranks hold their sockets in one process (upn-512's 256
+    ranks a process over kernel TCP, halving-doubling: some 10,000), past
+    the soft limit many systems start a process with (1,024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main(argv: list[str]) -> int:
     path, lab, *pairs = argv
     if not pairs or len(pairs) % 2:
         print("usage: worker SOCKET LAB NODE NS [NODE NS ...]", file=sys.stderr)
         return 2
+    _open_files_to_the_hard_limit()
     ranks = list(zip(pairs[0::2], pairs[1::2], strict=True))
     core.netns_join(ranks[0][1])  # while single-threaded: setns applies to the calling thread
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

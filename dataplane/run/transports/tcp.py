@@ -15,7 +15,6 @@ posted is held aside and copied in when it is.
 from __future__ import annotations
 
 import collections
-import contextlib
 import errno
 import hashlib
 import os
@@ -25,6 +24,7 @@ import struct
 import time
 
 from dataplane.lab import kernel
+from dataplane.run.schedule import RECV, Schedule
 from dataplane.run.transport import Options, Transport, TransportError
 
 PORT = 4796
@@ -85,6 +85,20 @@ class _Early:
         self.msg: _Msg | None = None  # the receive that adopted it, once posted
 
 
+class _Opening:
+    """A stream being set up: a connect of this rank's (peer, stream), or an
+    accepted one whose hello (peer -1) is still being read."""
+
+    __slots__ = ("peer", "stream", "src_ip", "hello")
+
+    def __init__(self, peer: int, stream: int, src_ip: str = ""):
+        self.peer, self.stream, self.src_ip = peer, stream, src_ip
+        self.hello = b""
+
+
+_LISTENER = object()  # a selector key's data: one of the rank's listening sockets
+
+
 class _Conn:
     __slots__ = ("sock", "peer", "stream", "sendq", "hdr", "hdr_got", "body", "body_got",
                  "sink", "off", "writing")  # fmt: skip
@@ -141,75 +155,56 @@ class TcpTransport(Transport):
             "unseeded_ports": 0,
         }
         self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
-        listeners = []
+        # Streams open on a rank's first message to or from a peer (the lower
+        # rank of a pair connects, the higher accepts): a rank holds sockets
+        # for the peers its collectives use (2 in a ring, log2(world) in
+        # halving-doubling), not for every member, so 512 ranks in two
+        # processes stay within the open files a process may have.
+        self._opening: set[int] = set()  # peers whose streams are not all up
+        self._held: dict[int, list[_Msg]] = {}  # sends waiting for their streams
+        self._setup_counts: dict[str, int] = {}  # the handshakes' (counters())
+        self._listeners: list[socket.socket] = []
         try:
             for ip in ips[self.rank]:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self._listeners.append(s)
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind((ip, PORT))
                 s.listen(1024)
-                listeners.append(s)
-            if barrier:
-                barrier("tcp-listen")
-            self._connect_all(listeners)
+                s.setblocking(False)
+                self._sel.register(s, selectors.EVENT_READ, _LISTENER)
         except OSError as e:
             self.close()
-            raise TransportError(f"rank {self.rank}: cannot connect the TCP streams: {e}") from e
-        finally:
-            for s in listeners:
-                s.close()
-        for conns in self._conns.values():
-            conns.sort(key=lambda c: c.stream)
-        # What the kernel counted before any message: the handshakes'
-        # (counters() tells set-up from traffic)
-        self._setup_counts: dict[str, int] = self._kernel_counts()
+            raise TransportError(f"rank {self.rank}: cannot listen for TCP streams: {e}") from e
+        if barrier:
+            barrier("tcp-listen")  # every rank listens before any connects
         # the namespace's own counters (kernel.netns_tcp_counts) from here
         # (none for a transport outside a lab: on loopback, in tests)
         self._netns = rec.get("namespaces", {}).get(node)
         self._netns_counts0 = kernel.netns_tcp_counts(self._netns) if self._netns else {}
 
-    def _connect_all(self, listeners: list[socket.socket]) -> None:
-        """Open every stream to the peers ranked above, all at once, while
-        accepting those ranked below: set-up takes about one round trip, not
-        one per stream (at a large k a round trip is seconds of real time)."""
-        sel = selectors.DefaultSelector()
-        for s in listeners:
-            sel.register(s, selectors.EVENT_READ)
-        pending = 0
-        for peer in (p for p in sorted(self._conns) if p > self.rank):
+    def _link(self, peer: int) -> list[_Conn]:
+        """peer's streams, opening them on first use: connects to a peer
+        ranked above start now (all its streams at once: one round trip,
+        not one per stream, and at a large k a round trip is seconds of
+        real time); a peer ranked below connects here when it first uses
+        the pair.  Until every stream is up a send waits (_held)."""
+        conns = self._conns.get(peer)
+        if conns is None:
+            raise TransportError(f"rank {self.rank}: rank {peer} is not a rank of this job")
+        if len(conns) == self.streams or peer in self._opening:
+            return conns
+        self._opening.add(peer)
+        if peer > self.rank:
             for st in range(self.streams):
-                plane = st % self._planes
-                s = self._connect_one(peer, st, plane)
-                sel.register(s, selectors.EVENT_WRITE, (peer, st))
-                pending += 1
-        accepting = sum(p < self.rank for p in self._conns) * self.streams
-        try:
-            while pending or accepting:
-                events = sel.select(timeout=30)
-                if not events:
-                    raise OSError(
-                        errno.ETIMEDOUT,
-                        f"{pending} stream(s) to peers above and {accepting} from peers below"
-                        " not connected after 30 s",
-                    )
-                for key, _ in events:
-                    if key.data is None:  # a listener
-                        accepting -= self._accept_one(key.fileobj)
-                        continue
-                    s, (peer, st) = key.fileobj, key.data
-                    sel.unregister(s)
-                    pending -= 1
-                    if rc := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                        s.close()
-                        raise OSError(rc, f"rank {peer}, stream {st}: {os.strerror(rc)}")
-                    s.setblocking(True)
-                    s.sendall(_HELLO.pack(self.rank, st))
-                    self._add(s, peer, st)
-        finally:
-            for key in list(sel.get_map().values()):
-                if key.data is not None:
-                    key.fileobj.close()  # a stream not connected (an error above)
-            sel.close()
+                try:
+                    s = self._connect_one(peer, st, st % self._planes)
+                except OSError as e:
+                    raise TransportError(
+                        f"rank {self.rank}: cannot connect to rank {peer}: {e}"
+                    ) from e
+                self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
+        return conns
 
     def _connect_one(self, peer: int, st: int, plane: int) -> socket.socket:
         """Start stream st's connect to peer, from its seeded source port
@@ -243,25 +238,50 @@ class TcpTransport(Transport):
             return s
         raise AssertionError("unreachable: the last try takes the kernel's port")
 
-    def _accept_one(self, listener: socket.socket) -> int:
-        """Accept one stream from a peer ranked below: 1 if it is one the job
-        expects, 0 if it was refused."""
-        s, addr = listener.accept()
-        s.settimeout(5)  # the hello follows the handshake's last ack
-        buf = b""
-        with contextlib.suppress(OSError):
-            while len(buf) < _HELLO.size:
-                part = s.recv(_HELLO.size - len(buf))
-                if not part:
-                    break
-                buf += part
-        peer, st = _HELLO.unpack(buf) if len(buf) == _HELLO.size else (-1, -1)
-        if not self._expected(peer, st, addr[0]):
+    def _accept(self, listener: socket.socket) -> None:
+        """A stream from a peer ranked below: its hello (rank, stream)
+        follows the handshake's last ack, and is read when it comes."""
+        try:
+            s, addr = listener.accept()
+        except BlockingIOError:
+            return
+        s.setblocking(False)
+        self._sel.register(s, selectors.EVENT_READ, _Opening(-1, -1, addr[0]))
+
+    def _hello(self, s: socket.socket, o: _Opening) -> None:
+        """Read an accepted stream's hello; a stream that is not one the job
+        expects (another rank, address or stream; cut short) is closed and
+        counted."""
+        try:
+            part = s.recv(_HELLO.size - len(o.hello))
+        except BlockingIOError:
+            return
+        except OSError:
+            part = b""
+        o.hello += part
+        if part and len(o.hello) < _HELLO.size:
+            return
+        self._sel.unregister(s)
+        peer, st = _HELLO.unpack(o.hello) if len(o.hello) == _HELLO.size else (-1, -1)
+        if not self._expected(peer, st, o.src_ip):
             s.close()  # not a peer that should connect here: refused, counted
             self._bytes["refused_conns"] += 1
-            return 0
+            return
+        self._opening.add(peer)
         self._add(s, peer, st)
-        return 1
+
+    def _connected(self, s: socket.socket, o: _Opening) -> None:
+        """One of this rank's connects has completed: say who it is."""
+        self._sel.unregister(s)
+        if rc := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            s.close()
+            raise TransportError(
+                f"rank {self.rank}: cannot connect stream {o.stream} to rank {o.peer}:"
+                f" {os.strerror(rc)}"
+            )
+        s.setblocking(True)
+        s.sendall(_HELLO.pack(self.rank, o.stream))
+        self._add(s, o.peer, o.stream)
 
     def _expected(self, peer: int, stream: int, src_ip: str) -> bool:
         """Is this hello one the job expects: a peer ranked below us (it
@@ -278,28 +298,54 @@ class TcpTransport(Transport):
     def _add(self, s: socket.socket, peer: int, stream: int) -> None:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setblocking(False)
+        # what the kernel counted for the handshake, before any message
+        # (counters() tells set-up from traffic)
+        for name, v in kernel.tcp_info(s).items():
+            self._setup_counts[name] = self._setup_counts.get(name, 0) + v
         c = _Conn(s, peer, stream)
-        self._conns[peer].append(c)
+        conns = self._conns[peer]
+        conns.append(c)
         self._sel.register(s, selectors.EVENT_READ, c)
+        if len(conns) == self.streams:
+            conns.sort(key=lambda x: x.stream)
+            self._opening.discard(peer)
+            for m in self._held.pop(peer, ()):
+                self._stripe(m)
 
     # -- posting
+    def run(self, sched: Schedule) -> None:
+        """No engine here: the caller runs sched step by step (run_with).
+        Its peers' streams are opened first, all at once: one round trip
+        for a tree's or halving-doubling's set-up, not one for each step
+        that meets a new peer."""
+        for p in {p for k, p in zip(sched.kind, sched.peer, strict=True) if k <= RECV}:
+            self._link(p)
+        return None
+
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
-        conns = self._conns[peer]
-        n = len(view)
-        nch = max(1, min(len(conns), n // MIN_CHUNK_BYTES))
         m = _Msg(peer, tag, view)
-        m.total = n
+        m.total = len(view)
+        if len(self._link(peer)) < self.streams:
+            self._held.setdefault(peer, []).append(m)
+        else:
+            self._stripe(m)
+        return m
+
+    def _stripe(self, m: _Msg) -> None:
+        """Queue a send's chunks on its peer's streams, round robin."""
+        conns, view, n = self._conns[m.peer], m.view, m.total
+        nch = max(1, min(len(conns), n // MIN_CHUNK_BYTES))
         m.pending = nch
-        first = self._rr[peer]
-        self._rr[peer] = (first + nch) % len(conns)
+        first = self._rr[m.peer]
+        self._rr[m.peer] = (first + nch) % len(conns)
         for i in range(nch):
             lo, hi = n * i // nch, n * (i + 1) // nch
             c = conns[(first + i) % len(conns)]
-            c.sendq.append([[memoryview(_HDR.pack(tag, n, lo, hi - lo)), view[lo:hi]], m])
+            c.sendq.append([[memoryview(_HDR.pack(m.tag, n, lo, hi - lo)), view[lo:hi]], m])
             self._write(c)
-        return m
 
     def _irecv(self, peer: int, tag: int, view: memoryview) -> object:
+        self._link(peer)  # (a rank ranked below its peer connects on a receive too)
         key = (peer, tag)
         if key in self._posted:
             raise TransportError(
@@ -349,11 +395,16 @@ class TcpTransport(Transport):
     # -- progress
     def _progress(self, timeout_s: float) -> None:
         for key, ev in self._sel.select(timeout_s):
-            c: _Conn = key.data
-            if ev & selectors.EVENT_WRITE:
-                self._write(c)
-            if ev & selectors.EVENT_READ:
-                self._read(c)
+            c = key.data
+            if c is _LISTENER:
+                self._accept(key.fileobj)
+            elif isinstance(c, _Opening):
+                (self._hello if c.peer < 0 else self._connected)(key.fileobj, c)
+            else:
+                if ev & selectors.EVENT_WRITE:
+                    self._write(c)
+                if ev & selectors.EVENT_READ:
+                    self._read(c)
 
     def _write(self, c: _Conn) -> None:
         while c.sendq:
@@ -503,7 +554,10 @@ class TcpTransport(Transport):
         }
         now = kernel.netns_tcp_counts(self._netns) if self._netns else {}
         netns = {name: v - self._netns_counts0.get(name, 0) for name, v in now.items()}
-        return {**self._bytes, **self._kernel_counts(), **setup, **netns}
+        # the peers this rank holds streams to: those its collectives used
+        held = [len(conns) for conns in self._conns.values() if conns]
+        mine = {"tcp_peers": len(held), "tcp_streams": sum(held)}
+        return {**self._bytes, **self._kernel_counts(), **setup, **netns, **mine}
 
     def _kernel_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -521,6 +575,12 @@ class TcpTransport(Transport):
         this rank opened once their peers have closed them (CLOSE_WAIT_S at
         most), so that TIME-WAIT stays on the accepting side and the next
         job's connect from the same seeded port is let in."""
+        for key in list(self._sel.get_map().values()):
+            if isinstance(key.data, _Opening):  # streams still being set up
+                self._sel.unregister(key.fileobj)
+                key.fileobj.close()
+        for s in self._listeners:
+            s.close()
         mine: list[socket.socket] = []
         for peer, conns in self._conns.items():
             for c in conns:
