@@ -3,6 +3,7 @@ sources, pause storms.  A raw-socket program inside a node (what anyone with
 `ethplus exec` can run) attacks a real transfer between two other nodes; the
 transfer must finish byte-exact and every refused frame must be counted."""
 
+import os
 import socket
 import threading
 import time
@@ -497,6 +498,32 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
         t1.close()
         if "fake" in out:
             out["fake"].close()
+
+
+def test_tcp_out_of_open_files_says_so_and_what_to_change():
+    """Kernel TCP takes a socket per stream, and a rank host's ranks share
+    one process's open files: a rank that cannot open one more says which
+    peer, that the process ran out, and what to change; not a bare OSError."""
+    import resource
+
+    from dataplane.run.transport import TransportError
+
+    out = _tcp_pair()
+    t0, t1 = out["h0"], out["h1"]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        with pytest.raises(TransportError) as e:
+            t0.isend(1, 5, np.zeros(10, np.uint8))  # rank 0 connects on first use
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        t0.close()
+        t1.close()
+    text = str(e.value)
+    assert text.startswith("rank 0: cannot connect to rank 1: Too many open files"), text
+    assert "--ranks-per-host" in text and f"may open {lowest_free} files" in text, text
 
 
 def test_a_pause_frame_cut_short_is_not_read_past_its_end(erack):

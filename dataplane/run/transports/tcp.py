@@ -18,6 +18,7 @@ import collections
 import errno
 import hashlib
 import os
+import resource
 import selectors
 import socket
 import struct
@@ -200,9 +201,7 @@ class TcpTransport(Transport):
                 try:
                     s = self._connect_one(peer, st, st % self._planes)
                 except OSError as e:
-                    raise TransportError(
-                        f"rank {self.rank}: cannot connect to rank {peer}: {e}"
-                    ) from e
+                    raise self._cannot(f"connect to rank {peer}", e) from e
                 self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
         return conns
 
@@ -238,6 +237,21 @@ class TcpTransport(Transport):
             return s
         raise AssertionError("unreachable: the last try takes the kernel's port")
 
+    def _cannot(self, what: str, e: OSError) -> TransportError:
+        """An error opening a stream, with what to do when the process is
+        out of open files (a socket each stream, and a rank host's ranks
+        share one process's limit)."""
+        text = f"rank {self.rank}: cannot {what}: {e.strerror or e}"
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            held = sum(len(c) for c in self._conns.values())
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            text += (
+                f" (this rank holds {held} streams; the process may open {limit} files, its"
+                " ranks' streams together: fewer --tcp-streams, more processes with a smaller"
+                " --ranks-per-host, or a collective that talks to fewer peers)"
+            )
+        return TransportError(text)
+
     def _accept(self, listener: socket.socket) -> None:
         """A stream from a peer ranked below: its hello (rank, stream)
         follows the handshake's last ack, and is read when it comes."""
@@ -245,6 +259,8 @@ class TcpTransport(Transport):
             s, addr = listener.accept()
         except BlockingIOError:
             return
+        except OSError as e:
+            raise self._cannot("accept a stream", e) from e
         s.setblocking(False)
         self._sel.register(s, selectors.EVENT_READ, _Opening(-1, -1, addr[0]))
 
