@@ -243,12 +243,11 @@ class TcpTransport(Transport):
         share one process's limit)."""
         text = f"rank {self.rank}: cannot {what}: {e.strerror or e}"
         if e.errno in (errno.EMFILE, errno.ENFILE):
-            held = sum(len(c) for c in self._conns.values())
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             text += (
-                f" (this rank holds {held} streams; the process may open {limit} files, its"
-                " ranks' streams together: fewer --tcp-streams, more processes with a smaller"
-                " --ranks-per-host, or a collective that talks to fewer peers)"
+                f" (the process may open {limit} files, and its ranks' streams share them:"
+                " fewer --tcp-streams, more processes with a smaller --ranks-per-host, or a"
+                " collective that talks to fewer peers)"
             )
         return TransportError(text)
 
