@@ -500,6 +500,36 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
             out["fake"].close()
 
 
+def test_tcp_connections_that_never_say_hello_do_not_pile_up():
+    """A rank listens for the job's whole life (its peers connect when they
+    first use the pair).  Connections that never send a hello, from an
+    address no peer has or from the peer's own, are closed and counted: the
+    rank keeps at most as many waiting as its peers have streams, and the
+    genuine peer still connects."""
+    from dataplane.run.transports.tcp import PORT
+
+    out = _tcp_pair()
+    t0, t1 = out["h0"], out["h1"]
+    flood = []
+    try:
+        for src in ("127.0.0.3", "127.0.0.1"):  # a stranger's address; rank 0's own
+            for _ in range(50):
+                flood.append(socket.create_connection(("127.0.0.2", PORT), source_address=(src, 0)))
+        src_buf = np.arange(1000, dtype=np.uint8)
+        dst = np.zeros(1000, dtype=np.uint8)
+        h = t1.irecv(0, 5, dst)
+        t0.wait(t0.isend(1, 5, src_buf))
+        t1.wait(h)
+        assert np.array_equal(src_buf, dst)
+        assert t1.counters()["refused_conns"] == 100
+        assert t1.counters()["tcp_peers"] == 1
+    finally:
+        for f in flood:
+            f.close()
+        t0.close()
+        t1.close()
+
+
 def test_tcp_out_of_open_files_says_so_and_what_to_change():
     """Kernel TCP takes a socket per stream, and a rank host's ranks share
     one process's open files: a rank that cannot open one more says which

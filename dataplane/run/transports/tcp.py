@@ -165,6 +165,14 @@ class TcpTransport(Transport):
         self._held: dict[int, list[_Msg]] = {}  # sends waiting for their streams
         self._setup_counts: dict[str, int] = {}  # the handshakes' (counters())
         self._listeners: list[socket.socket] = []
+        # Accepted streams whose hello has not come yet, oldest first: only
+        # from the addresses of the peers ranked below, and no more than
+        # their streams (a lab node that opens connections and says nothing
+        # holds no more sockets of this rank than that)
+        self._greeting: dict[socket.socket, None] = {}
+        below = [p for p in self._conns if p < self.rank]
+        self._below_ips = {ip for p in below for ip in ips[p]}
+        self._greeting_max = max(1, self.streams * len(below))
         try:
             for ip in ips[self.rank]:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -260,8 +268,21 @@ class TcpTransport(Transport):
             return
         except OSError as e:
             raise self._cannot("accept a stream", e) from e
+        if addr[0] not in self._below_ips:
+            s.close()  # no peer that connects here has that address: refused, counted
+            self._bytes["refused_conns"] += 1
+            return
+        if len(self._greeting) >= self._greeting_max:
+            self._refuse(next(iter(self._greeting)))  # the oldest: still silent
         s.setblocking(False)
+        self._greeting[s] = None
         self._sel.register(s, selectors.EVENT_READ, _Opening(-1, -1, addr[0]))
+
+    def _refuse(self, s: socket.socket) -> None:
+        self._greeting.pop(s, None)
+        self._sel.unregister(s)
+        s.close()
+        self._bytes["refused_conns"] += 1
 
     def _hello(self, s: socket.socket, o: _Opening) -> None:
         """Read an accepted stream's hello; a stream that is not one the job
@@ -276,12 +297,12 @@ class TcpTransport(Transport):
         o.hello += part
         if part and len(o.hello) < _HELLO.size:
             return
-        self._sel.unregister(s)
         peer, st = _HELLO.unpack(o.hello) if len(o.hello) == _HELLO.size else (-1, -1)
         if not self._expected(peer, st, o.src_ip):
-            s.close()  # not a peer that should connect here: refused, counted
-            self._bytes["refused_conns"] += 1
+            self._refuse(s)  # not a peer that should connect here: refused, counted
             return
+        self._greeting.pop(s)
+        self._sel.unregister(s)
         self._opening.add(peer)
         self._add(s, peer, st)
 
