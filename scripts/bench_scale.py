@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 
+from dataplane.errors import EthplusError
 from dataplane.lab import cpu, labs
 from dataplane.model.catalog import bus_factor
 from dataplane.run import bench, trials
@@ -260,4 +261,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except EthplusError as e:  # a lab that would not come up, an interrupted run
+        print(f"bench_scale: error: {e}", file=sys.stderr)
+        sys.exit(1)
