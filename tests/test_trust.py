@@ -426,7 +426,7 @@ def test_a_spoofing_node_cannot_redirect_or_starve_another_job_s_all_reduce(erac
 # ---------------------------------------------------------------- 7: kernel TCP
 
 
-def _tcp_pair(impostor: bool = False):
+def _tcp_pair(impostor: bool = False, **opts):
     """Two TcpTransports on loopback (ranks 0 and 1, 127.0.0.1 and .2); rank
     1 accepts.  With impostor, a socket from 127.0.0.3 claiming to be rank 0
     connects to rank 1 first."""
@@ -449,7 +449,7 @@ def _tcp_pair(impostor: bool = False):
             out["fake"] = fake
 
     def make(node: str) -> None:
-        out[node] = TcpTransport("lab", node, rec, Options(), lambda _n: barrier(node))
+        out[node] = TcpTransport("lab", node, rec, Options(**opts), lambda _n: barrier(node))
 
     threads = [threading.Thread(target=make, args=(n,)) for n in ("h1", "h0")]
     for t in threads:
@@ -528,6 +528,19 @@ def test_tcp_connections_that_never_say_hello_do_not_pile_up():
             f.close()
         t0.close()
         t1.close()
+
+
+def test_tcp_connect_all_has_every_stream_up_before_any_message():
+    """Under `ethplus run` (tcp_connect_all, as gloo does) a rank's streams
+    are all up when its transport is: a program's first call times no
+    handshake.  Without it, none is until a message."""
+    for connect_all, peers in ((True, 1), (False, 0)):
+        out = _tcp_pair(tcp_connect_all=connect_all)
+        try:
+            assert [out[n].counters()["tcp_peers"] for n in ("h0", "h1")] == [peers] * 2
+        finally:
+            out["h0"].close()
+            out["h1"].close()
 
 
 def test_tcp_out_of_open_files_says_so_and_what_to_change():

@@ -308,8 +308,11 @@ class EthplusGroup(dist.ProcessGroup):
             self.inc = launcher.in_network_plan(env)
             # a send waits for a late receive as long as torch's group
             # timeout lets any call wait (gloo's does the same)
+            # (kernel TCP's streams all opened here, as gloo opens its own:
+            # the program's first calls time no set-up)
             opts = Options(members=env.members(rec), inc=self.inc,
-                           rnr_timeout_s=timeout.total_seconds())  # fmt: skip
+                           rnr_timeout_s=timeout.total_seconds(),
+                           tcp_connect_all=True)  # fmt: skip
             n = iter(range(1 << 30))
             self.transport = open_transport(
                 env.transport, env.lab, env.nodes[rank], rec, opts,

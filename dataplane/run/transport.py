@@ -37,6 +37,10 @@ class Options:
     """What a run may tune about its transport (all have defaults)."""
 
     tcp_streams: int | None = None  # None: one connection per plane
+    # tcp: every member's streams opened at start, as gloo does (a program
+    # under `ethplus run` then times no set-up in its first calls); False:
+    # each pair's when a collective first uses it
+    tcp_connect_all: bool = False
     adaptive: bool = False  # ethplus: adaptive rather than oblivious spraying
     seed: int = 1  # the run's: TCP's source ports, the NICs' entropy values (their paths)
     roce_qps: int | None = None  # roce: queue pairs per pair of ranks (None: the lab's)

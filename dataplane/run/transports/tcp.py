@@ -45,6 +45,9 @@ EARLY_MAX_BYTES = 2 << 30
 SOURCE_PORT_BASE = 20000
 SOURCE_PORTS = 10000
 SOURCE_PORT_TRIES = 8  # the next ones, if a port is taken; then the kernel's
+# Options.tcp_connect_all: how long (real seconds) set-up may go without
+# any stream connecting before it is given up
+CONNECT_QUIET_S = 30.0
 # A stream's 4-tuple is used again by the next job of the same ranks: the
 # side that closes first keeps it in TIME-WAIT, which refuses a connect from
 # the same port but lets a new SYN in.  So the side that connected waits for
@@ -187,6 +190,12 @@ class TcpTransport(Transport):
             raise TransportError(f"rank {self.rank}: cannot listen for TCP streams: {e}") from e
         if barrier:
             barrier("tcp-listen")  # every rank listens before any connects
+        if opts.tcp_connect_all:
+            try:
+                self._connect_all()
+            except BaseException:
+                self.close()
+                raise
         # the namespace's own counters (kernel.netns_tcp_counts) from here
         # (none for a transport outside a lab: on loopback, in tests)
         self._netns = rec.get("namespaces", {}).get(node)
@@ -212,6 +221,18 @@ class TcpTransport(Transport):
                     raise self._cannot(f"connect to rank {peer}", e) from e
                 self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
         return conns
+
+    def _connect_all(self) -> None:
+        """Open every member's streams now, all at once (one round trip),
+        and return when they are up."""
+        for p in self._conns:
+            self._link(p)
+        while self._opening:
+            if not self._progress(CONNECT_QUIET_S):
+                raise TransportError(
+                    f"rank {self.rank}: streams to {len(self._opening)} peer(s) not connected"
+                    f" after {CONNECT_QUIET_S:g} s without a word from any"
+                )
 
     def _connect_one(self, peer: int, st: int, plane: int) -> socket.socket:
         """Start stream st's connect to peer, from its seeded source port
@@ -429,8 +450,11 @@ class TcpTransport(Transport):
         return True
 
     # -- progress
-    def _progress(self, timeout_s: float) -> None:
-        for key, ev in self._sel.select(timeout_s):
+    def _progress(self, timeout_s: float) -> bool:
+        """Move every socket on, waiting up to timeout_s for one to be
+        ready; whether any was."""
+        events = self._sel.select(timeout_s)
+        for key, ev in events:
             c = key.data
             if c is _LISTENER:
                 self._accept(key.fileobj)
@@ -441,6 +465,7 @@ class TcpTransport(Transport):
                     self._write(c)
                 if ev & selectors.EVENT_READ:
                     self._read(c)
+        return bool(events)
 
     def _write(self, c: _Conn) -> None:
         while c.sendq:
