@@ -1,6 +1,8 @@
 """The stock kernel TCP transport: the baseline, through the same switches.
 
-Each pair of ranks holds ``streams`` TCP connections, stream s on plane
+Each pair of ranks that talks holds ``streams`` TCP connections (opened
+when a collective first uses the pair, or all at start with
+``Options.tcp_connect_all``), stream s on plane
 s mod planes (bound to that plane's address, so the kernel routes it out of
 that port and the switches hash it onto one path).  A message is striped over
 the streams as NCCL's socket transport stripes it: contiguous chunks of at
