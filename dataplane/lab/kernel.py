@@ -420,6 +420,17 @@ _TCPI_FIELDS = (  # counter, offset, struct format
     ("tcp_rto_time_ms", 244, "I"),  # tcpi_total_rto_time: real ms in RTO recovery
 )
 TCP_INFO_BYTES = 248
+# tcpi_state (TCP_INFO's first byte): a connection the handshake set up,
+# open at this end (ESTABLISHED, or CLOSE_WAIT once the peer has closed)
+_TCP_CONNECTED_STATES = (1, 8)
+
+
+def tcp_connected(sock: socket.socket) -> bool:
+    """Whether the kernel holds sock as a set-up connection, still open here."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in _TCP_CONNECTED_STATES
+    except OSError:
+        return False
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:

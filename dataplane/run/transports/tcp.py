@@ -617,10 +617,25 @@ class TcpTransport(Transport):
         }
         now = kernel.netns_tcp_counts(self._netns) if self._netns else {}
         netns = {name: v - self._netns_counts0.get(name, 0) for name, v in now.items()}
-        # the peers this rank holds streams to: those its collectives used
-        held = [len(conns) for conns in self._conns.values() if conns]
-        mine = {"tcp_peers": len(held), "tcp_streams": sum(held)}
-        return {**self._bytes, **self._kernel_counts(), **setup, **netns, **mine}
+        return {**self._bytes, **self._kernel_counts(), **setup, **netns, **self._held_streams()}
+
+    def _held_streams(self) -> dict[str, int]:
+        """The streams the kernel holds connected for this rank, and the
+        ranks at their far ends (by the kernel's peer address): the peers
+        its collectives used."""
+        rank_of = {ip: p for p, conns in self._conns.items() if conns for ip in self._ips[p]}
+        peers, streams = set(), 0
+        for conns in self._conns.values():
+            for c in conns:
+                if not kernel.tcp_connected(c.sock):
+                    continue
+                try:
+                    far = c.sock.getpeername()[0]
+                except OSError:
+                    continue
+                streams += 1
+                peers.add(rank_of.get(far, -1))
+        return {"tcp_peers": len(peers - {-1}), "tcp_streams": streams}
 
     def _kernel_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
