@@ -157,8 +157,15 @@ def test_peers_that_wait_only_for_their_ack_are_left_alone(make):
 
 
 def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """The memory this process holds of its own (resident anonymous pages):
+    not the pages of libraries' code and data files, which a code path run
+    for the first time maps in (and memory pressure on the machine takes
+    away and gives back), and which no leak of ours ever grows."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
 
 
 def test_an_engine_holds_state_only_for_the_peers_it_talks_to():
@@ -666,11 +673,6 @@ def test_a_schedules_caller_sleeps_until_its_end(make):
     assert max(switches.values()) < 4 * 2 * (n - 1), switches
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_a_long_job_of_collectives_holds_no_more_memory_as_it_goes(make):
     """A training job runs its all-reduce thousands of times: the engine
     frees each schedule's sends and receives at its end.  It used to keep
@@ -698,7 +700,7 @@ def test_a_wait_that_sees_a_transfer_finish_spends_its_handle(make):
     """A PyTorch job posts sends and receives for as long as it trains: the
     engine frees each one once a wait has seen it finish, so it holds only
     the open ones (it used to keep every message till the NIC closed, about
-    190 bytes each: 7 MiB over the 20,000 transfers below).  A spent handle
+    190 bytes each: 7 MiB over each 20,000 transfers below).  A spent handle
     is unknown from then on, even once its slot is reused."""
     fab, eps = make(2)
     data, out = np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8)
@@ -723,12 +725,18 @@ def test_a_wait_that_sees_a_transfer_finish_spends_its_handle(make):
             assert eps[1].wait(hr, TIMEOUT_S) == 64 and eps[0].wait(hs, TIMEOUT_S) == 64
 
     run(2_000)  # the allocator's own start settles first
-    before = _rss_bytes()
-    run(20_000)
-    grown = _rss_bytes() - before
+    # Two runs of 20,000 one after the other: a leak grows the memory in
+    # both, by as much each time; a one-off step in one of them does not (a
+    # run grew 2 MiB more than usual in CI once, and in one of three runs
+    # here beside three busy loops).
+    grown = []
+    for _ in range(2):
+        before = _rss_bytes()
+        run(20_000)
+        grown.append(_rss_bytes() - before)
     # freed at the engine's next pass: the last pair's may still be held
     assert eps[0].held <= 1 and eps[1].held <= 1, (eps[0].held, eps[1].held)
-    assert grown < 2 * MiB, f"{grown / MiB:.1f} MiB more after 20,000 transfers"
+    assert min(grown) < 2 * MiB, [f"{g / MiB:.1f} MiB" for g in grown]
     assert np.array_equal(out, data)
 
 

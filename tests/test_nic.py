@@ -84,7 +84,8 @@ def test_messages_arrive_byte_exact_under_loss(erack, loss):
         # duplicate at the receiver, answers a trim (a queue over its
         # threshold while the machine ran a switch late) or a frame the
         # receiver's RX ring dropped (its engine kept off the CPU: a fresh
-        # clone's suite saw 4, each resent once).  The only duplicates
+        # clone's suite saw 4, each resent once; CI once saw 54, with the
+        # receiver's engine 26 ms off the CPU).  The only duplicates
         # allowed are the loss detector's rare reordering misjudgements (a
         # plane's switch thread descheduled for longer than the reordering
         # window on this 2-core machine): never a timeout, at most one
@@ -93,7 +94,7 @@ def test_messages_arrive_byte_exact_under_loss(erack, loss):
         resent = delta_b["rx_dup_pkts"] + delta_b["rx_trimmed_pkts"] + delta_b["rx_ring_drops"]
         assert resent == delta_a["retx_pkts"], moved
         assert delta_a["retx_timeout"] == 0, moved
-        assert delta_a["retx_pkts"] <= delta_a["tx_data_pkts"] // 1000, moved
+        assert delta_b["rx_dup_pkts"] <= delta_a["tx_data_pkts"] // 1000, moved
     else:
         assert delta_a["retx_bytes"] > 0
         assert delta_a["tx_data_bytes"] == placed + delta_a["retx_bytes"]
