@@ -464,9 +464,10 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
     """A connection that says it is rank 0 but comes from another address is
     closed and counted; the real rank 0 connects.  A chunk header whose bytes
     lie outside its message, or whose message length changes, or that
-    announces more unposted data than the transport holds, is an error
-    naming the peer, never a write outside the posted buffer or a huge
-    allocation."""
+    announces more unposted data than the transport holds, or chunks that
+    add up to more than their message, is an error naming the peer, never
+    a write outside the posted buffer, a huge allocation or a receive that
+    waits forever."""
     import struct
 
     from dataplane.run.transport import TransportError
@@ -493,6 +494,25 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
                 t1.wait(t1.irecv(0, 90 + i, np.zeros(10, np.uint8)))
             t1._conns[0][0].hdr_got = 0  # (the stream is broken now; reset it for the next case)
         assert tcp.EARLY_MAX_BYTES < 1 << 39
+        # the same chunk twice: more bytes than the message has, an error
+        # (it left the receive waiting forever), whether the receive was
+        # posted before the chunks came or after
+        chunk = struct.pack("<IQQQ", 8, 100, 0, 60) + bytes(60)
+        h = t1.irecv(0, 8, np.zeros(100, np.uint8))
+        sock.sendall(chunk * 2)
+        with pytest.raises(
+            TransportError, match="rank 1: rank 0 sent a bad chunk.*more than the 100"
+        ):
+            assert t1.poll(h, 10.0), "the receive still waits"
+        sock.sendall((struct.pack("<IQQQ", 9, 100, 0, 60) + bytes(60)) * 2)
+        for _ in range(10):  # until both are held for a receive to come
+            if t1._early_bytes == 120:
+                break
+            t1._progress(1.0)
+        with pytest.raises(
+            TransportError, match="rank 1: rank 0 sent a bad chunk.*more than the 100"
+        ):
+            t1.irecv(0, 9, np.zeros(100, np.uint8))
     finally:
         t0.close()
         t1.close()

@@ -417,13 +417,24 @@ class TcpTransport(Transport):
             self._early_bytes -= sum(len(d) for _, d in early.chunks)
             for off, data in early.chunks:
                 view[off : off + len(data)] = data
-                m.done_bytes += len(data)
+                self._count_in(m, len(data))
             early.msg = m  # a chunk still being read lands through it
         if not m.done:
             self._posted[key] = m
         else:
             self._bytes["msgs_received"] += 1
         return m
+
+    def _count_in(self, m: _Msg, n: int, c: _Conn | None = None) -> None:
+        """n more bytes of m placed.  Its chunks must add up to its length:
+        a chunk sent twice (or overlapping another) would otherwise leave
+        the receive waiting forever for a count it has passed."""
+        if m.done_bytes + n > m.total:
+            what = f"its chunks add up to more than the {m.total} bytes of tag {m.tag}"
+            if c is not None:
+                raise self._bad_chunk(c, what)
+            raise TransportError(f"rank {self.rank}: rank {m.peer} sent a bad chunk: {what}")
+        m.done_bytes += n
 
     def _check_fits(self, m: _Msg, total: int) -> int:
         if total > len(m.view):
@@ -583,7 +594,7 @@ class TcpTransport(Transport):
         else:
             m = sink
         c.body, c.sink = None, None
-        m.done_bytes += n
+        self._count_in(m, n, c)
         if m.done:
             self._posted.pop((m.peer, m.tag), None)
             self._bytes["msgs_received"] += 1
