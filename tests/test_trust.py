@@ -4,7 +4,10 @@ sources, pause storms.  A raw-socket program inside a node (what anyone with
 transfer must finish byte-exact and every refused frame must be counted."""
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -587,6 +590,38 @@ def test_tcp_out_of_open_files_says_so_and_what_to_change():
     text = str(e.value)
     assert text.startswith("rank 0: cannot connect to rank 1: Too many open files"), text
     assert "--ranks-per-host" in text and f"may open {lowest_free} files" in text, text
+
+
+def test_a_worker_may_open_as_many_files_as_the_kernel_allows():
+    """A rank host's kernel TCP ranks hold a socket per stream in one
+    process: a worker with CAP_SYS_RESOURCE raises its open-files limit to
+    the kernel's most (fs.nr_open), past a hard limit such as 20,000;
+    without it (here: a container's root), its soft limit to its hard one."""
+    import resource
+
+    code = (
+        "import resource; from dataplane.run import worker;"
+        "n = resource.RLIMIT_NOFILE; resource.setrlimit(n, (1024, resource.getrlimit(n)[1]));"
+        "worker._open_files_as_many_as_allowed(); print(*resource.getrlimit(n))"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    with open("/proc/sys/fs/nr_open") as f:
+        most = int(f.read())
+    with open("/proc/self/status") as f:
+        caps = int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
+    if not caps >> 24 & 1:  # no CAP_SYS_RESOURCE (a container may withhold it, as here)
+        most = hard
+    plain = [sys.executable, "-c", code]
+    r = subprocess.run(
+        plain, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1]
+    )
+    assert r.stdout.split() == [str(most)] * 2, r.stdout + r.stderr
+    if shutil.which("setpriv"):
+        unprivileged = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", *plain]
+        r = subprocess.run(
+            unprivileged, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1]
+        )
+        assert r.stdout.split() == [str(hard)] * 2, r.stdout + r.stderr
 
 
 def test_a_pause_frame_cut_short_is_not_read_past_its_end(erack):
