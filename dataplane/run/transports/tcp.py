@@ -431,9 +431,7 @@ class TcpTransport(Transport):
         the receive waiting forever for a count it has passed."""
         if m.done_bytes + n > m.total:
             what = f"its chunks add up to more than the {m.total} bytes of tag {m.tag}"
-            if c is not None:
-                raise self._bad_chunk(c, what)
-            raise TransportError(f"rank {self.rank}: rank {m.peer} sent a bad chunk: {what}")
+            raise self._bad_chunk(c, what, m.peer)
         m.done_bytes += n
 
     def _check_fits(self, m: _Msg, total: int) -> int:
@@ -538,10 +536,12 @@ class TcpTransport(Transport):
                 if c.body_got == len(c.body):
                     self._chunk_done(c)
 
-    def _bad_chunk(self, c: _Conn, what: str) -> TransportError:
-        return TransportError(
-            f"rank {self.rank}: rank {c.peer} sent a bad chunk on TCP stream {c.stream}: {what}"
-        )
+    def _bad_chunk(self, c: _Conn | None, what: str, peer: int = -1) -> TransportError:
+        """A chunk that breaks its message's bounds, from c's peer (or, for
+        chunks held before their receive was posted, peer's: their stream
+        is not kept)."""
+        peer, on = (c.peer, f" on TCP stream {c.stream}") if c else (peer, "")
+        return TransportError(f"rank {self.rank}: rank {peer} sent a bad chunk{on}: {what}")
 
     def _header(self, c: _Conn) -> None:
         """A chunk header: bounded by the message it belongs to (the same
