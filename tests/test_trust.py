@@ -566,6 +566,38 @@ def test_tcp_connect_all_has_every_stream_up_before_any_message():
             out["h1"].close()
 
 
+def test_tcp_handshakes_may_outlast_the_kernels_real_time_defaults(monkeypatch):
+    """A handshake's retries run on real time from a 1 s initial RTO, which
+    at a large k is about a round trip: a rank's connecting sockets and its
+    listeners carry more tries than Linux's defaults (the kernel reads the
+    listener's for the SYN-ACKs of connections it sets up), and the run's
+    notes say so."""
+    from dataplane.run.transports.tcp import HANDSHAKE_TRIES, TcpTransport
+
+    assert HANDSHAKE_TRIES > 6  # Linux's tcp_syn_retries (tcp_synack_retries: 5)
+    tries: list[int] = []
+    connect = TcpTransport._connect_one
+
+    def spy(self, peer, st, plane):
+        s = connect(self, peer, st, plane)
+        tries.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT))
+        return s
+
+    monkeypatch.setattr(TcpTransport, "_connect_one", spy)
+    out = _tcp_pair(tcp_connect_all=True)
+    try:
+        assert tries == [HANDSHAKE_TRIES]  # rank 0's one connect
+        for node in ("h0", "h1"):
+            t = out[node]
+            assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT) for s in t._listeners] == [
+                HANDSHAKE_TRIES
+            ]
+            assert any(f"tries {HANDSHAKE_TRIES} times each way" in n for n in t.notes)
+    finally:
+        out["h0"].close()
+        out["h1"].close()
+
+
 def test_tcp_out_of_open_files_says_so_and_what_to_change():
     """Kernel TCP takes a socket per stream, and a rank host's ranks share
     one process's open files: a rank that cannot open one more says which

@@ -55,6 +55,16 @@ CONNECT_QUIET_S = 30.0
 # the same port but lets a new SYN in.  So the side that connected waits for
 # its peer to close first, this long at most (real seconds).
 CLOSE_WAIT_S = 5.0
+# A handshake's tries, each way (TCP_SYNCNT: on a connecting socket its SYNs,
+# on a listener the SYN-ACKs of the connections it is setting up).  The
+# kernel's defaults (6 SYN retries after 4 at a fixed 1 s, 5 SYN-ACK retries:
+# about 2 min and 1 min) run on real time, from a 1 s initial RTO: at a large
+# k that is a handshake's round trip or less (upn-512 at k 409,600: 0.8 s real
+# before any queue), and a storm of handshakes outlasted them, the server
+# dropping a connection its client held set up (whose hello then met a
+# reset).  Twelve give each way about 14 min of real time (the backoff stops
+# at 120 s).
+HANDSHAKE_TRIES = 12
 
 
 def source_port(seed: int, rank: int, peer: int, stream: int, attempt: int = 0) -> int:
@@ -141,6 +151,9 @@ class TcpTransport(Transport):
             raise TransportError("--tcp-streams must be at least 1")
         self.notes = (
             f"{self.streams} TCP connection(s) per pair of ranks, a message striped over them",
+            f"kernel TCP's handshake tries {HANDSHAKE_TRIES} times each way (SYN, SYN-ACK;"
+            " Linux's defaults 6 and 5): its retries run on real time from a 1 s initial RTO,"
+            " about 14 min in all, where a large k's round trip alone can near 1 s",
             *kernel.tcp_timer_notes(rec),
         )
         self._sel = selectors.DefaultSelector()
@@ -183,6 +196,7 @@ class TcpTransport(Transport):
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 self._listeners.append(s)
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT, HANDSHAKE_TRIES)
                 s.bind((ip, PORT))
                 s.listen(1024)
                 s.setblocking(False)
@@ -250,6 +264,7 @@ class TcpTransport(Transport):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT, HANDSHAKE_TRIES)
                 s.bind((src, port))
                 s.setblocking(False)
                 rc = s.connect_ex(dst)
