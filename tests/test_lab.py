@@ -377,3 +377,58 @@ def test_a_tcp_congestion_control_the_kernel_lacks_is_refused_before_building(la
     assert f"{lab_file}: [tcp] congestion_control:" in r.stderr and missing[0] in r.stderr
     assert "Traceback" not in r.stderr
     assert not lab_namespaces(lab_name)
+
+
+_HOLD_OPEN = """
+import socket, sys, time
+l = socket.create_server(("198.18.0.2", 5001))
+print("up", flush=True)
+c, _ = l.accept()
+time.sleep(600)  # never reads nor closes: lab down kills it
+"""
+_CLOSE_FIRST = """
+import socket
+s = socket.create_connection(("198.18.0.2", 5001), timeout=60, source_address=("198.18.0.1", 0))
+s.close()
+"""
+
+
+def _tcp_states(netns_fd: int) -> list[str]:
+    """The TCP sockets' states in the namespace open at netns_fd (ss)."""
+    out = subprocess.run(
+        ["nsenter", f"--net=/proc/self/fd/{netns_fd}", "ss", "-Htan"],
+        pass_fds=(netns_fd,),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line.split()[0] for line in out.splitlines()]
+
+
+def test_down_leaves_no_tcp_connection_of_the_lab_in_the_kernel(lab_name):
+    """A process killed mid-job leaves its connections to the kernel, which
+    at a large k would go on resending into a lab that is gone for many
+    minutes (an orphan's RTO follows k), keeping its namespace and taking
+    from the host's orphan budget that the next job shares.  `lab down`
+    destroys the lab's TCP sockets: here an orphan that closed first and
+    waits for its peer (FIN-WAIT-2), in a namespace the test keeps open."""
+    ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    h0, h1 = (f"ethp-{lab_name}-h{i}" for i in (0, 1))
+    held = os.open(f"/run/netns/{h0}", os.O_RDONLY)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", h1, sys.executable, "-c", _HOLD_OPEN],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline().strip() == "up"
+        subprocess.run(["ip", "netns", "exec", h0, sys.executable, "-c", _CLOSE_FIRST], check=True)
+        # orphaned (no process holds it), its FIN sent, acked or on its way
+        assert _tcp_states(held) in (["FIN-WAIT-1"], ["FIN-WAIT-2"])
+        ethplus("lab", "down", lab_name, check=True)
+        assert server.wait(10) != 0  # killed with the lab
+        assert _tcp_states(held) == []
+    finally:
+        os.close(held)
+        server.kill()
+        server.wait()
