@@ -429,19 +429,19 @@ def test_a_spoofing_node_cannot_redirect_or_starve_another_job_s_all_reduce(erac
 # ---------------------------------------------------------------- 7: kernel TCP
 
 
-def _tcp_pair(impostor: bool = False, **opts):
-    """Two TcpTransports on loopback (ranks 0 and 1, 127.0.0.1 and .2); rank
-    1 accepts.  With impostor, a socket from 127.0.0.3 claiming to be rank 0
-    connects to rank 1 first."""
+def _tcp_pair(impostor: bool = False, world: int = 2, **opts):
+    """Two TcpTransports on loopback (ranks 0 and 1, 127.0.0.1 and .2; or
+    world of them); rank 1 accepts.  With impostor, a socket from 127.0.0.3
+    claiming to be rank 0 connects to rank 1 first."""
     from dataplane.run.transport import Options
     from dataplane.run.transports.tcp import _HELLO, PORT, TcpTransport
 
     def port(i: int) -> list:
         return [{"plane": 0, "ip": f"127.0.0.{i + 1}"}]
 
-    nodes = [{"name": f"h{i}", "role": "host", "index": i, "ports": port(i)} for i in range(2)]
+    nodes = [{"name": f"h{i}", "role": "host", "index": i, "ports": port(i)} for i in range(world)]
     rec = {"topology": {"nodes": nodes}}
-    gate = threading.Barrier(2)
+    gate = threading.Barrier(world)
     out: dict = {}
 
     def barrier(node: str) -> None:
@@ -454,7 +454,8 @@ def _tcp_pair(impostor: bool = False, **opts):
     def make(node: str) -> None:
         out[node] = TcpTransport("lab", node, rec, Options(**opts), lambda _n: barrier(node))
 
-    threads = [threading.Thread(target=make, args=(n,)) for n in ("h1", "h0")]
+    names = [f"h{i}" for i in reversed(range(world))]  # the accepting ranks first
+    threads = [threading.Thread(target=make, args=(n,)) for n in names]
     for t in threads:
         t.start()
         time.sleep(0.05)  # rank 1 listens before rank 0 connects
@@ -596,6 +597,36 @@ def test_tcp_handshakes_may_outlast_the_kernels_real_time_defaults(monkeypatch):
     finally:
         out["h0"].close()
         out["h1"].close()
+
+
+def test_tcp_a_rank_opens_a_bounded_number_of_connections_at_once(monkeypatch):
+    """At a large k a handshake's round trip nears the kernel's 1 s initial
+    RTO, and every SYN that waits in a queue is sent again: a rank with
+    many peers to connect to starts CONNECTS_AT_ONCE and the next as each
+    is up, and every stream still comes up."""
+    from dataplane.run.transports import tcp
+
+    in_flight: list[int] = []
+    connect = tcp.TcpTransport._connect_one
+
+    def spy(self, peer, st, plane):
+        in_flight.append(self._connecting)  # before this one
+        return connect(self, peer, st, plane)
+
+    monkeypatch.setattr(tcp, "CONNECTS_AT_ONCE", 2)
+    monkeypatch.setattr(tcp.TcpTransport, "_connect_one", spy)
+    out = _tcp_pair(world=5, tcp_connect_all=True)
+    try:
+        assert len(in_flight) == 4 + 3 + 2 + 1  # each rank connects to those ranked above
+        assert max(in_flight) == 1  # so never more than 2 at once
+        assert [out[f"h{i}"].counters()["tcp_peers"] for i in range(5)] == [4] * 5
+    finally:
+        # together: a rank closes the streams it opened once their peers have
+        closing = [threading.Thread(target=t.close) for t in out.values()]
+        for c in closing:
+            c.start()
+        for c in closing:
+            c.join()
 
 
 def test_tcp_out_of_open_files_says_so_and_what_to_change():

@@ -65,6 +65,15 @@ CLOSE_WAIT_S = 5.0
 # reset).  Twelve give each way about 14 min of real time (the backoff stops
 # at 120 s).
 HANDSHAKE_TRIES = 12
+# A rank's handshakes in flight at once; the rest wait their turn.  At a large
+# k a round trip is near the kernel's 1 s initial RTO, so every SYN waiting in
+# a queue is sent again, and again: upn-512's 130,816 handshakes at once (an
+# all-to-all's) were sent about 2,000 times a namespace again (SYNs and
+# SYN-ACKs), more frames than the switches could take in (985,686 lost in
+# their receive rings by the job's end), and the data that followed met full
+# queues.  64 at once keeps a small job's set-up one round trip (a pair's
+# streams go together).
+CONNECTS_AT_ONCE = 64
 
 
 def source_port(seed: int, rank: int, peer: int, stream: int, attempt: int = 0) -> int:
@@ -180,6 +189,8 @@ class TcpTransport(Transport):
         # halving-doubling), not for every member, so 512 ranks in two
         # processes stay within the open files a process may have.
         self._opening: set[int] = set()  # peers whose streams are not all up
+        self._to_connect: collections.deque[tuple[int, int]] = collections.deque()
+        self._connecting = 0  # connects in flight (CONNECTS_AT_ONCE)
         self._held: dict[int, list[_Msg]] = {}  # sends waiting for their streams
         self._setup_counts: dict[str, int] = {}  # the handshakes' (counters())
         self._listeners: list[socket.socket] = []
@@ -221,8 +232,9 @@ class TcpTransport(Transport):
         """peer's streams, opening them on first use: connects to a peer
         ranked above start now (all its streams at once: one round trip,
         not one per stream, and at a large k a round trip is seconds of
-        real time); a peer ranked below connects here when it first uses
-        the pair.  Until every stream is up a send waits (_held)."""
+        real time), or when fewer than CONNECTS_AT_ONCE are in flight; a
+        peer ranked below connects here when it first uses the pair.  Until
+        every stream is up a send waits (_held)."""
         conns = self._conns.get(peer)
         if conns is None:
             raise TransportError(f"rank {self.rank}: rank {peer} is not a rank of this job")
@@ -230,13 +242,20 @@ class TcpTransport(Transport):
             return conns
         self._opening.add(peer)
         if peer > self.rank:
-            for st in range(self.streams):
-                try:
-                    s = self._connect_one(peer, st, st % self._planes)
-                except OSError as e:
-                    raise self._cannot(f"connect to rank {peer}", e) from e
-                self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
+            self._to_connect.extend((peer, st) for st in range(self.streams))
+            self._connect_more()
         return conns
+
+    def _connect_more(self) -> None:
+        """Start the waiting connects that CONNECTS_AT_ONCE lets in."""
+        while self._to_connect and self._connecting < CONNECTS_AT_ONCE:
+            peer, st = self._to_connect.popleft()
+            try:
+                s = self._connect_one(peer, st, st % self._planes)
+            except OSError as e:
+                raise self._cannot(f"connect to rank {peer}", e) from e
+            self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
+            self._connecting += 1
 
     def _connect_all(self) -> None:
         """Open every member's streams now, all at once (one round trip),
@@ -347,6 +366,7 @@ class TcpTransport(Transport):
     def _connected(self, s: socket.socket, o: _Opening) -> None:
         """One of this rank's connects has completed: say who it is."""
         self._sel.unregister(s)
+        self._connecting -= 1
         if rc := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             s.close()
             raise TransportError(
@@ -356,6 +376,7 @@ class TcpTransport(Transport):
         s.setblocking(True)
         s.sendall(_HELLO.pack(self.rank, o.stream))
         self._add(s, o.peer, o.stream)
+        self._connect_more()
 
     def _expected(self, peer: int, stream: int, src_ip: str) -> bool:
         """Is this hello one the job expects: a peer ranked below us (it
@@ -679,6 +700,7 @@ class TcpTransport(Transport):
         this rank opened once their peers have closed them (CLOSE_WAIT_S at
         most), so that TIME-WAIT stays on the accepting side and the next
         job's connect from the same seeded port is let in."""
+        self._to_connect.clear()
         for key in list(self._sel.get_map().values()):
             if isinstance(key.data, _Opening):  # streams still being set up
                 self._sel.unregister(key.fileobj)
