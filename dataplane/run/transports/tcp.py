@@ -68,11 +68,9 @@ HANDSHAKE_TRIES = 12
 # A rank's handshakes in flight at once; the rest wait their turn.  At a large
 # k a round trip is near the kernel's 1 s initial RTO, so every SYN waiting in
 # a queue is sent again, and again: upn-512's 130,816 handshakes at once (an
-# all-to-all's) were sent about 2,000 times a namespace again (SYNs and
-# SYN-ACKs), more frames than the switches could take in (985,686 lost in
-# their receive rings by the job's end), and the data that followed met full
-# queues.  64 at once keeps a small job's set-up one round trip (a pair's
-# streams go together).
+# all-to-all's) were sent again 1,149,353 times (SYNs and SYN-ACKs), 711,672
+# with 64 at once (performance.md, session 55).  64 keeps a small job's
+# set-up one round trip (a pair's streams go together).
 CONNECTS_AT_ONCE = 64
 
 
@@ -258,8 +256,8 @@ class TcpTransport(Transport):
             self._connecting += 1
 
     def _connect_all(self) -> None:
-        """Open every member's streams now, all at once (one round trip),
-        and return when they are up."""
+        """Open every member's streams now (CONNECTS_AT_ONCE at a time: one
+        round trip for up to that many), and return when they are up."""
         for p in self._conns:
             self._link(p)
         while self._opening:
