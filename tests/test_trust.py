@@ -599,27 +599,31 @@ def test_tcp_handshakes_may_outlast_the_kernels_real_time_defaults(monkeypatch):
         out["h1"].close()
 
 
-def test_tcp_a_rank_opens_a_bounded_number_of_connections_at_once(monkeypatch):
+def test_tcp_a_rank_connects_to_a_bounded_number_of_peers_at_once(monkeypatch):
     """At a large k a handshake's round trip nears the kernel's 1 s initial
     RTO, and every SYN that waits in a queue is sent again: a rank with
-    many peers to connect to starts CONNECTS_AT_ONCE and the next as each
-    is up, and every stream still comes up."""
+    many peers to connect to starts on PEERS_AT_ONCE of them (each peer's
+    streams together) and on the next as one is up, and every stream still
+    comes up."""
     from dataplane.run.transports import tcp
 
-    in_flight: list[int] = []
+    peers_before: list[int] = []
     connect = tcp.TcpTransport._connect_one
 
     def spy(self, peer, st, plane):
-        in_flight.append(self._connecting)  # before this one
+        if st == 0:
+            peers_before.append(len(self._connecting) - 1)  # besides this one
         return connect(self, peer, st, plane)
 
-    monkeypatch.setattr(tcp, "CONNECTS_AT_ONCE", 2)
+    monkeypatch.setattr(tcp, "PEERS_AT_ONCE", 2)
     monkeypatch.setattr(tcp.TcpTransport, "_connect_one", spy)
-    out = _tcp_pair(world=5, tcp_connect_all=True)
+    out = _tcp_pair(world=5, tcp_connect_all=True, tcp_streams=2)
     try:
-        assert len(in_flight) == 4 + 3 + 2 + 1  # each rank connects to those ranked above
-        assert max(in_flight) == 1  # so never more than 2 at once
-        assert [out[f"h{i}"].counters()["tcp_peers"] for i in range(5)] == [4] * 5
+        assert len(peers_before) == 4 + 3 + 2 + 1  # each rank connects to those ranked above
+        assert max(peers_before) == 1  # so never more than 2 peers at once
+        for i in range(5):
+            c = out[f"h{i}"].counters()
+            assert (c["tcp_peers"], c["tcp_streams"]) == (4, 8)
     finally:
         # together: a rank closes the streams it opened once their peers have
         closing = [threading.Thread(target=t.close) for t in out.values()]

@@ -65,13 +65,15 @@ CLOSE_WAIT_S = 5.0
 # reset).  Twelve give each way about 14 min of real time (the backoff stops
 # at 120 s).
 HANDSHAKE_TRIES = 12
-# A rank's handshakes in flight at once; the rest wait their turn.  At a large
-# k a round trip is near the kernel's 1 s initial RTO, so every SYN waiting in
-# a queue is sent again, and again: upn-512's 130,816 handshakes at once (an
-# all-to-all's) were sent again 1,149,353 times (SYNs and SYN-ACKs), 711,672
-# with 64 at once (performance.md, session 55).  64 keeps a small job's
-# set-up one round trip (a pair's streams go together).
-CONNECTS_AT_ONCE = 64
+# The peers a rank is connecting to at once (all of a peer's streams
+# together, one per plane: each plane's switch meets one SYN a peer); the
+# rest wait their turn.  At a large k a round trip is near the kernel's 1 s
+# initial RTO, so every SYN waiting in a queue is sent again, and again:
+# upn-512's 130,816 handshakes at once (an all-to-all's) were sent again
+# 1,149,353 times (SYNs and SYN-ACKs), 711,672 times with 64 at once and
+# 269,760 with 16, which also took the job from 22 to 17 min of real time
+# (performance.md, session 55).
+PEERS_AT_ONCE = 16
 
 
 def source_port(seed: int, rank: int, peer: int, stream: int, attempt: int = 0) -> int:
@@ -187,8 +189,8 @@ class TcpTransport(Transport):
         # halving-doubling), not for every member, so 512 ranks in two
         # processes stay within the open files a process may have.
         self._opening: set[int] = set()  # peers whose streams are not all up
-        self._to_connect: collections.deque[tuple[int, int]] = collections.deque()
-        self._connecting = 0  # connects in flight (CONNECTS_AT_ONCE)
+        self._to_connect: collections.deque[int] = collections.deque()  # peers, in turn
+        self._connecting: dict[int, int] = {}  # peer: its streams not up yet (PEERS_AT_ONCE)
         self._held: dict[int, list[_Msg]] = {}  # sends waiting for their streams
         self._setup_counts: dict[str, int] = {}  # the handshakes' (counters())
         self._listeners: list[socket.socket] = []
@@ -230,9 +232,9 @@ class TcpTransport(Transport):
         """peer's streams, opening them on first use: connects to a peer
         ranked above start now (all its streams at once: one round trip,
         not one per stream, and at a large k a round trip is seconds of
-        real time), or when fewer than CONNECTS_AT_ONCE are in flight; a
-        peer ranked below connects here when it first uses the pair.  Until
-        every stream is up a send waits (_held)."""
+        real time), or once fewer than PEERS_AT_ONCE peers are being
+        connected to; a peer ranked below connects here when it first uses
+        the pair.  Until every stream is up a send waits (_held)."""
         conns = self._conns.get(peer)
         if conns is None:
             raise TransportError(f"rank {self.rank}: rank {peer} is not a rank of this job")
@@ -240,24 +242,25 @@ class TcpTransport(Transport):
             return conns
         self._opening.add(peer)
         if peer > self.rank:
-            self._to_connect.extend((peer, st) for st in range(self.streams))
+            self._to_connect.append(peer)
             self._connect_more()
         return conns
 
     def _connect_more(self) -> None:
-        """Start the waiting connects that CONNECTS_AT_ONCE lets in."""
-        while self._to_connect and self._connecting < CONNECTS_AT_ONCE:
-            peer, st = self._to_connect.popleft()
-            try:
-                s = self._connect_one(peer, st, st % self._planes)
-            except OSError as e:
-                raise self._cannot(f"connect to rank {peer}", e) from e
-            self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
-            self._connecting += 1
+        """Start connecting to the waiting peers that PEERS_AT_ONCE lets in."""
+        while self._to_connect and len(self._connecting) < PEERS_AT_ONCE:
+            peer = self._to_connect.popleft()
+            self._connecting[peer] = self.streams
+            for st in range(self.streams):
+                try:
+                    s = self._connect_one(peer, st, st % self._planes)
+                except OSError as e:
+                    raise self._cannot(f"connect to rank {peer}", e) from e
+                self._sel.register(s, selectors.EVENT_WRITE, _Opening(peer, st))
 
     def _connect_all(self) -> None:
-        """Open every member's streams now (CONNECTS_AT_ONCE at a time: one
-        round trip for up to that many), and return when they are up."""
+        """Open every member's streams now (PEERS_AT_ONCE peers at a time:
+        one round trip for up to that many), and return when they are up."""
         for p in self._conns:
             self._link(p)
         while self._opening:
@@ -364,7 +367,9 @@ class TcpTransport(Transport):
     def _connected(self, s: socket.socket, o: _Opening) -> None:
         """One of this rank's connects has completed: say who it is."""
         self._sel.unregister(s)
-        self._connecting -= 1
+        self._connecting[o.peer] -= 1
+        if not self._connecting[o.peer]:
+            del self._connecting[o.peer]
         if rc := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             s.close()
             raise TransportError(
