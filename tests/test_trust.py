@@ -608,11 +608,14 @@ def test_tcp_a_rank_connects_to_a_bounded_number_of_peers_at_once(monkeypatch):
     from dataplane.run.transports import tcp
 
     peers_before: list[int] = []
+    started: dict[int, list[int]] = {}  # rank: the peers it began connecting to
     connect = tcp.TcpTransport._connect_one
 
     def spy(self, peer, st, plane):
-        if st == 0:
-            peers_before.append(len(self._connecting) - 1)  # besides this one
+        if st == 0:  # a new peer: how many of this rank's are not all up (its stream table)
+            mine = started.setdefault(self.rank, [])
+            peers_before.append(sum(len(self._conns[p]) < self.streams for p in mine))
+            mine.append(peer)
         return connect(self, peer, st, plane)
 
     monkeypatch.setattr(tcp, "PEERS_AT_ONCE", 2)

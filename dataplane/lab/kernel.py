@@ -239,31 +239,28 @@ def _tcp_socket_ids(nl: socket.socket) -> list[bytes]:
             return ids
 
 
-def destroy_tcp_sockets(path: str) -> int:
-    """Destroy every TCP socket of the namespace at path; how many there
-    were.  A worker killed mid-job leaves its connections to the kernel,
-    which keeps sending their FINs and data for many minutes at a large k
-    (their RTO follows it, up to 120 s) after the lab is gone, holding its
-    namespace and counting against the host's orphan limit, which the next
-    job's connections share.  (Listing them walks the kernel's whole table:
-    about 1 ms a namespace; the namespace's own counts leave orphans out.)"""
+def destroy_tcp_sockets(path: str) -> None:
+    """Destroy every TCP socket of the namespace at path.  A worker killed
+    mid-job leaves its connections to the kernel, which keeps sending their
+    FINs and data for many minutes at a large k (their RTO follows it, up to
+    120 s) after the lab is gone, holding its namespace and counting against
+    the host's orphan limit, which the next job's connections share.
+    (Listing them walks the kernel's whole table: about 1 ms a namespace;
+    the namespace's own counts leave orphans out.)"""
     nl = socket.socket(
         fileno=core.netns_socket(path, socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
     )
-    seen: set[bytes] = set()
     with nl:
         for _ in range(_DESTROY_ROUNDS):  # (a listener's queued children surface after it)
             ids = _tcp_socket_ids(nl)
             if not ids:
                 break
-            seen.update(ids)
             for i in range(0, len(ids), _DESTROY_BATCH):
                 batch = ids[i : i + _DESTROY_BATCH]
                 nl.send(b"".join(_diag_request(_SOCK_DESTROY, _NLM_F_REQUEST, x) for x in batch))
                 with contextlib.suppress(BlockingIOError):  # errors (a socket gone since): unread
                     while nl.recv(1 << 16, socket.MSG_DONTWAIT):
                         pass
-    return len(seen)
 
 
 # tbf's rate field is 32-bit bytes/s in pyroute2 (no TCA_TBF_RATE64): above

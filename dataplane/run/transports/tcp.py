@@ -190,7 +190,7 @@ class TcpTransport(Transport):
         # processes stay within the open files a process may have.
         self._opening: set[int] = set()  # peers whose streams are not all up
         self._to_connect: collections.deque[int] = collections.deque()  # peers, in turn
-        self._connecting: dict[int, int] = {}  # peer: its streams not up yet (PEERS_AT_ONCE)
+        self._connecting = 0  # peers ranked above whose streams are being set up (PEERS_AT_ONCE)
         self._held: dict[int, list[_Msg]] = {}  # sends waiting for their streams
         self._setup_counts: dict[str, int] = {}  # the handshakes' (counters())
         self._listeners: list[socket.socket] = []
@@ -248,9 +248,9 @@ class TcpTransport(Transport):
 
     def _connect_more(self) -> None:
         """Start connecting to the waiting peers that PEERS_AT_ONCE lets in."""
-        while self._to_connect and len(self._connecting) < PEERS_AT_ONCE:
+        while self._to_connect and self._connecting < PEERS_AT_ONCE:
             peer = self._to_connect.popleft()
-            self._connecting[peer] = self.streams
+            self._connecting += 1
             for st in range(self.streams):
                 try:
                     s = self._connect_one(peer, st, st % self._planes)
@@ -367,9 +367,6 @@ class TcpTransport(Transport):
     def _connected(self, s: socket.socket, o: _Opening) -> None:
         """One of this rank's connects has completed: say who it is."""
         self._sel.unregister(s)
-        self._connecting[o.peer] -= 1
-        if not self._connecting[o.peer]:
-            del self._connecting[o.peer]
         if rc := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
             s.close()
             raise TransportError(
@@ -379,7 +376,6 @@ class TcpTransport(Transport):
         s.setblocking(True)
         s.sendall(_HELLO.pack(self.rank, o.stream))
         self._add(s, o.peer, o.stream)
-        self._connect_more()
 
     def _expected(self, peer: int, stream: int, src_ip: str) -> bool:
         """Is this hello one the job expects: a peer ranked below us (it
@@ -407,6 +403,9 @@ class TcpTransport(Transport):
         if len(conns) == self.streams:
             conns.sort(key=lambda x: x.stream)
             self._opening.discard(peer)
+            if peer > self.rank:  # one of ours: the next peer's turn
+                self._connecting -= 1
+                self._connect_more()
             for m in self._held.pop(peer, ()):
                 self._stripe(m)
 
