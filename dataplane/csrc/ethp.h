@@ -231,7 +231,8 @@ uint32_t ethp_pool_size(const struct ethp_pool *pool);
     X(ring_builds, "times the RX ring was set up for a run of traffic")        \
     X(ring_parks, "times the RX ring was taken down after idling")            \
     X(ring_failures, "ring set-ups that failed (frames kept coming one by one)") \
-    X(ring_backoffs, "rings taken down for a trickle: the next set-up waits longer")
+    X(ring_backoffs, "rings taken down for a trickle: the next set-up waits longer") \
+    X(rx_one_by_one_drops, "of rx_ring_drops, those lost while frames came one by one (socket buffer full)")
 
 #define ETHP_X_ENUM(name, help) ETHP_PC_##name,
 enum ethp_port_counter { ETHP_PORT_COUNTERS(ETHP_X_ENUM) ETHP_PORT_NCOUNTERS };
@@ -478,7 +479,9 @@ uint32_t ethp_switch_port_count(const struct ethp_switch *sw);
  * packet pool empty, out[2] from an interface that is not a port.  Then
  * out[3] frames received one by one (ring down), out[4] ring set-ups,
  * out[5] ring take-downs, out[6] failed set-ups, out[7] 1 if the ring is
- * up now, out[8] take-downs for a trickle (the next set-up waits). */
+ * up now, out[8] take-downs for a trickle (the next set-up waits),
+ * out[9] of out[0], those lost while frames came one by one (the socket's
+ * buffer full, not the ring). */
 void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out);
 /* Copy one port's counters: ETHP_SW_NCOUNTERS values into out, then
  * ETHP_NCLASSES x ETHP_SW_NCLASS_COUNTERS into cls_out. */

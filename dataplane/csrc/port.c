@@ -75,7 +75,15 @@
  * helper threads, a tenth of the NIC threads' CPU). */
 #define ETHP_RING_PAID_BYTES_PER_FRAME 4096u
 #define ETHP_RING_PAID_FRAMES_MIN 256u
-#define ETHP_ONE_BY_ONE_RCVBUF_BYTES (4u << 20)
+/* The socket frames come one by one to holds as many bytes as the port's
+ * ring would (4 MiB at least): a burst that comes before the reader wakes,
+ * or while the ring is being set up (zeroing it, then an RCU grace period:
+ * tens of ms), is not lost for want of a buffer the ring would have had.
+ * With 4 MiB for all (8 MiB as the kernel counts a socket's buffer), a
+ * port held about 1,000 frames of 4 KB before its reader woke and lost the
+ * rest; its ring held 16 MiB, a 512-port switch's 32 MiB. */
+#define ETHP_ONE_BY_ONE_RCVBUF_MIN_BYTES (4u << 20)
+#define ETHP_ONE_BY_ONE_RCVBUF_MAX_BYTES (256u << 20)
 #define ETHP_RX_CHUNK 64 /* frames per recvmmsg */
 /* data.u64 of a port's epoll events: the caller's tag | which socket << 32 */
 #define ETHP_EV_ONE_BY_ONE 1ull
@@ -320,14 +328,18 @@ fail:
     return rc;
 }
 
-/* Fold a socket's kernel drop count into rx_ring_drops (the kernel resets
- * its statistics on every read). */
+/* Fold a socket's kernel drop count into rx_ring_drops, and into
+ * rx_one_by_one_drops for the socket frames come one by one to (the kernel
+ * resets its statistics on every read). */
 static void fold_drops(struct ethp_port *p, int fd)
 {
     struct tpacket_stats_v3 st; /* tp_drops sits where struct tpacket_stats has it */
     socklen_t sl = sizeof(st);
-    if (fd >= 0 && getsockopt(fd, SOL_PACKET, PACKET_STATISTICS, &st, &sl) == 0)
+    if (fd >= 0 && getsockopt(fd, SOL_PACKET, PACKET_STATISTICS, &st, &sl) == 0) {
         p->c[ETHP_PC_rx_ring_drops] += st.tp_drops;
+        if (fd == p->one_fd)
+            p->c[ETHP_PC_rx_one_by_one_drops] += st.tp_drops;
+    }
 }
 
 static void ring_close(struct ethp_port *p)
@@ -354,7 +366,12 @@ static void ring_close(struct ethp_port *p)
  * it waited before a thread read it is the reader's lateness. */
 static int one_by_one_open(struct ethp_port *p)
 {
-    int one = 1, b = ETHP_ONE_BY_ONE_RCVBUF_BYTES;
+    uint64_t ring_bytes = (uint64_t)p->cfg.block_bytes * p->cfg.n_blocks;
+    if (ring_bytes < ETHP_ONE_BY_ONE_RCVBUF_MIN_BYTES)
+        ring_bytes = ETHP_ONE_BY_ONE_RCVBUF_MIN_BYTES;
+    if (ring_bytes > ETHP_ONE_BY_ONE_RCVBUF_MAX_BYTES)
+        ring_bytes = ETHP_ONE_BY_ONE_RCVBUF_MAX_BYTES;
+    int one = 1, b = (int)ring_bytes;
     p->one_fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (p->one_fd < 0)
         return -errno;

@@ -1258,6 +1258,7 @@ void ethp_switch_ring_counters(struct ethp_switch *sw, uint64_t *out)
     out[6] = io[ETHP_PC_ring_failures];
     out[7] = (uint64_t)ethp_port_ring_up(sw->io);
     out[8] = io[ETHP_PC_ring_backoffs];
+    out[9] = io[ETHP_PC_rx_one_by_one_drops];
 }
 void ethp_switch_buffer(const struct ethp_switch *sw, uint64_t *used_bytes, uint64_t *hwm_bytes)
 {

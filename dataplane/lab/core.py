@@ -83,6 +83,7 @@ PORT_COUNTERS: tuple[str, ...] = tuple(
 RING_COUNTERS = (
     "drop_ring", "drop_no_buf", "drop_foreign",
     "rx_one_by_one", "ring_builds", "ring_parks", "ring_failures", "ring_up", "ring_backoffs",
+    "one_by_one_drops",  # of drop_ring: lost while frames came one by one
 )  # fmt: skip
 
 

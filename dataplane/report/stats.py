@@ -118,7 +118,13 @@ def render(st: dict, show_all: bool = False) -> str:
             + (
                 f"; receiving {'through its RX ring' if rx['ring_up'] else 'frame by frame'}"
                 f" (RX ring set up {rx['ring_builds']} times, taken down {rx['ring_parks']},"
-                f" {rx.get('ring_backoffs', 0)} of them for a trickle)"
+                f" {rx.get('ring_backoffs', 0)} of them for a trickle"
+                + (
+                    f"; {rx['one_by_one_drops']} of the frames lost came frame by frame"
+                    if rx.get("one_by_one_drops")
+                    else ""
+                )
+                + ")"
                 if rx
                 else ""
             )
