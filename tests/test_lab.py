@@ -393,6 +393,39 @@ s.close()
 """
 
 
+_SYN_INTO_NOTHING = """
+import socket, struct, time
+s = socket.socket()
+s.bind(("198.18.0.1", 0))
+s.setblocking(False)
+try:
+    s.connect(("198.18.0.200", 5001))  # no accelerator has it: the SYN goes unanswered
+except BlockingIOError:
+    pass
+t0 = time.monotonic()
+while True:
+    info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    if info[2] >= 1 or time.monotonic() - t0 > 30:  # tcpi_retransmits: the first retry
+        break
+    time.sleep(0.05)
+print(info[2], struct.unpack_from("I", info, 8)[0])  # retries, tcpi_rto (us)
+"""
+
+
+def test_a_hosts_syn_retries_back_off_from_the_first(lab_name):
+    """A SYN's retries run on real time from the kernel's 1 s initial RTO,
+    which a large k's round trip nears: every SYN still queued is sent
+    again.  Linux (since 6.7) sends 4 retries a fixed 1 s apart before it
+    backs off; a lab's accelerators back off from the first (2 s next)."""
+    ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    out = subprocess.run(
+        ["ip", "netns", "exec", f"ethp-{lab_name}-h0", sys.executable, "-c", _SYN_INTO_NOTHING],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()  # fmt: skip
+    retries, rto_us = int(out[0]), int(out[1])
+    assert retries >= 1 and rto_us >= 2_000_000, out  # Linux's default: 1 s again
+
+
 def _tcp_states(netns_fd: int) -> list[str]:
     """The TCP sockets' states in the namespace open at netns_fd (ss)."""
     out = subprocess.run(
