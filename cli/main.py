@@ -72,8 +72,7 @@ def cmd_lab_down(args) -> int:
         names = labs.down_all()
         print(f"removed {len(names)} lab(s)" + (": " + ", ".join(names) if names else ""))
         return 0
-    n = labs.down(args.name)
-    print(f"lab {args.name} removed ({n} namespaces)")
+    print(f"lab {args.name} removed ({labs.down(args.name)})")
     return 0
 
 
@@ -524,8 +523,9 @@ def cmd_clean(args) -> int:
 
     removed = labs.clean(args.names or None)
     print(
-        f"removed {removed['namespaces']} namespaces of {removed['labs']} dead lab(s); "
-        "objects ethplus did not make were left alone"
+        f"removed {removed['namespaces']} namespaces of {removed['labs']} dead lab(s)"
+        + (f" ({removed['tcp_sockets']} TCP sockets destroyed)" if removed["tcp_sockets"] else "")
+        + "; objects ethplus did not make were left alone"
     )
     if removed["live"]:
         print(

@@ -458,9 +458,12 @@ def test_down_leaves_no_tcp_connection_of_the_lab_in_the_kernel(lab_name):
         subprocess.run(["ip", "netns", "exec", h0, sys.executable, "-c", _CLOSE_FIRST], check=True)
         # orphaned (no process holds it), its FIN sent, acked or on its way
         assert _tcp_states(held) in (["FIN-WAIT-1"], ["FIN-WAIT-2"])
-        ethplus("lab", "down", lab_name, check=True)
+        out = ethplus("lab", "down", lab_name, check=True).stdout
         assert server.wait(10) != 0  # killed with the lab
         assert _tcp_states(held) == []
+        # the orphan at least (the killed server's own may have closed)
+        destroyed = re.search(r"(\d+) TCP sockets destroyed", out)
+        assert destroyed and int(destroyed[1]) >= 1, out
     finally:
         os.close(held)
         server.kill()

@@ -195,17 +195,34 @@ def kill_all(pids: list[int], grace_s: float = 1.0) -> None:
         pids = alive
 
 
-def delete_namespaces(paths: Iterable[str]) -> int:
-    """Kill what runs inside, then unmount; the kernel frees the veths.
+@dataclass
+class Removed:
+    """What taking a lab's namespaces down removed."""
 
-    Returns how many namespaces existed."""
+    namespaces: int = 0
+    tcp_sockets: int = 0  # kernel TCP sockets destroyed first (a killed job's connections)
+
+    def __iadd__(self, other: Removed) -> Removed:
+        self.namespaces += other.namespaces
+        self.tcp_sockets += other.tcp_sockets
+        return self
+
+    def __str__(self) -> str:
+        socks = f", {self.tcp_sockets} TCP sockets destroyed" if self.tcp_sockets else ""
+        return f"{self.namespaces} namespaces{socks}"
+
+
+def delete_namespaces(paths: Iterable[str]) -> Removed:
+    """Kill what runs inside, destroy the TCP sockets left, then unmount;
+    the kernel frees the veths."""
     present = [p for p in paths if os.path.exists(p)]
     kill_all(pids_in(present))
+    out = Removed(namespaces=len(present))
     for p in present:
         with contextlib.suppress(OSError):  # (a kernel without sock_diag's destroy)
-            destroy_tcp_sockets(p)
+            out.tcp_sockets += destroy_tcp_sockets(p)
         core.netns_delete(p)
-    return len(present)
+    return out
 
 
 # sock_diag (linux/sock_diag.h, linux/inet_diag.h): the kernel's TCP sockets
@@ -246,28 +263,32 @@ def _tcp_socket_ids(nl: socket.socket) -> list[bytes]:
             return ids
 
 
-def destroy_tcp_sockets(path: str) -> None:
+def destroy_tcp_sockets(path: str) -> int:
     """Destroy every TCP socket of the namespace at path.  A worker killed
     mid-job leaves its connections to the kernel, which keeps sending their
     FINs and data for many minutes at a large k (their RTO follows it, up to
     120 s) after the lab is gone, holding its namespace and counting against
     the host's orphan limit, which the next job's connections share.
     (Listing them walks the kernel's whole table: about 1 ms a namespace;
-    the namespace's own counts leave orphans out.)"""
+    the namespace's own counts leave orphans out.)  Returns how many it
+    asked the kernel to destroy."""
     nl = socket.socket(
         fileno=core.netns_socket(path, socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
     )
+    n = 0
     with nl:
         for _ in range(_DESTROY_ROUNDS):  # (a listener's queued children surface after it)
             ids = _tcp_socket_ids(nl)
             if not ids:
                 break
+            n += len(ids)
             for i in range(0, len(ids), _DESTROY_BATCH):
                 batch = ids[i : i + _DESTROY_BATCH]
                 nl.send(b"".join(_diag_request(_SOCK_DESTROY, _NLM_F_REQUEST, x) for x in batch))
                 with contextlib.suppress(BlockingIOError):  # errors (a socket gone since): unread
                     while nl.recv(1 << 16, socket.MSG_DONTWAIT):
                         pass
+    return n
 
 
 # tbf's rate field is 32-bit bytes/s in pyroute2 (no TCA_TBF_RATE64): above

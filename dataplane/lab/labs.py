@@ -344,14 +344,14 @@ def _record(spec: LabSpec, plan: Plan, timings: dict) -> dict:
 # ---------------------------------------------------------------- down, clean
 
 
-def _teardown(journal: registry.Journal) -> int:
+def _teardown(journal: registry.Journal) -> kernel.Removed:
     journal.status = "deleting"
     with contextlib.suppress(OSError):
         journal.save()
     _stop_fabric(journal)
-    n = kernel.delete_namespaces(journal.namespaces)
+    removed = kernel.delete_namespaces(journal.namespaces)
     registry.remove(journal.name)
-    return n
+    return removed
 
 
 def _journal(name: str) -> registry.Journal | None:
@@ -362,8 +362,8 @@ def _journal(name: str) -> registry.Journal | None:
         raise LabError(str(exc)) from None
 
 
-def down(name: str) -> int:
-    """Remove a lab; returns how many namespaces were removed."""
+def down(name: str) -> kernel.Removed:
+    """Remove a lab; returns what was removed."""
     require_root("ethplus lab down")
     journal = _journal(name)
     if journal is None:
@@ -405,7 +405,8 @@ def clean(only: list[str] | None = None) -> dict:
             registry.check_name(name)
         except registry.RegistryError as exc:
             raise LabError(str(exc)) from None
-    removed: dict = {"labs": 0, "namespaces": 0, "live": [], "refused": []}
+    removed: dict = {"labs": 0, "live": [], "refused": []}
+    gone = kernel.Removed()
     with registry.locked():
         for name in only if only is not None else registry.names():
             if not registry.lab_dir(name).exists():
@@ -419,7 +420,7 @@ def clean(only: list[str] | None = None) -> dict:
                 removed["live"].append(name)
                 continue
             if j is not None:
-                removed["namespaces"] += _teardown(j)
+                gone += _teardown(j)
             else:
                 registry.remove(name)
             removed["labs"] += 1
@@ -437,7 +438,8 @@ def clean(only: list[str] | None = None) -> dict:
                     valid_name(lab_of) and registry.lab_dir(lab_of).exists()
                 ):
                     stray.append(entry.path)
-        removed["namespaces"] += kernel.delete_namespaces(stray)
+        gone += kernel.delete_namespaces(stray)
+    removed["namespaces"], removed["tcp_sockets"] = gone.namespaces, gone.tcp_sockets
     return removed
 
 
