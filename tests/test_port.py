@@ -361,6 +361,27 @@ def test_a_burst_before_the_reader_wakes_is_held_as_the_ring_would_hold_it(
     assert pool.available == 4096
 
 
+def test_small_frames_are_received_into_small_buffers(veth_ns):
+    """A switch's full-size buffers can all be held by frames in its queues;
+    a frame short enough still comes in, into one of the pool's small
+    buffers, and only a frame that needs a full-size one is lost for want
+    of a buffer (counted as such)."""
+    path, a, b = veth_ns
+    pool = Pool(16, 8192, small=(64, 1024))
+    rx, tx = Port(b, path), Port(a, path)
+    held, n_held = pool.get(16)  # every full-size buffer in use
+    assert n_held == 16
+    big = build_frame(Addr(), Header(psn=999, len_bytes=4000), bytes(4000), compact=True)
+    assert tx.send(_numbered(0, 20) + [big] + _numbered(20, 20), Pool(64, 8192)) == 41
+    got = _drain(rx, pool, 40)
+    time.sleep(0.05)
+    got += rx.recv(pool, 64)
+    assert _psns(got) == list(range(40))
+    c = rx.counters()
+    assert c["rx_frames"] == 40 and c["rx_no_buf"] == 1, c
+    assert pool.put(held, n_held) == 16 and pool.available == 80  # nothing leaked
+
+
 def test_bursts_shorter_than_the_ring_window_come_one_by_one(veth_ns):
     """A burst of a few dozen frames (at a large k, a port's traffic comes in
     such bursts, seconds apart) does not set a ring up: it takes 64 frames

@@ -203,13 +203,21 @@ struct ethp_pkt {
 
 struct ethp_pool;
 struct ethp_pool *ethp_pool_new(uint32_t n_pkts, uint32_t buf_bytes);
+/* A pool with n_small buffers of small_bytes (< buf_bytes) too, which
+ * ethp_pool_get_for hands out for frames that fit. */
+struct ethp_pool *ethp_pool_new_sized(uint32_t n_pkts, uint32_t buf_bytes, uint32_t n_small,
+                                      uint32_t small_bytes);
 void ethp_pool_free(struct ethp_pool *pool);
-/* Take up to n packets; returns how many were taken. */
+/* Take up to n full-size packets; returns how many were taken. */
 uint32_t ethp_pool_get(struct ethp_pool *pool, struct ethp_pkt **pkts, uint32_t n);
+/* One packet for a frame of len bytes: a small one if it fits and one is
+ * free, else a full-size one (which may still be shorter than len: the
+ * caller checks cap); NULL if none is free. */
+struct ethp_pkt *ethp_pool_get_for(struct ethp_pool *pool, uint32_t len);
 /* Return n packets; returns how many were accepted (foreign or already
  * returned packets are refused). */
 uint32_t ethp_pool_put(struct ethp_pool *pool, struct ethp_pkt **pkts, uint32_t n);
-uint32_t ethp_pool_available(const struct ethp_pool *pool);
+uint32_t ethp_pool_available(const struct ethp_pool *pool); /* of both sizes */
 uint32_t ethp_pool_size(const struct ethp_pool *pool);
 
 /* ------------------------------------------------------------------ port */
@@ -361,6 +369,10 @@ struct ethp_switch_cfg {
     uint64_t seed;             /* hashing and fault randomness */
     uint32_t pool_pkts;
     uint32_t buf_bytes;
+    /* Small buffers beside the pool's full-size ones, for received frames
+     * of at most small_buf_bytes (0 pool_small_pkts: none). */
+    uint32_t pool_small_pkts;
+    uint32_t small_buf_bytes;
     /* One buffer shared by every egress queue of the switch (0: none, each
      * port has its link's buffer_bytes alone).  A queue may then hold at
      * most dt_alpha x the buffer still free (dynamic threshold), and never

@@ -592,8 +592,8 @@ static void copy_out(void *arg, const uint8_t *data, uint32_t len, int ifindex)
 {
     struct copy_ctx *c = arg;
     struct ethp_port *p = c->port;
-    struct ethp_pkt *k;
-    if (ethp_pool_get(c->pool, &k, 1) != 1) {
+    struct ethp_pkt *k = ethp_pool_get_for(c->pool, len);
+    if (!k) {
         p->c[ETHP_PC_rx_no_buf]++;
     } else if (len > k->cap) {
         p->c[ETHP_PC_rx_truncated]++;

@@ -1038,7 +1038,8 @@ struct ethp_switch *ethp_switch_new(const struct ethp_switch_cfg *cfg, uint32_t 
     sw->port_of_if = calloc(65536, sizeof(uint16_t));
     sw->active = calloc(max_ports ? max_ports : 1, sizeof(uint16_t));
     sw->cand = calloc(max_ports ? max_ports : 1, sizeof(uint16_t));
-    sw->pool = ethp_pool_new(cfg->pool_pkts, cfg->buf_bytes);
+    sw->pool =
+        ethp_pool_new_sized(cfg->pool_pkts, cfg->buf_bytes, cfg->pool_small_pkts, cfg->small_buf_bytes);
     sw->epfd = epoll_create1(EPOLL_CLOEXEC);
     sw->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sw->rng = ethp_rng_seed(cfg->seed);

@@ -243,10 +243,15 @@ def wire_bytes(frame_bytes: int) -> int:
 class Pool:
     """A fixed set of packet buffers, allocated once."""
 
-    def __init__(self, n_pkts: int, buf_bytes: int = 2048):
-        self._p = lib.ethp_pool_new(n_pkts, buf_bytes)
+    def __init__(self, n_pkts: int, buf_bytes: int = 2048, small: tuple[int, int] = (0, 0)):
+        """small: (how many, bytes each) small buffers beside the full-size
+        ones, for frames that fit (get_for, and a port's receive)."""
+        self._p = lib.ethp_pool_new_sized(n_pkts, buf_bytes, *small)
         if self._p == ffi.NULL:
-            raise MemoryError(f"cannot allocate a pool of {n_pkts} x {buf_bytes} bytes")
+            raise MemoryError(
+                f"cannot allocate a pool of {n_pkts} x {buf_bytes} bytes"
+                + (f" and {small[0]} x {small[1]}" if small[0] else "")
+            )
         self._p = ffi.gc(self._p, lib.ethp_pool_free)
 
     @property
@@ -262,6 +267,11 @@ class Pool:
         arr = ffi.new("struct ethp_pkt *[]", n)
         got = lib.ethp_pool_get(self._p, arr, n)
         return arr, got
+
+    def get_for(self, len_bytes: int):
+        """One packet for a frame of len_bytes (small if it fits), or None."""
+        k = lib.ethp_pool_get_for(self._p, len_bytes)
+        return None if k == ffi.NULL else k
 
     def put(self, pkts, n: int) -> int:
         return lib.ethp_pool_put(self._p, pkts, n)
@@ -517,6 +527,10 @@ class SwitchConfig:
     seed: int = 1
     pool_pkts: int = 8192
     buf_bytes: int = 9300
+    # small buffers for received frames that fit (acks, handshakes, short
+    # messages): a burst of them does not empty the full-size ones
+    pool_small_pkts: int = 0
+    small_buf_bytes: int = 0
     shared_buffer_bytes: int = 0  # 0: each port has its link's buffer alone
     dt_alpha: float = 1.0
     agg_id: int = 0  # this switch's aggregator number (routing.switch_ids)

@@ -44,6 +44,28 @@ class NominalLink(core.Link):
 
 _GOVERNOR_FIELDS = ("lost_link_ns", "late_sum_ns", "tx_frames")  # of every switch port
 
+# A switch's small buffers, beside its full-size ones: a received frame of
+# up to SMALL_BUFFER_BYTES (acks, handshakes, short messages) takes one, 512
+# a port.  Kernel TCP's all-to-all over upn-512 (512 B a peer, and an ack
+# each) queued 65,536 frames of 380 B on average, 25 MB, and the switch,
+# its full-size buffers all taken, lost 259,323 frames its queues had room
+# for.  Only the buffers in use are touched: 256 MiB of address space at most.
+SMALL_BUFFER_BYTES = 1024
+SMALL_BUFFERS_MAX = 262_144
+
+
+def switch_pools(n_ports: int, mtu_bytes: int) -> dict[str, int]:
+    """A switch's packet buffers (SwitchConfig fields): full-size ones for
+    its largest frame, and small ones."""
+    buf_bytes = mtu_bytes + 14 + 64
+    small = buf_bytes > SMALL_BUFFER_BYTES
+    return {
+        "pool_pkts": min(65536, max(4096, n_ports * 512)),
+        "buf_bytes": buf_bytes,
+        "pool_small_pkts": min(SMALL_BUFFERS_MAX, max(8192, n_ports * 512)) if small else 0,
+        "small_buf_bytes": SMALL_BUFFER_BYTES if small else 0,
+    }
+
 
 def _worst(before: list[int], after: list[int]) -> int:
     """The largest growth of one slot between two readings of a list."""
@@ -110,8 +132,7 @@ class Fabric:
                 int_id=i,
                 agg_slots=sw_cfg.get("inc_slots", 1024) if sw_cfg.get("inc") else 0,
                 seed=seed * 1_000_003 + i,
-                pool_pkts=min(65536, max(4096, n_ports * 512)),
-                buf_bytes=mtu + 14 + 64,
+                **switch_pools(n_ports, mtu),
             )
             sw = core.Switch(cfg, n_ports)
             ns = self.rec["namespaces"][name]
