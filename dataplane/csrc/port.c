@@ -6,7 +6,6 @@
 #include <linux/filter.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
-#include <linux/sock_diag.h>
 #include <linux/virtio_net.h>
 #include <net/if.h>
 #include <poll.h>
@@ -67,13 +66,6 @@
  * and the set-ups were a fifth of all the CPU of a 16 MiB all-reduce. */
 #define ETHP_RING_BACKOFF_MIN_NS 250000000ull
 #define ETHP_RING_BACKOFF_MAX_NS 4000000000ull
-/* ... unless the socket frames come one by one to has filled to this share
- * of its buffer (1/4) while the set-up waits: a burst that large pays for
- * a ring, and read one by one it could overflow.  Kernel TCP's all-to-all
- * over upn-512 lost 189,777 frames that way: its switch's ring, taken
- * down between the bursts of retransmissions that its 120 s minimum RTO
- * spaces out, waited up to 4 s to be set up again while a burst came. */
-#define ETHP_RING_FILLING_SHARE_DIV 4u
 /* What a ring must carry in its life to have paid for its set-up: a frame
  * for each ETHP_RING_PAID_BYTES_PER_FRAME of it (the kernel zeroes it all)
  * and ETHP_RING_PAID_FRAMES_MIN more (its helper threads, the socket's
@@ -151,7 +143,6 @@ struct ethp_port {
     /* the forwarding thread's: what the ring up now has carried, and the
      * wait before the next set-up after one that did not pay */
     uint64_t ring_life_frames, ring_backoff_ns, build_after_ns;
-    int filling; /* while a set-up waits: one_fd has filled (ETHP_RING_FILLING_SHARE_DIV) */
     pthread_t helper;
     int helper_live;
     pthread_mutex_t fd_lock; /* the ring socket, against a counters read */
@@ -741,9 +732,8 @@ static void rx_step(struct ethp_port *p, uint64_t now)
     switch (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE)) {
     case ETHP_RX_FRAMES:
         if (p->window_frames >= ETHP_RING_AT_FRAMES && now >= p->retry_ns &&
-            (now >= p->build_after_ns || p->filling)) {
+            now >= p->build_after_ns) {
             p->window_frames = 0;
-            p->filling = 0;
             helper_start(p, ETHP_RX_BUILDING);
         }
         break;
@@ -786,16 +776,6 @@ static void rx_step(struct ethp_port *p, uint64_t now)
         break;
     }
     }
-}
-
-/* Does one_fd hold ETHP_RING_FILLING_SHARE_DIV of its buffer or more? */
-static int one_by_one_filling(struct ethp_port *p)
-{
-    uint32_t mem[SK_MEMINFO_VARS];
-    socklen_t ml = sizeof(mem);
-    return getsockopt(p->one_fd, SOL_SOCKET, SO_MEMINFO, mem, &ml) == 0 &&
-           ml > SK_MEMINFO_RCVBUF * sizeof(uint32_t) &&
-           mem[SK_MEMINFO_RMEM_ALLOC] >= mem[SK_MEMINFO_RCVBUF] / ETHP_RING_FILLING_SHARE_DIV;
 }
 
 /* Receive one chunk from one_fd into the port's scratch slots (held until
@@ -852,8 +832,6 @@ static uint32_t one_by_one_recv(struct ethp_port *p, uint64_t now)
     p->window_frames += got;
     if (got < ETHP_RX_CHUNK)
         p->one_ready = p->one_first = 0;
-    else if (now < p->build_after_ns && !p->filling)
-        p->filling = one_by_one_filling(p);
     return got;
 }
 
