@@ -107,9 +107,11 @@ def render(st: dict, show_all: bool = False) -> str:
             if show_all or c["rx_frames"] or c["tx_frames"]
         ]
         state = "" if sw["up"] else "  (DOWN)"
-        lost = " ".join(f"{k.removeprefix('drop_')}={v}" for k, v in sw["ring"].items() if v)
         buf = sw.get("buffer")
         rx = sw.get("rx")
+        lost = " ".join(f"{k.removeprefix('drop_')}={v}" for k, v in sw["ring"].items() if v)
+        if rx and rx.get("one_by_one_drops"):
+            lost += f" ({rx['one_by_one_drops']} of them came frame by frame)"
         agg = {k: sum(c.get(k, 0) for c in sw["ports"].values()) for k in AGG_COUNTERS}
         lines.append(
             f"\n{name}{state}: {len(sw['ports'])} ports, {len(rows)} shown"
@@ -118,13 +120,7 @@ def render(st: dict, show_all: bool = False) -> str:
             + (
                 f"; receiving {'through its RX ring' if rx['ring_up'] else 'frame by frame'}"
                 f" (RX ring set up {rx['ring_builds']} times, taken down {rx['ring_parks']},"
-                f" {rx.get('ring_backoffs', 0)} of them for a trickle"
-                + (
-                    f"; {rx['one_by_one_drops']} of the frames lost came frame by frame"
-                    if rx.get("one_by_one_drops")
-                    else ""
-                )
-                + ")"
+                f" {rx.get('ring_backoffs', 0)} of them for a trickle)"
                 if rx
                 else ""
             )
