@@ -403,13 +403,14 @@ def cmd_capture(args) -> int:
 
 
 def cmd_exec(args) -> int:
-    from dataplane.lab import core, labs
+    from dataplane.lab import cgroup, core, labs
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
         raise LabError("nothing to run: ethplus exec LAB NODE -- CMD [ARGS...]")
     labs.require_root("ethplus exec")
     ns = labs.node_ns(args.lab, args.node)
+    cgroup.join(args.lab)
     core.netns_join(ns)
     try:
         os.execvp(cmd[0], cmd)

@@ -460,23 +460,39 @@ def test_a_run_the_machine_cannot_keep_up_with_is_marked_behind(tmp_path):
     assert "endpoints: 8 NIC engines" in r.stdout
 
 
-def test_kernel_tcp_handshakes_longer_than_its_initial_rto_are_counted_as_set_up(tmp_path):
-    """At k = 1e6 a rack's 2 us round trip is 2 s of real time, longer than
-    the kernel's initial RTO (1 s, real time, not scaled): every SYN times
-    out and is sent again with nothing lost.  The report counts those
-    timeouts as the connections' set-up, apart from the traffic's."""
-    name = f"{RUN_ID}-hs"
-    f = _erack_file(
-        tmp_path, name, {"accelerators = 8": "accelerators = 2", "planes = 4": "planes = 1"}
-    )
+def _tcp_handshake_run(tmp_path, name: str, syn_rto: str) -> tuple[dict, str]:
+    """An all-reduce over kernel TCP on 2 accelerators of one plane at k =
+    1e6, where a rack's 2 us round trip is 2 s of real time, longer than
+    Linux's fixed 1 s before a SYN goes again; the lab's [tcp] syn_rto set.
+    Returns the report's kernel TCP counters and the bench's output."""
+    f = _erack_file(tmp_path, name, {"accelerators = 8": "accelerators = 2",
+                                     "planes = 4": "planes = 1",
+                                     "[tcp]": f'[tcp]\nsyn_rto = "{syn_rto}"'})  # fmt: skip
     js = tmp_path / "r.json"
     r = ethplus("bench", "all-reduce", "--lab", str(f), "--transport", "tcp",
                 "--time-scale", "1000000", "--sizes", "4K", "--iters", "1", "--warmup", "0",
                 "--json", str(js))  # fmt: skip
     assert r.returncode == 0, r.stderr
-    t = json.loads(js.read_text())["fidelity"]["kernel_tcp"]
+    return json.loads(js.read_text())["fidelity"]["kernel_tcp"], r.stdout
+
+
+def test_kernel_tcp_handshakes_longer_than_a_second_send_no_syn_again(tmp_path):
+    """A lab's handshakes wait the kernel's largest RTO before a SYN goes
+    again (its cgroup's BPF program): at k = 1e6 no SYN or SYN-ACK is sent
+    twice, and the report says what they wait."""
+    t, out = _tcp_handshake_run(tmp_path, f"{RUN_ID}-hm", "max")
+    assert t["tcp_setup_rtos"] == 0 and t["tcp_setup_retx_segs"] == 0, t
+    assert "waits the kernel's largest RTO (120 s real)" in out, out
+
+
+def test_kernel_tcp_handshakes_longer_than_linuxs_second_are_counted_as_set_up(tmp_path):
+    """With Linux's own 1 s ([tcp] syn_rto = "linux") every SYN times out
+    at k = 1e6 and is sent again with nothing lost.  The report counts those
+    timeouts as the connections' set-up, apart from the traffic's."""
+    t, out = _tcp_handshake_run(tmp_path, f"{RUN_ID}-hs", "linux")
     assert t["tcp_setup_rtos"] >= 1 and t["tcp_rtos"] >= t["tcp_setup_rtos"], t
-    assert "in the connections' set-up" in r.stdout, r.stdout
+    assert "in the connections' set-up" in out, out
+    assert "waits Linux's fixed 1 s (real)" in out, out
 
 
 def test_kernel_tcp_on_a_shipped_lab_gets_and_counts_the_switches_ecn_marks(erack, tmp_path):

@@ -218,6 +218,8 @@ def test_clean_recognises_its_namespaces_even_without_the_journal(lab_name):
         subprocess.run(["rm", "-rf", f"/run/ethplus/labs/{lab_name}"], check=True)
         ethplus("clean", lab_name, check=True)
         assert lab_namespaces(lab_name) == {decoy_ns}
+        cg = _cgroup(lab_name)
+        assert cg is None or not cg.exists()  # found by the program ethplus attached
     finally:
         subprocess.run(["ip", "netns", "del", decoy_ns], check=False)
         subprocess.run(["ip", "link", "del", decoy_if], check=False)
@@ -424,6 +426,63 @@ def test_a_hosts_syn_retries_back_off_from_the_first(lab_name):
     ).stdout.split()  # fmt: skip
     retries, rto_us = int(out[0]), int(out[1])
     assert retries >= 1 and rto_us >= 2_000_000, out  # Linux's default: 1 s again
+
+
+_SYN_RTO = """
+import socket, struct
+s = socket.socket()
+s.setblocking(False)
+try:
+    s.connect(("198.18.0.200", 5001))  # no accelerator has it: the SYN goes unanswered
+except BlockingIOError:
+    pass
+print(struct.unpack_from("I", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), 8)[0])
+"""
+
+
+def _cgroup(lab: str) -> Path | None:
+    from dataplane.lab import cgroup
+
+    path = cgroup.lab_path(lab)
+    return None if path is None else Path(path)
+
+
+def test_a_command_in_a_lab_waits_the_kernels_largest_rto_before_a_syn_goes_again(lab_name):
+    """Linux sends a SYN again after a fixed real second, shorter than a
+    handshake at a large k: what `ethplus exec` runs in a lab (as a job's
+    ranks) waits the kernel's largest RTO instead, through the lab's cgroup,
+    which `lab down` removes.  A process that is not the lab's keeps 1 s."""
+    ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    cg = _cgroup(lab_name)
+    if cg is None:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    assert (
+        json.loads(ethplus("lab", "show", lab_name, "--json", check=True).stdout)["tcp_syn_rto"]
+        == "max"
+    )
+    r = ethplus("exec", lab_name, "h0", "--", sys.executable, "-c", _SYN_RTO, check=True)
+    assert int(r.stdout) == 120_000_000, r.stdout  # us
+    outside = subprocess.run(
+        ["ip", "netns", "exec", f"ethp-{lab_name}-h0", sys.executable, "-c", _SYN_RTO],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert int(outside.stdout) == 1_000_000
+    assert cg.is_dir()
+    ethplus("lab", "down", lab_name, check=True)
+    assert not cg.exists()
+
+
+def test_a_lab_may_keep_linuxs_second_before_a_syn_goes_again(lab_name, tmp_path):
+    """[tcp] syn_rto = "linux": no cgroup, and its commands' SYNs go again
+    after Linux's real second."""
+    src = Path(ERACK).read_text().replace("[tcp]", '[tcp]\nsyn_rto = "linux"', 1)
+    f = tmp_path / "lab.toml"
+    f.write_text(src)
+    ethplus("lab", "up", str(f), "--name", lab_name, check=True)
+    cg = _cgroup(lab_name)
+    assert cg is None or not cg.exists()
+    r = ethplus("exec", lab_name, "h0", "--", sys.executable, "-c", _SYN_RTO, check=True)
+    assert int(r.stdout) == 1_000_000, r.stdout
 
 
 def _tcp_states(netns_fd: int) -> list[str]:

@@ -937,4 +937,15 @@ int ethp_userns_join(int pid);
  * through sock (a socket in the interface's namespace).  0 or negative errno. */
 int ethp_if_offloads_off(int sock, const char *ifname);
 
+/* --------------------------------------------------------------- sockops */
+
+/* Attach to the cgroup (v2) directory cgroup_dir a BPF sock_ops program that
+ * gives every TCP connection made, or accepted, by its processes the
+ * kernel's largest RTO as its SYN (SYN-ACK) retransmit timeout instead of a
+ * real second.  0 or negative errno. */
+int ethp_sockops_syn_rto_max(const char *cgroup_dir);
+/* Is ethp_sockops_syn_rto_max's program attached to cgroup_dir (a cgroup
+ * ethplus made)?  1, 0 or negative errno. */
+int ethp_sockops_is_ours(const char *cgroup_dir);
+
 #endif

@@ -444,6 +444,19 @@ def netns_enter_thread(path: str) -> None:
     _check(lib.ethp_netns_move_thread(path.encode()), f"cannot enter {path}")
 
 
+# ---------------------------------------------------------------- sockops
+
+
+def sockops_syn_rto_max(cgroup_dir: str) -> int:
+    """Attach csrc/sockops.c's program to a cgroup (cgroup.py): 0 or an errno."""
+    return -lib.ethp_sockops_syn_rto_max(cgroup_dir.encode())
+
+
+def sockops_is_ours(cgroup_dir: str) -> bool:
+    """Is that program attached to the cgroup (one ethplus made)?"""
+    return lib.ethp_sockops_is_ours(cgroup_dir.encode()) == 1
+
+
 # ---------------------------------------------------------------- switch
 
 SW_COUNTERS: tuple[str, ...] = tuple(

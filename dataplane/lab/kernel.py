@@ -581,6 +581,25 @@ def netns_tcp_counts(netns_path: str) -> dict[str, int]:
         return {}
 
 
+def syn_rto_note(rec: dict) -> str:
+    """What a lab's handshakes wait before a SYN (SYN-ACK) goes again
+    (cgroup.py)."""
+    why = rec.get("tcp_syn_rto", "not set by this lab's ethplus")
+    backoff = "; a SYN's retries back off from the first, as Linux's did before 6.7"
+    if why == "max":
+        return (
+            "kernel TCP's handshake waits the kernel's largest RTO (120 s real) before a SYN or"
+            " SYN-ACK goes again, not Linux's fixed second, for the processes ethplus starts in"
+            " the lab (a BPF program on its cgroup): as a 1 s timeout would at any k over 120"
+            + backoff
+        )
+    return (
+        "kernel TCP's handshake waits Linux's fixed 1 s (real) before a SYN goes again: where a"
+        " handshake takes longer than that in real time (a large k), SYNs go again while the"
+        f" first is still on its way ({why})" + backoff
+    )
+
+
 def tcp_timer_notes(rec: dict) -> list[str]:
     """What a report says of kernel TCP (its routes' settings, its timers)
     at the lab's k now."""
@@ -602,8 +621,8 @@ def tcp_timer_notes(rec: dict) -> list[str]:
         + " on every connection, set on every host route (the host's sysctls do not count)",
         f"kernel TCP's minimum RTO follows k: {nominal_us:g} us nominal{now},"
         " set on every host route",
-        "kernel TCP timers fixed in the kernel, in real time, not time-scaled: the initial RTO"
-        " (1 s; a SYN's retries back off from the first, Linux's did before 6.7), "
+        syn_rto_note(rec),
+        "kernel TCP timers fixed in the kernel, in real time, not time-scaled: "
         + ("" if quickack else "the delayed-ACK timer (40 ms at least), ")
         + "the tail-loss probe's 2 ms floor (with one segment in flight it waits 2 RTT + the"
         " minimum RTO, which follows k), the 120 s RTO cap, keepalive and TIME-WAIT;"

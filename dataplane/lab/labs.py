@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import uvloop
 
 from dataplane.errors import EthplusError, Interrupted
-from dataplane.lab import fabric_client, kernel, registry, userns
+from dataplane.lab import cgroup, fabric_client, kernel, registry, userns
 from dataplane.model.labfile import LabSpec
 from dataplane.model.topology import IF_PREFIX, Topology, plane_subnet, valid_name
 
@@ -219,6 +219,11 @@ def up(spec: LabSpec) -> dict:
             plan = make_plan(spec, journal.slot)
             uvloop.run(_realise(plan, spec, timings))
             record = _record(spec, plan, timings)
+            record["tcp_syn_rto"] = (
+                cgroup.create(spec.name)
+                if spec.tcp.get("syn_rto", cgroup.SYN_RTO_MAX) == cgroup.SYN_RTO_MAX
+                else "the lab's [tcp] syn_rto is linux"
+            )
             registry.save_lab(spec.name, record)
             t_fabric = time.perf_counter()
             journal.fabric_pid = _start_fabric(spec.name)
@@ -350,6 +355,7 @@ def _teardown(journal: registry.Journal) -> kernel.Removed:
         journal.save()
     _stop_fabric(journal)
     removed = kernel.delete_namespaces(journal.namespaces)
+    cgroup.remove(journal.name)
     registry.remove(journal.name)
     return removed
 
@@ -439,6 +445,8 @@ def clean(only: list[str] | None = None) -> dict:
                 ):
                     stray.append(entry.path)
         gone += kernel.delete_namespaces(stray)
+        for name in cgroup.strays(only):
+            cgroup.remove(name)
     removed["namespaces"], removed["tcp_sockets"] = gone.namespaces, gone.tcp_sockets
     return removed
 

@@ -355,6 +355,7 @@ NIC_FIELDS = {**NIC_ETHP_FIELDS, **NIC_ROCE_FIELDS}
 # a lab's TCP never depends on the host's sysctls, and the minimum RTO,
 # nominal: real = nominal x k, kept right as k changes.
 TCP_CONGESTION_CONTROLS = ("cubic", "reno", "bbr", "dctcp")
+TCP_SYN_RTOS = ("max", "linux")
 _TCP_SCHEMA = {
     "rto_min_us": pos_num(
         200_000.0,
@@ -376,6 +377,14 @@ _TCP_SCHEMA = {
         False,
         "ack every segment at once (the route's quickack): no delayed-ACK timer, whose 40 ms"
         " minimum is real time and so 40 ms / k nominal; false: Linux's delayed acks",
+    ),
+    "syn_rto": one_of(
+        TCP_SYN_RTOS,
+        "max",
+        "what a handshake waits before a SYN or SYN-ACK goes again: max, the kernel's largest"
+        " RTO (120 s real, as Linux's 1 s would be at any k over 120; a BPF program on the"
+        " lab's cgroup); linux, Linux's fixed 1 s of real time, which a handshake outlasts at"
+        " a large k",
     ),
 }
 

@@ -266,7 +266,7 @@ class Launch:
         ns = self.rec["namespaces"][r.node]
         env = rank_environ(self.rec, self.nodes, r.rank, self.transport, self.backend, run_dir,
                            self.master_port, self.algo, self.serves_store)  # fmt: skip
-        r.proc = await _start_in(ns, self.cmd, env=env)
+        r.proc = await _start_in(self.rec["name"], ns, self.cmd, env=env)
 
     async def _serve_store(self) -> None:
         """The run's store (store.py) in rank 0's namespace, until the ranks
@@ -275,7 +275,7 @@ class Launch:
         addr = _ports(self.rec, self.nodes[0])[0]["ip"]
         cmd = python_module("dataplane.run.store", addr, str(self.master_port),
                             str(len(self.nodes)))  # fmt: skip
-        self.store = await _start_in(ns, cmd, cwd="/")
+        self.store = await _start_in(self.rec["name"], ns, cmd, cwd="/")
         assert self.store.stdout is not None
         last = ""
         async for line in self.store.stdout:
@@ -316,11 +316,11 @@ class Launch:
                 _signal(p, signal.SIGKILL)
 
 
-async def _start_in(ns: str, cmd: list[str], **kw) -> asyncio.subprocess.Process:
-    """cmd in namespace ns (this module's __main__), in a session of its own,
-    its output (stderr too) on a pipe."""
+async def _start_in(lab: str, ns: str, cmd: list[str], **kw) -> asyncio.subprocess.Process:
+    """cmd in namespace ns of lab (this module's __main__), in a session of
+    its own, its output (stderr too) on a pipe."""
     return await asyncio.create_subprocess_exec(
-        *python_module("dataplane.run.launcher", ns, "--", *cmd),
+        *python_module("dataplane.run.launcher", lab, ns, "--", *cmd),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, start_new_session=True, **kw,
     )  # fmt: skip
@@ -404,17 +404,19 @@ def summary(result: dict) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    """python -I -m dataplane.run.launcher NS -- CMD...: CMD in namespace NS."""
-    from dataplane.lab import core
+    """python -I -m dataplane.run.launcher LAB NS -- CMD...: CMD in lab LAB's
+    namespace NS (and its cgroup: its TCP handshakes' timeout follows k)."""
+    from dataplane.lab import cgroup, core
 
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: launcher NS -- CMD [ARGS...]", file=sys.stderr)
+    if len(argv) < 4 or argv[2] != "--":
+        print("usage: launcher LAB NS -- CMD [ARGS...]", file=sys.stderr)
         return 2
-    core.netns_join(argv[0])
+    cgroup.join(argv[0])
+    core.netns_join(argv[1])
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         return 1  # the launcher died before the line above
-    cmd = argv[2:]
+    cmd = argv[3:]
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:

@@ -8,7 +8,7 @@ peer still at its last store call (gloo's or the ethplus backend's closing
 barrier) failed with "Connection was likely closed".  This process lives
 until the launcher stops it, after every rank has exited.
 
-    python -I -m dataplane.run.launcher NS -- python -I -m dataplane.run.store ADDR PORT WORLD
+    python -I -m dataplane.run.launcher LAB NS -- python -I -m dataplane.run.store ADDR PORT WORLD
 """
 
 from __future__ import annotations

@@ -161,8 +161,8 @@ class TcpTransport(Transport):
         self.notes = (
             f"{self.streams} TCP connection(s) per pair of ranks, a message striped over them",
             f"kernel TCP's handshake tries {HANDSHAKE_TRIES} times each way (SYN, SYN-ACK;"
-            " Linux's defaults 6 and 5): its retries run on real time from a 1 s initial RTO,"
-            " about 14 min in all, where a large k's round trip alone can near 1 s",
+            " Linux's defaults 6 and 5): its retries run on real time, about 14 min in all"
+            " from Linux's 1 s initial RTO, where a large k's round trip alone can near 1 s",
             *kernel.tcp_timer_notes(rec),
         )
         self._sel = selectors.DefaultSelector()
@@ -658,8 +658,9 @@ class TcpTransport(Transport):
         its namespace's zero-window and tail-loss probes and delayed acks
         since the connections were up (kernel.netns_tcp_counts), the
         connections' set-up's also apart (tcp_setup_*: a SYN
-        times out on the kernel's 1 s initial RTO, real time, wherever a
-        handshake's round trip at the lab's k is longer)."""
+        times out on Linux's 1 s initial RTO, real time, wherever a
+        handshake's round trip at the lab's k is longer, unless the lab's
+        cgroup gives it the kernel's largest: cgroup.py)."""
         setup = {
             f"tcp_setup_{name[4:]}": self._setup_counts.get(name, 0)
             for name in ("tcp_retx_segs", "tcp_rtos", "tcp_rto_time_ms")
