@@ -104,6 +104,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="runs of each setting, in turns")
     ap.add_argument("--json", help="write every run here")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     runs = []
     with tempfile.TemporaryDirectory(prefix="ethp-syn-") as out_dir:
         for n in range(args.rounds):
