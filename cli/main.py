@@ -21,7 +21,7 @@ from dataplane.units import rate_text, size_text
 
 
 def cmd_lab_up(args) -> int:
-    from dataplane.lab import labs
+    from dataplane.lab import cgroup, labs
     from dataplane.model import labfile
 
     spec = labfile.load(args.file, name=args.name)
@@ -41,6 +41,9 @@ def cmd_lab_up(args) -> int:
     print(f"  time scale {spec.time_scale:g}: {_scale_reason(spec)}")
     for note in rec.get("rootless_notes", []):
         print(f"  rootless: {note}")
+    why = rec.get("tcp_syn_rto")
+    if why not in (cgroup.SYN_RTO_MAX, cgroup.SYN_RTO_LINUX):
+        print(f"  kernel TCP: a SYN goes again after Linux's 1 s of real time ({why})")
     print(f"  ethplus lab show {spec.name}    ethplus exec {spec.name} h0 -- ip addr")
     print(f"  ethplus lab down {spec.name}")
     return 0

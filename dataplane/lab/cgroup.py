@@ -36,6 +36,7 @@ from dataplane.lab import registry
 PREFIX = registry.NS_PREFIX  # "ethp-", as every name ethplus makes
 REMOVE_WAIT_S = 5.0
 SYN_RTO_MAX = "max"  # the record's tcp_syn_rto when the program is attached
+SYN_RTO_LINUX = "the lab's [tcp] syn_rto is linux"  # ... when the lab asked for none
 
 
 class CgroupError(EthplusError, RuntimeError):

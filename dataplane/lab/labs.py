@@ -222,7 +222,7 @@ def up(spec: LabSpec) -> dict:
             record["tcp_syn_rto"] = (
                 cgroup.create(spec.name)
                 if spec.tcp.get("syn_rto", cgroup.SYN_RTO_MAX) == cgroup.SYN_RTO_MAX
-                else "the lab's [tcp] syn_rto is linux"
+                else cgroup.SYN_RTO_LINUX
             )
             registry.save_lab(spec.name, record)
             t_fabric = time.perf_counter()
