@@ -584,9 +584,11 @@ def netns_tcp_counts(netns_path: str) -> dict[str, int]:
 def syn_rto_note(rec: dict) -> str:
     """What a lab's handshakes wait before a SYN (SYN-ACK) goes again
     (cgroup.py)."""
+    from dataplane.lab import cgroup
+
     why = rec.get("tcp_syn_rto", "not set by this lab's ethplus")
     backoff = "; a SYN's retries back off from the first, as Linux's did before 6.7"
-    if why == "max":
+    if why == cgroup.SYN_RTO_MAX:
         return (
             "kernel TCP's handshake waits the kernel's largest RTO (120 s real) before a SYN or"
             " SYN-ACK goes again, not Linux's fixed second, for the processes ethplus starts in"
