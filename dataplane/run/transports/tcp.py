@@ -26,7 +26,7 @@ import socket
 import struct
 import time
 
-from dataplane.lab import kernel
+from dataplane.lab import cgroup, kernel
 from dataplane.run.schedule import RECV, Schedule
 from dataplane.run.transport import Options, Transport, TransportError
 
@@ -63,7 +63,7 @@ CLOSE_WAIT_S = 5.0
 # before any queue), and a storm of handshakes outlasted them, the server
 # dropping a connection its client held set up (whose hello then met a
 # reset).  Twelve give each way about 14 min of real time (the backoff stops
-# at 120 s).
+# at 120 s); 26 min where the lab's cgroup makes every wait 120 s (cgroup.py).
 HANDSHAKE_TRIES = 12
 # The peers a rank is connecting to at once (all of a peer's streams
 # together, one per plane: each plane's switch meets one SYN a peer); the
@@ -161,8 +161,13 @@ class TcpTransport(Transport):
         self.notes = (
             f"{self.streams} TCP connection(s) per pair of ranks, a message striped over them",
             f"kernel TCP's handshake tries {HANDSHAKE_TRIES} times each way (SYN, SYN-ACK;"
-            " Linux's defaults 6 and 5): its retries run on real time, about 14 min in all"
-            " from Linux's 1 s initial RTO, where a large k's round trip alone can near 1 s",
+            " Linux's defaults 6 and 5): its retries run on real time, "
+            + (
+                "120 s each (the lab's cgroup), 26 min in all"
+                if rec.get("tcp_syn_rto") == cgroup.SYN_RTO_MAX
+                else "about 14 min in all from Linux's 1 s initial RTO, where a large k's round"
+                " trip alone can near 1 s"
+            ),
             *kernel.tcp_timer_notes(rec),
         )
         self._sel = selectors.DefaultSelector()
