@@ -412,8 +412,9 @@ def cmd_exec(args) -> int:
     if not cmd:
         raise LabError("nothing to run: ethplus exec LAB NODE -- CMD [ARGS...]")
     labs.require_root("ethplus exec")
-    ns = labs.node_ns(args.lab, args.node)
-    cgroup.join(args.lab)
+    rec = labs.get(args.lab)
+    ns = labs.node_ns(rec, args.node)
+    cgroup.join(rec)
     core.netns_join(ns)
     try:
         os.execvp(cmd[0], cmd)

@@ -83,10 +83,10 @@ def create(name: str) -> str:
     return SYN_RTO_MAX
 
 
-def join(name: str) -> None:
-    """Move the calling process (all its threads) into lab name's cgroup, if
-    the lab made one; call it before entering a namespace."""
-    rec = registry.load_lab(name) or {}
+def join(rec: dict) -> None:
+    """Move the calling process (all its threads) into the cgroup of the lab
+    whose record is rec, if it made one; call it before entering a namespace."""
+    name = rec["name"]
     path = lab_path(name)
     if rec.get("tcp_syn_rto") != SYN_RTO_MAX or path is None:
         return

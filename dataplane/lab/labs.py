@@ -522,13 +522,13 @@ def rescale(rec: dict, k: float) -> None:
             registry.save_lab(rec["name"], saved)
 
 
-def node_ns(name: str, node: str) -> str:
-    rec = get(name)
+def node_ns(rec: dict, node: str) -> str:
+    """The namespace of node in the lab whose record is rec."""
     ns = rec["namespaces"].get(node)
     if ns is None:
         nodes = list(rec["namespaces"])
         shown = ", ".join(nodes[:12]) + (" ..." if len(nodes) > 12 else "")
-        raise LabError(f"lab {name!r} has no node {node!r} (nodes: {shown})")
+        raise LabError(f"lab {rec['name']!r} has no node {node!r} (nodes: {shown})")
     return ns
 
 

@@ -406,12 +406,12 @@ def summary(result: dict) -> list[dict]:
 def main(argv: list[str]) -> int:
     """python -I -m dataplane.run.launcher LAB NS -- CMD...: CMD in lab LAB's
     namespace NS (and its cgroup: its TCP handshakes' timeout follows k)."""
-    from dataplane.lab import cgroup, core
+    from dataplane.lab import cgroup, core, registry
 
     if len(argv) < 4 or argv[2] != "--":
         print("usage: launcher LAB NS -- CMD [ARGS...]", file=sys.stderr)
         return 2
-    cgroup.join(argv[0])
+    cgroup.join(registry.load_lab(argv[0]) or {"name": argv[0]})
     core.netns_join(argv[1])
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:

@@ -294,7 +294,7 @@ def main(argv: list[str]) -> int:
         return 2
     _open_files_as_many_as_allowed()
     ranks = list(zip(pairs[0::2], pairs[1::2], strict=True))
-    cgroup.join(lab)  # its TCP handshakes' timeout follows k (cgroup.py)
+    cgroup.join(_lab_record(lab) or {"name": lab})  # its TCP handshakes' timeout (cgroup.py)
     core.netns_join(ranks[0][1])  # while single-threaded: setns applies to the calling thread
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
