@@ -2,6 +2,7 @@
 no test leaves a lab object behind, even when it fails."""
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.skip(reason="slow: run with scripts/test --all")
     root = pytest.mark.skip(reason="needs root: creates real network namespaces")
@@ -32,6 +34,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(slow)
         if "root" in item.keywords and not IS_ROOT:
             item.add_marker(root)
+    _engine_tests_once(items)
+
+
+UNPRIVILEGED_RUN = "test_these_tests_need_no_privilege"  # in test_engine.py
+
+
+def _engine_tests_once(items) -> None:
+    """test_engine's tests run once: where the run that drops every
+    capability and runs the whole file again is selected (as root, with
+    setpriv), the root run leaves them to it, but for those that need a
+    privilege (a skipif of their own); a test picked alone runs here."""
+    if not IS_ROOT or os.environ.get("ETHP_ENGINE_UNPRIVILEGED") or not shutil.which("setpriv"):
+        return
+    engine = [item for item in items if item.path.name == "test_engine.py"]
+    if not any(item.name == UNPRIVILEGED_RUN for item in engine):
+        return
+    there = pytest.mark.skip(reason=f"run without any privilege by {UNPRIVILEGED_RUN}")
+    for item in engine:
+        if item.name != UNPRIVILEGED_RUN and item.get_closest_marker("skipif") is None:
+            item.add_marker(there)
 
 
 def together(n: int, fn) -> list:

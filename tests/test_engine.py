@@ -379,12 +379,13 @@ def test_roce_goes_back_n_on_loss_and_delivers_every_byte(make):
 
 def test_these_tests_need_no_privilege():
     """The seam's promise: the engine's tests run with no capability at all
-    (no root, no namespaces, no raw sockets)."""
+    (no root, no namespaces, no raw sockets).  Where this runs, the root
+    run skips the rest of the file (conftest: they run once, here)."""
     if os.environ.get("ETHP_ENGINE_UNPRIVILEGED") or not shutil.which("setpriv"):
         pytest.skip("already unprivileged, or no setpriv (util-linux) here")
     r = subprocess.run(
         ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-m", "pytest",
-         "-q", "-p", "no:cacheprovider", __file__],
+         "-q", "-rfEs", "-p", "no:cacheprovider", __file__],
         env={**os.environ, "ETHP_ENGINE_UNPRIVILEGED": "1"},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
