@@ -1,15 +1,21 @@
 """Shared fixtures: root-only tests, unique lab names, and a guarantee that
 no test leaves a lab object behind, even when it fails."""
 
+import contextlib
+import glob
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from dataplane.lab import cgroup
+from dataplane.run import stacks
 
 IS_ROOT = os.geteuid() == 0
 # Every lab a test makes is named with this prefix, so the finaliser can
@@ -76,12 +82,44 @@ def ethplus(
     depend on the machine's load; the governor has tests of its own."""
     if args[:2] == ("lab", "up") and not governed:
         args = (*args, "--pin")
-    r = subprocess.run(
-        [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=timeout
-    )
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"ethplus {' '.join(args)} still running after {timeout:g} s; its last output,"
+            f" with the stacks of this run's labs' processes:\n{_stuck_output(p)}"
+        ) from None
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     if check and r.returncode != 0:
         raise AssertionError(f"ethplus {' '.join(args)} failed ({r.returncode}): {r.stderr}")
     return r
+
+
+STACKS_WAIT_S = 3.0
+
+
+def _stuck_output(p: subprocess.Popen) -> str:
+    """A command that outlived its timeout: every process in the cgroups of
+    this run's labs (their ranks, rank hosts and stores) asked for its
+    threads' stacks (dataplane.run.stacks), which `ethplus run` passes on;
+    then the command killed, and the tail of what it printed."""
+    root = os.path.dirname(cgroup.lab_path(f"{RUN_ID}-x") or "/nonexistent/x")
+    for procs in glob.glob(os.path.join(root, f"{cgroup.PREFIX}{RUN_ID}-*", "cgroup.procs")):
+        with contextlib.suppress(OSError), open(procs) as f:
+            for pid in f.read().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), stacks.SIGNAL)
+    time.sleep(STACKS_WAIT_S)
+    p.kill()
+    try:
+        out, err = p.communicate(timeout=STACKS_WAIT_S)
+    except subprocess.TimeoutExpired:  # a child still holds the pipes
+        return "(no output: the command's pipes are still held open)"
+    return (out or "")[-20000:] + "\n--- stderr:\n" + (err or "")[-3000:]
 
 
 def netns_names() -> set[str]:

@@ -296,6 +296,29 @@ def test_a_killed_rank_fails_the_run_in_one_line(erack, tmp_path):
     assert netns_names() == before
 
 
+@pytest.mark.root
+def test_a_rank_sent_usr1_prints_its_stacks_and_goes_on(erack, tmp_path):
+    """kill -USR1 a rank (here, each rank itself, between two calls): every
+    thread's stack, the backend's engine thread among them, comes out of
+    ethplus run with the rank's prefix, and the job goes on to the end."""
+    body = (
+        "x = torch.ones(8)\n"
+        "dist.all_reduce(x)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "dist.all_reduce(x)\n"
+        "print('after', int(x[0]), flush=True)\n"
+        "dist.destroy_process_group()\n"
+    )
+    r = run_program(erack, tmp_path / "usr1.py", body, "--nodes", "h0,h1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    for rank in (0, 1):
+        assert re.search(rf"^\[rank {rank} h{rank}\] Thread 0x[0-9a-f]+", out, re.M), out[-3000:]
+        assert re.search(rf"^\[rank {rank} h{rank}\] .*File .*torch_backend\.py.* in _main", out,
+                         re.M), out[-3000:]  # fmt: skip
+    assert rank_lines(r.stdout, r"after (\d+)") == {0: ["4"], 1: ["4"]}
+
+
 @pytest.fixture
 def governed_erack():
     """An erack-8x4 of the test's own, governed (time_scale "auto"), removed

@@ -41,7 +41,7 @@ from torch.futures import Future
 from dataplane.errors import EthplusError
 from dataplane.lab import registry
 from dataplane.lab.nic import INC_DTYPES
-from dataplane.run import launcher, reference
+from dataplane.run import launcher, reference, stacks
 from dataplane.run.collectives import Comm
 from dataplane.run.transport import Options
 
@@ -50,6 +50,9 @@ DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "b
           torch.int32: "int32", torch.int64: "int64"}  # fmt: skip
 OPS = {ReduceOp.SUM: "sum", ReduceOp.MAX: "max", ReduceOp.MIN: "min", ReduceOp.AVG: "avg"}
 POLL_S = 0.001  # while point-to-point transfers are open: how long one look waits
+
+if threading.current_thread() is threading.main_thread():
+    stacks.on_signal()  # kill -USR1 a rank: its stacks, prefixed, in ethplus run's output
 
 
 class BackendError(EthplusError, RuntimeError):

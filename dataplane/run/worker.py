@@ -30,7 +30,7 @@ import numpy as np
 from dataplane.lab import cgroup, clock, core, cpu, registry
 from dataplane.memo import once
 from dataplane.model.catalog import available
-from dataplane.run import reference
+from dataplane.run import reference, stacks
 from dataplane.run.collectives import Comm
 from dataplane.run.transport import Group, Options, Transport, TransportError
 from dataplane.run.workload import Case
@@ -293,6 +293,7 @@ def main(argv: list[str]) -> int:
         print("usage: worker SOCKET LAB NODE NS [NODE NS ...]", file=sys.stderr)
         return 2
     _open_files_as_many_as_allowed()
+    stacks.on_signal()  # kill -USR1: the rank host's threads' stacks on its stderr
     ranks = list(zip(pairs[0::2], pairs[1::2], strict=True))
     cgroup.join(_lab_record(lab) or {"name": lab})  # its TCP handshakes' timeout (cgroup.py)
     core.netns_join(ranks[0][1])  # while single-threaded: setns applies to the calling thread
