@@ -14,7 +14,12 @@ and past the worker processes' start-up, which each process pays once
 whatever the job moves: the first ratio grows as a job moves less), the
 workers' peak memory (each process's peak, summed), busbw against the ideal,
 the k range and the fidelity verdict; then the CPU ratio of one-per-rank to
-rank hosts.
+rank hosts.  The CPU per nominal GB is the job's processes' (the fabric's
+and the workers' threads, from schedstat) and, beside it, the whole
+machine's busy time over the job (idle-state residency: the job's
+coordinator, the kernel's threads and softirqs that ran outside the job's
+threads, the lab's idle cost over the job's real time, and anything else
+the machine ran then); each lab first prints what it costs up and silent.
 
     sudo .venv/bin/python scripts/bench_scale.py [--labs erack-8x4,erack-64x8]
         [--sizes 1M,16M] [--iters 2] [--upn] [--modes per-rank,hosts,hosts-own] [--json FILE]
@@ -62,8 +67,9 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         algo=args.algo if args.collective == "all-reduce" else "ring",
         uneven=args.collective == "all-to-all",
     ).validate()  # fmt: skip
-    t0, own0 = time.monotonic(), cpu.self_s()
+    t0, own0, machine0 = time.monotonic(), cpu.self_s(), cpu.machine_busy_s()
     res = trials.run(spec, rec)
+    machine_s = cpu.machine_busy_s() - machine0
     real_s = time.monotonic() - t0
     coordinator_s = cpu.self_s() - own0  # this process: the job's launcher and sampler
     f = res["fidelity"]
@@ -91,6 +97,13 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
         # worker process (so more of them costs it more), and a governed
         # run's trials
         "coordinator_cpu_s": coordinator_s,
+        # the whole machine's busy time over the job (cpu.machine_s): every
+        # process and kernel thread, the coordinator and softirqs run
+        # outside the job's threads included, and whatever else ran beside
+        # it (the lab's idle cost over the job's real time too); with
+        # --time-scale the job alone, governed its trials as well
+        "machine_cpu_s": machine_s,
+        "machine_cpu_s_per_nominal_GB": machine_s / nominal_GB,
         # the threads that move frames: the switches' (the same work whatever
         # process a rank runs in) and the NIC engines' (one thread serving
         # many ranks' ports makes fewer passes for the same frames)
@@ -111,6 +124,17 @@ def _one(rec: dict, size: int, args, per_host: int | None, shared: bool) -> dict
     }
 
 
+IDLE_WINDOW_S = 2.0
+
+
+def _idle_cores() -> float:
+    """The whole machine's busy cores over IDLE_WINDOW_S: with a lab up and
+    no job, what every job's machine figure has beside it per real second."""
+    b0, t0 = cpu.machine_busy_s(), time.monotonic()
+    time.sleep(IDLE_WINDOW_S)
+    return (cpu.machine_busy_s() - b0) / (time.monotonic() - t0)
+
+
 def _print(lab: str, mode: str, r: dict) -> None:
     k = r["k_range"]
     k_text = f"k {k[0]:g}..{k[1]:g}" if k else "k ?"
@@ -121,7 +145,8 @@ def _print(lab: str, mode: str, r: dict) -> None:
         f" of which switch threads {r['switches_cpu_s']:.1f} s,"
         f" NIC engines {r['engines_cpu_s']:.1f} s, start-up {r['startup_cpu_s']:.1f} s;"
         f" coordinator {r['coordinator_cpu_s']:.1f} s;"
-        f" past start-up {r['past_startup_cpu_s_per_nominal_GB']:.2f} s/GB)"
+        f" past start-up {r['past_startup_cpu_s_per_nominal_GB']:.2f} s/GB;"
+        f" machine {r['machine_cpu_s_per_nominal_GB']:.2f} s/GB)"
         f"  peak {r['peak_rss_bytes'] / 2**30:5.2f} GiB"
         f"  busbw {r['busbw_GBps']:6.1f} GB/s = {r['share_of_ideal']:.3f} of ideal"
         f"  {k_text}  {r['verdict']}  #wrong {r['wrong']}",
@@ -145,7 +170,8 @@ def _print_ratios(lab: str, size: int, rounds: list[dict[str, dict]]) -> None:
     start-up, which a job pays once per process whatever it moves (so the
     first ratio grows as a job moves less)."""
     for key, what in (("cpu_s_per_nominal_GB", "CPU per nominal GB"),
-                      ("past_startup_cpu_s_per_nominal_GB", "past start-up")):  # fmt: skip
+                      ("past_startup_cpu_s_per_nominal_GB", "past start-up"),
+                      ("machine_cpu_s_per_nominal_GB", "the whole machine's")):  # fmt: skip
         per_GB = _per_GB(rounds, key)
         base = per_GB.get("per-rank")
         for mode, vals in per_GB.items():
@@ -235,6 +261,8 @@ def main() -> int:
         with labs.session(lab, time_scale=args.time_scale) as rec:
             world = sum(1 for n in rec["topology"]["nodes"] if n["role"] == "host")
             hosts = args.ranks_per_host or -(-world // (os.cpu_count() or 1))
+            print(f"{lab:11s} up and silent: the machine {_idle_cores():.3f} cores busy"
+                  f" (over {IDLE_WINDOW_S:g} s, before the runs)", flush=True)  # fmt: skip
             for size in bench.parse_sizes(sizes):
                 rounds: list[dict[str, dict]] = []  # each round: mode -> its run
                 for round_ in range(args.repeat):
