@@ -1078,7 +1078,8 @@ def build_parser() -> argparse.ArgumentParser:
                     " (default: chosen per size as bench's; the switches where the lab reduces"
                     " and the transport is ethplus)")  # fmt: skip
     rn.add_argument("--master-port", type=int, default=29500, help="MASTER_PORT (29500)")
-    rn.add_argument("--timeout", type=float, metavar="S", help="stop the run after S seconds")
+    rn.add_argument("--timeout", type=float, metavar="S",
+                    help="stop the run after S seconds (each rank's stacks first)")  # fmt: skip
     rn.add_argument("--time-scale", type=float, metavar="K", help="k, for a lab file")
     rn.add_argument("--no-k-check", action="store_true",
                     help="governed: after the program, do not run bench's same collectives"

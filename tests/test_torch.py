@@ -27,14 +27,17 @@ def run(lab: str, *args: str, timeout: float = 300) -> subprocess.CompletedProce
     return ethplus("run", lab, *args, timeout=timeout)
 
 
+PROGRAM_HEAD = (
+    "import os, signal, time, torch, torch.distributed as dist\n"
+    "import dataplane.run.torch_backend\n"
+    "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n"
+)
+
+
 def run_program(lab: str, path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     """Write a program (imports, the group ethplus run names, then body) to
     path and run it on lab with args."""
-    path.write_text(
-        "import os, signal, time, torch, torch.distributed as dist\n"
-        "import dataplane.run.torch_backend\n"
-        "dist.init_process_group(os.environ['ETHPLUS_BACKEND'])\n" + body
-    )
+    path.write_text(PROGRAM_HEAD + body)
     return run(lab, *args, "--", "python", str(path), timeout=120)
 
 
@@ -297,26 +300,31 @@ def test_a_killed_rank_fails_the_run_in_one_line(erack, tmp_path):
 
 
 @pytest.mark.root
-def test_a_rank_sent_usr1_prints_its_stacks_and_goes_on(erack, tmp_path):
-    """kill -USR1 a rank (here, each rank itself, between two calls): every
-    thread's stack, the backend's engine thread among them, comes out of
-    ethplus run with the rank's prefix, and the job goes on to the end."""
+def test_a_run_past_its_timeout_shows_where_each_rank_waits(erack, tmp_path):
+    """ethplus run --timeout: a rank that never joins the all-reduce (rank 0
+    sleeps) keeps its peer waiting; at the timeout each rank is sent
+    SIGUSR1 (dataplane.run.stacks) and its threads' stacks come out with
+    its prefix, the sleeper's in the program, its peer's in the backend's
+    all-reduce; then the run fails in one line that says so."""
     body = (
-        "x = torch.ones(8)\n"
-        "dist.all_reduce(x)\n"
-        "os.kill(os.getpid(), signal.SIGUSR1)\n"
-        "dist.all_reduce(x)\n"
-        "print('after', int(x[0]), flush=True)\n"
-        "dist.destroy_process_group()\n"
+        "print('ready', flush=True)\n"
+        "if dist.get_rank() == 0:\n"
+        "    time.sleep(1000)\n"
+        "dist.all_reduce(torch.ones(8))\n"
     )
-    r = run_program(erack, tmp_path / "usr1.py", body, "--nodes", "h0,h1")
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = r.stdout + r.stderr
-    for rank in (0, 1):
-        assert re.search(rf"^\[rank {rank} h{rank}\] Thread 0x[0-9a-f]+", out, re.M), out[-3000:]
-        assert re.search(rf"^\[rank {rank} h{rank}\] .*File .*torch_backend\.py.* in _main", out,
-                         re.M), out[-3000:]  # fmt: skip
-    assert rank_lines(r.stdout, r"after (\d+)") == {0: ["4"], 1: ["4"]}
+    path = tmp_path / "stuck.py"
+    path.write_text(PROGRAM_HEAD + body)
+    r = run(erack, "--nodes", "h0,h1", "--timeout", "20", "--", "python", str(path))
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == (
+        "ethplus: error: the run took longer than --timeout 20 s"
+        " (each rank's stacks above: where it was waiting)"
+    ), r.stderr
+    assert rank_lines(r.stdout, "(ready)") == {0: ["ready"], 1: ["ready"]}, r.stdout[-3000:]
+    stack = {rank: "\n".join(lines) for rank, lines in rank_lines(r.stdout, "(.*)").items()}
+    assert re.search(r"File .*stuck\.py\", line 6 in <module>", stack[0]), stack[0]
+    assert re.search(r"Thread 0x[0-9a-f]+", stack[1]), stack[1]
+    assert re.search(r"File .* in all_reduce\b", stack[1]), stack[1]
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from dataplane.lab import cpu
 from dataplane.lab.labs import python_module
 from dataplane.model.catalog import ALGORITHMS, bus_factor
 from dataplane.report import fidelity
-from dataplane.run import store
+from dataplane.run import stacks, store
 
 ENV_LAB = "ETHPLUS_LAB"
 ENV_NODES = "ETHPLUS_NODES"  # the job's accelerators, in rank order, comma-separated
@@ -44,6 +44,7 @@ BACKENDS = ("ethplus", "gloo")
 ALGOS = ALGORITHMS["all-reduce"]
 MASTER_PORT = 29500
 GRACE_S = 3.0
+STACKS_S = 1.0  # --timeout: how long the ranks' stacks have to come out
 SAMPLE_S = 0.5
 PR_SET_PDEATHSIG = 1
 
@@ -234,11 +235,16 @@ class Launch:
                 serving = asyncio.create_task(self._serve_store())
             for r in self.ranks:
                 await self._spawn(r, run_dir)
-            watch = [asyncio.create_task(self._watch(r)) for r in self.ranks]
+            watch = asyncio.gather(*(self._watch(r) for r in self.ranks))
             try:
-                await asyncio.wait_for(asyncio.gather(*watch), self.timeout_s)
+                await asyncio.wait_for(asyncio.shield(watch), self.timeout_s)
             except TimeoutError:
-                self._fail(f"the run took longer than --timeout {self.timeout_s:g} s")
+                await self._stacks()
+                self._fail(f"the run took longer than --timeout {self.timeout_s:g} s"
+                           " (each rank's stacks above: where it was waiting)")  # fmt: skip
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
         finally:
             for task in (sampler, serving):
                 if task is not None:
@@ -299,6 +305,16 @@ class Launch:
             self.failed = msg
             for r in self.ranks:
                 _signal(r.proc, signal.SIGTERM)
+
+    async def _stacks(self) -> None:
+        """Each rank still running asked for its threads' stacks (stacks.py:
+        a rank that imported the ethplus backend prints them), and STACKS_S
+        for them to come out, prefixed, before the run is stopped."""
+        for r in self.ranks:
+            if r.proc is not None and r.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(r.proc.pid, stacks.SIGNAL)  # the rank's own process: exec'd
+        await asyncio.sleep(STACKS_S)
 
     async def _stop_all(self) -> None:
         """The ranks, then the store they may still be using."""
