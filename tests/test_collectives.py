@@ -355,3 +355,53 @@ def test_the_double_binary_tree_spans_every_rank_twice_with_inner_ranks_apart(n)
         assert broadcast_steps("tree", n + 1) == 1 + depth
     assert len(inner[0] & inner[1]) <= n % 2
     assert all_reduce_steps("tree", n) <= 2 * max(1, n).bit_length()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ([5, 4, 4, 4], [4, 4, 4, 4]),  # sends more than the buffer holds
+        ([4, 4, 4, 4], [4, 4, -4, 12]),  # a negative count, the sum still right
+        ([4, 4, 4], [4, 4, 4, 4]),  # a count short
+        ([4.5, 4, 4, 3.5], [4, 4, 4, 4]),  # not whole elements
+    ],
+)
+def test_a_refused_all_to_all_leaves_the_rank_in_step_with_its_peers(bad):
+    """Rank 0's first all-to-all is refused (its arguments are wrong) while
+    its peers wait in theirs; its corrected call then meets theirs, and
+    every rank gets the right data."""
+    world = 4
+
+    def body(c):
+        send = np.arange(16, dtype=np.float32) + 100 * c.rank
+        recv = np.zeros(16, np.float32)
+        if c.rank == 0:
+            with pytest.raises(ValueError, match="all-to-all"):
+                c.all_to_all(send, bad[0], recv, bad[1])
+        c.all_to_all(send, [4] * world, recv, [4] * world)
+        return recv
+
+    got = run_ranks(world, body)
+    for r, recv in enumerate(got):
+        want = np.concatenate([np.arange(4 * r, 4 * r + 4) + 100 * s for s in range(world)])
+        assert np.array_equal(recv, want.astype(np.float32)), r
+
+
+def test_a_refused_broadcast_or_send_draws_no_tag():
+    def body(c):
+        buf = np.full(8, c.rank, np.float32)
+        if c.rank == 1:
+            with pytest.raises(ValueError, match="root 7"):
+                c.broadcast(buf, root=7)
+            with pytest.raises(ValueError, match="tag"):
+                c.isend(buf, 0, tag=1 << 20)
+        c.broadcast(buf, root=0)
+        if c.rank == 1:
+            c.t.wait(c.isend(buf + 1, 0))
+        elif c.rank == 0:
+            got = np.zeros(8, np.float32)
+            c.t.wait(c.irecv(got, 1))
+            assert np.array_equal(got, np.ones(8, np.float32))
+        return buf
+
+    assert all(np.array_equal(b, np.zeros(8, np.float32)) for b in run_ranks(3, body))

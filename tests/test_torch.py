@@ -65,6 +65,13 @@ def test_tensors_the_backend_cannot_take_are_a_clear_type_error():
         torch_backend.op_name(torch.distributed.ReduceOp.PRODUCT, "float32")
 
 
+def test_negative_split_sizes_are_refused_though_they_sum_right():
+    t = torch.zeros(8, 2)
+    with pytest.raises(ValueError, match="input_split_sizes must not be negative"):
+        torch_backend._counts(t, [4, -2, 6, 0], 4, "input_split_sizes")
+    assert torch_backend._counts(t, [4, 2, 2, 0], 4, "input_split_sizes") == [8, 4, 4, 0]
+
+
 def test_the_backend_uses_the_tensors_own_memory():
     for dtype in torch_backend.DTYPES:
         t = torch.zeros(6, dtype=dtype)

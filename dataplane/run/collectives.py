@@ -10,6 +10,8 @@ one element (reference.bounds).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dataplane.model.catalog import ALGORITHMS, groups_of, pick_all_reduce, pick_broadcast
@@ -35,6 +37,41 @@ P2P_USER_TAGS = 256
 _ONE = np.ones(1, np.uint8)  # a rendezvous' 'ready'
 
 
+def _refuse_before_commit(call):
+    """A collective that refuses its arguments leaves this rank as it found
+    it: a call refused before its first message went out takes back the
+    tags it drew, so this rank's next call matches its peers' (who may be
+    waiting in theirs)."""
+
+    @functools.wraps(call)
+    def guarded(self, *args, **kwargs):
+        seq, started = self._seq, self._started
+        try:
+            return call(self, *args, **kwargs)
+        except (ValueError, TypeError):
+            if self._started == started:
+                self._seq = seq
+            raise
+
+    return guarded
+
+
+def check_counts(counts, world: int, size: int, what: str) -> list[int]:
+    """An all-to-all's counts, checked: one non-negative integer per rank,
+    their sum within the buffer's size (ValueError naming what is wrong)."""
+    try:
+        out = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: expected {world} integers, got {counts!r}") from None
+    if len(out) != world or any(c != x for c, x in zip(out, counts, strict=False)):
+        raise ValueError(f"{what}: expected {world} integers, got {counts!r}")
+    if min(out, default=0) < 0:
+        raise ValueError(f"{what}: {min(out)} is negative")
+    if sum(out) > size:
+        raise ValueError(f"{what}: {sum(out)} elements in all, the buffer holds {size}")
+    return out
+
+
 def chain_slice_bytes(nbytes: int) -> int:
     """The broadcast chain's slice for a buffer of nbytes: CHAIN_SLICES_MIN
     of them at least, each CHAIN_SLICE_MIN_BYTES to CHAIN_SLICE_BYTES."""
@@ -49,6 +86,7 @@ class Comm:
         self.rank, self.world = transport.rank, transport.world
         self.dtype = dtype
         self._seq = 0
+        self._started = 0  # schedules handed to the transport (the guard's 'committed')
         self._p2p: dict[tuple[int, int, int], int] = {}  # (direction, peer, tag) -> messages
         # prepare(): the steps of the call being built (None: run them now),
         # its schedules' ops, and the scratch arrays the prepared runs share
@@ -86,6 +124,7 @@ class Comm:
     def _do(self, step) -> None:
         """Run step() now, or keep it while preparing."""
         if self._collect is None:
+            self._started += 1
             step()
         else:
             self._collect.append(step)
@@ -113,16 +152,22 @@ class Comm:
         if not 0 <= peer < self.world or peer == self.rank:
             raise ValueError(f"peer {peer}: expected another rank of 0 to {self.world - 1}")
         n = self._p2p.get((direction, peer, tag), 0)
-        self._p2p[direction, peer, tag] = n + 1
         return P2P_TAG | tag << 23 | (n & 0x7FFFFF)
+
+    def _p2p_post(self, direction: int, peer: int, tag: int, post) -> object:
+        """post(wire tag): counted once the transport took it (a refused
+        message does not shift the count its peer's side keeps)."""
+        handle = post(self._p2p_tag(direction, peer, tag))
+        self._p2p[direction, peer, tag] = self._p2p.get((direction, peer, tag), 0) + 1
+        return handle
 
     def isend(self, buf: np.ndarray, peer: int, tag: int = 0) -> object:
         """Start sending buf to peer (wait on the handle with self.t)."""
-        return self.t.isend(peer, self._p2p_tag(0, peer, tag), buf)
+        return self._p2p_post(0, peer, tag, lambda t: self.t.isend(peer, t, buf))
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int = 0) -> object:
         """Start receiving peer's next message of this tag into buf."""
-        return self.t.irecv(peer, self._p2p_tag(1, peer, tag), buf)
+        return self._p2p_post(1, peer, tag, lambda t: self.t.irecv(peer, t, buf))
 
     # -- helpers
     def _tags(self, needed: int):
@@ -198,6 +243,7 @@ class Comm:
         self._collect.append(lambda: self._run_now(s, compiled))
 
     def _run_now(self, s: Schedule, compiled: object | None) -> None:
+        self._started += 1
         h = self.t.run(s) if compiled is None else self.t.run_compiled(compiled)
         if h is None:
             s.run_with(self.t)
@@ -219,6 +265,7 @@ class Comm:
         return s.send(peer, tag, _ONE, after=after)
 
     # -- collectives
+    @_refuse_before_commit
     def all_reduce(self, buf: np.ndarray, op: str = "sum", algo: str = "ring") -> None:
         """In place: every rank ends with the reduction of every rank's buf.
         algo auto: catalog.pick_all_reduce's choice for this size (every
@@ -451,6 +498,7 @@ class Comm:
                     s.send(c, tg(chunks[t] + k), part, after=[reduced, child_ready[c]])
         self._run(s)
 
+    @_refuse_before_commit
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
         """Rank r gets chunk r (reference.bounds) of the reduction of every send."""
         n, r = self.world, self.rank
@@ -477,6 +525,7 @@ class Comm:
         self._ring(n - 1, self._slices(send.nbytes // n), send_of, lambda s: partial[s], reduce_of,
                    op=op)  # fmt: skip
 
+    @_refuse_before_commit
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv is every rank's send, concatenated in rank order (chunks of
         reference.bounds(recv.size, world))."""
@@ -498,10 +547,18 @@ class Comm:
             lambda s: chunk((r - s - 1) % n),
         )
 
+    @_refuse_before_commit
     def all_to_all(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts) -> None:
         """Rank r sends send_counts[d] elements to each rank d (in order, from
         send) and receives recv_counts[s] from each rank s (in order, into recv)."""
         n, r = self.world, self.rank
+        send_counts = check_counts(send_counts, n, send.size, "all-to-all's send counts")
+        recv_counts = check_counts(recv_counts, n, recv.size, "all-to-all's receive counts")
+        if send_counts[r] != recv_counts[r]:
+            raise ValueError(
+                f"all-to-all: rank {r} sends itself {send_counts[r]} elements"
+                f" and expects {recv_counts[r]}"
+            )
         sd = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
         rd = np.concatenate([[0], np.cumsum(recv_counts)]).astype(int)
         tag = self._tags(2)
@@ -529,11 +586,14 @@ class Comm:
         s.copy(recv[rd[r] : rd[r + 1]], send[sd[r] : sd[r + 1]])
         self._run(s)
 
+    @_refuse_before_commit
     def broadcast(self, buf: np.ndarray, root: int = 0, algo: str = "ring") -> None:
         """Root's buf to every rank: down a pipelined chain root, root+1, ...
         (ring), or half down each of two binary trees (tree); auto:
         catalog.pick_broadcast's choice (every rank makes the same)."""
         n, r = self.world, self.rank
+        if not 0 <= root < n:
+            raise ValueError(f"broadcast: root {root} is not a rank (0 to {n - 1})")
         if n == 1 or buf.size == 0:
             return
         if algo == "auto":

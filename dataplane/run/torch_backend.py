@@ -602,6 +602,7 @@ def _counts(t: torch.Tensor, splits, world: int, what: str) -> list[int]:
         _need(n % world == 0, f"{what} empty, so the tensor must divide by {world} ranks")
         return [n // world] * world
     _need(len(splits) == world, f"{what} must have {world} entries")
+    _need(all(s >= 0 for s in splits), f"{what} must not be negative (got {list(splits)})")
     row = n // t.shape[0] if t.dim() and t.shape[0] else 0
     _need(sum(splits) == (t.shape[0] if t.dim() else 0), f"{what} must sum to dim 0")
     return [s * row for s in splits]
