@@ -1,6 +1,7 @@
 """PyTorch on the emulated fabric: the ethplus torch.distributed backend and
 `ethplus run`, against stock gloo over kernel TCP through the same switches."""
 
+import asyncio
 import json
 import os
 import re
@@ -283,6 +284,40 @@ def test_a_taken_master_port_fails_the_run_naming_it(erack):
         holder.wait()
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert re.search(r"store on h0 \(--master-port 29777\) .*address already in use", r.stderr)
+
+
+def test_output_is_cut_at_newlines_and_carriage_returns_and_long_lines_are_held():
+    async def lines(chunks, most):
+        r = asyncio.StreamReader()
+        for c in chunks:
+            r.feed_data(c)
+        r.feed_eof()
+        return [x async for x in launcher.output_lines(r, most)]
+
+    got = asyncio.run(lines([b"a\r", b"\nb\rc\n", b"x" * 100_000, b"y\r\n", b"tail"], 20))
+    assert got == ["a", "b", "c", "x" * 20 + "... [line cut: 99981 more bytes]", "tail"]
+
+
+@pytest.mark.root
+def test_a_run_survives_a_progress_bar_and_a_line_of_ten_megabytes(erack, tmp_path):
+    """What tqdm writes ('\r' and no newline, 100,000 times) and one 10 MB
+    line without a newline: the run ends 0, every line prefixed by its rank."""
+    path = tmp_path / "noisy.py"
+    path.write_text(
+        "import sys\n"
+        "for i in range(100_000):\n"
+        "    sys.stdout.write(f'\\r{i:6d}/100000 |' + '#' * (i // 5000) + '|')\n"
+        "sys.stdout.write('\\n' + 'z' * 10_000_000)\n"
+        "sys.stdout.flush()\n"
+    )
+    r = run(erack, "--nodes", "h0,h1", "--", "python", str(path), timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    bar = rank_lines(r.stdout, r"(\s*\d+)/100000 \|#*\|")
+    assert {k: len(v) for k, v in bar.items()} == {0: 100_000, 1: 100_000}
+    assert [int(x) for x in bar[1]] == list(range(100_000))
+    cut = rank_lines(r.stdout, r"(z+)\.\.\. \[line cut: \d+ more bytes\]")
+    assert {k: len(v) for k, v in cut.items()} == {0: 1, 1: 1}
+    assert len(cut[0][0]) == launcher.LINE_MAX_CHARS
 
 
 @pytest.mark.root

@@ -46,6 +46,8 @@ MASTER_PORT = 29500
 GRACE_S = 3.0
 STACKS_S = 1.0  # --timeout: how long the ranks' stacks have to come out
 SAMPLE_S = 0.5
+READ_BYTES = 64 * 1024  # a rank's output is read in chunks this large
+LINE_MAX_CHARS = 4096  # a longer line is shown cut, and says so
 PR_SET_PDEATHSIG = 1
 
 
@@ -284,8 +286,8 @@ class Launch:
         self.store = await _start_in(self.rec["name"], ns, cmd, cwd="/")
         assert self.store.stdout is not None
         last = ""
-        async for line in self.store.stdout:
-            last = line.decode(errors="replace").strip()
+        async for line in output_lines(self.store.stdout):
+            last = line.strip() or last
         rc = await self.store.wait()
         self._fail(f"the run's store on {self.nodes[0]} (--master-port {self.master_port}) "
                    f"exited with status {rc}: {last}")  # fmt: skip
@@ -293,8 +295,8 @@ class Launch:
     async def _watch(self, r: Rank) -> None:
         prefix = f"[rank {r.rank} {r.node}] "
         assert r.proc is not None and r.proc.stdout is not None
-        async for line in r.proc.stdout:
-            self.say(prefix + line.decode(errors="replace").rstrip("\n"))
+        async for line in output_lines(r.proc.stdout):
+            self.say(prefix + line)
         r.rc = await r.proc.wait()
         if r.rc != 0:
             how = f"was killed by signal {-r.rc}" if r.rc < 0 else f"exited with status {r.rc}"
@@ -330,6 +332,45 @@ class Launch:
                 await asyncio.gather(*(p.wait() for p in live))
             for p in procs:  # what each left behind in its session
                 _signal(p, signal.SIGKILL)
+
+
+async def output_lines(stream: asyncio.StreamReader, max_chars: int = LINE_MAX_CHARS):
+    """A process's output as lines, whatever it writes: read in chunks, cut
+    at '\n', '\r' or '\r\n' (a progress bar's updates end in '\r' alone),
+    each line held to max_chars (the rest counted, never kept: a line of
+    many megabytes without a newline costs no memory) and told as cut."""
+    held = bytearray()
+    cut = 0
+    after_cr = False
+
+    def line() -> str:
+        text = held.decode(errors="replace")
+        return f"{text}... [line cut: {cut} more bytes]" if cut else text
+
+    while chunk := await stream.read(READ_BYTES):
+        at = 0
+        if after_cr and chunk[:1] == b"\n":
+            at = 1  # the '\n' of a '\r\n' ends no second line
+        after_cr = False
+        while at < len(chunk):
+            ends = [i for i in (chunk.find(b"\n", at), chunk.find(b"\r", at)) if i >= 0]
+            end = min(ends) if ends else len(chunk)
+            room = max_chars - len(held)
+            held += chunk[at : at + min(end - at, room)]
+            cut += max(end - at - room, 0)
+            if not ends:
+                break
+            yield line()
+            held.clear()
+            cut = 0
+            at = end + 1
+            if chunk[end : end + 1] == b"\r":
+                if chunk[at : at + 1] == b"\n":
+                    at += 1
+                elif at == len(chunk):
+                    after_cr = True
+    if held or cut:
+        yield line()
 
 
 async def _start_in(lab: str, ns: str, cmd: list[str], **kw) -> asyncio.subprocess.Process:
