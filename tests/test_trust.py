@@ -3,6 +3,7 @@ sources, pause storms.  A raw-socket program inside a node (what anyone with
 `ethplus exec` can run) attacks a real transfer between two other nodes; the
 transfer must finish byte-exact and every refused frame must be counted."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -522,6 +523,58 @@ def test_tcp_refuses_a_hello_from_the_wrong_address_and_bad_chunk_headers():
         t1.close()
         if "fake" in out:
             out["fake"].close()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize(
+    "flood, why",
+    [
+        ("empty", "more than 65536 chunks before their receives were posted"),
+        ("fresh_tags", "more than 16384 messages before their receives were posted"),
+    ],
+)
+def test_tcp_early_data_is_bounded_in_memory_not_only_in_payload(flood, why):
+    """A peer floods chunk headers for receives not posted yet: a million
+    empty chunks of one message, or 1-byte messages under 200,000 fresh
+    tags (no payload cap sees either).  The receiver fails with an error
+    naming the peer, and its memory grows by less than 64 MiB (held
+    unbounded, the flood took several hundred)."""
+    import struct
+
+    from dataplane.run.transport import TransportError
+
+    out = _tcp_pair()
+    t0, t1 = out["h0"], out["h1"]
+    try:
+        h = t1.irecv(0, 5, np.zeros(8, np.uint8))
+        t0.wait(t0.isend(1, 5, np.ones(8, np.uint8)))
+        t1.wait(h)
+        sock = t0._conns[1][0].sock
+        if flood == "empty":
+            data = struct.pack("<IQQQ", 77, 100, 0, 0) * 1_000_000
+        else:
+            data = b"".join(struct.pack("<IQQQ", 1000 + i, 1, 0, 1) + b"x" for i in range(200_000))
+
+        def pour():
+            sock.settimeout(30)
+            with contextlib.suppress(OSError):
+                sock.sendall(data)
+
+        rss0 = _rss_bytes()
+        sender = threading.Thread(target=pour)
+        sender.start()
+        with pytest.raises(TransportError, match=f"rank 1: rank 0 sent a bad chunk.*{why}"):
+            t1.poll(t1.irecv(0, 6, np.zeros(8, np.uint8)), 20.0)
+            pytest.fail(f"no error; the receiver grew by {(_rss_bytes() - rss0) >> 20} MiB")
+        grown = _rss_bytes() - rss0
+        assert grown < 64 << 20, f"the receiver grew by {grown >> 20} MiB"
+    finally:
+        t1.close()
+        t0.close()
 
 
 def test_tcp_connections_that_never_say_hello_do_not_pile_up():

@@ -38,6 +38,17 @@ _READ_BUDGET_BYTES = 8 << 20  # per connection per pass, so no stream starves th
 # Chunks held for receives not yet posted, all peers together: a peer that
 # announces more is refused (an error naming it), never a huge allocation.
 EARLY_MAX_BYTES = 2 << 30
+# What a held chunk and a held message cost beyond their payload (the
+# chunk's bytearray, tuple and list slot; the message's _Early, its list,
+# key and dict entry): charged against EARLY_MAX_BYTES, so that empty or
+# 1-byte chunks cannot grow memory the payload count does not see.
+EARLY_CHUNK_COST_BYTES = 192
+EARLY_MSG_COST_BYTES = 512
+# And counted per peer: what one peer may have held before the receives
+# for them are posted (a collective call has at most 4,096 messages per
+# peer, a chunk at least 64 KiB of a message larger than that).
+EARLY_MAX_CHUNKS_PER_PEER = 1 << 16
+EARLY_MAX_MSGS_PER_PEER = 1 << 14
 # Source ports: a switch hashes a TCP flow's ports with its addresses onto
 # one of its equal-cost paths, so the kernel's random ephemeral port would
 # put the flows on different paths in every run (ecmp-collision's job time
@@ -187,7 +198,9 @@ class TcpTransport(Transport):
             "refused_conns": 0,
             "unseeded_ports": 0,
         }
-        self._early_bytes = 0  # held now (EARLY_MAX_BYTES)
+        self._early_bytes = 0  # payload held now
+        self._early_charged = 0  # held now, with each chunk's and message's cost (EARLY_MAX_BYTES)
+        self._early_counts: dict[int, list[int]] = {}  # peer -> [messages, chunks] held
         # Streams open on a rank's first message to or from a peer (the lower
         # rank of a pair connects, the higher accepts): a rank holds sockets
         # for the peers its collectives use (2 in a ring, log2(world) in
@@ -456,8 +469,8 @@ class TcpTransport(Transport):
         m = _Msg(peer, tag, view)
         early = self._early.pop(key, None)
         if early is not None:
+            self._release_early(peer, early)
             m.total = self._check_fits(m, early.total)
-            self._early_bytes -= sum(len(d) for _, d in early.chunks)
             for off, data in early.chunks:
                 view[off : off + len(data)] = data
                 self._count_in(m, len(data))
@@ -467,6 +480,46 @@ class TcpTransport(Transport):
         else:
             self._bytes["msgs_received"] += 1
         return m
+
+    def _hold_early(self, c: _Conn, key: tuple[int, int], total: int, clen: int) -> _Early:
+        """The held message a chunk with no receive posted goes to, once it
+        is within what c's peer may have held (an error naming it if not)."""
+        counts = self._early_counts.setdefault(c.peer, [0, 0])
+        early = self._early.get(key)
+        charge = clen + EARLY_CHUNK_COST_BYTES + (EARLY_MSG_COST_BYTES if early is None else 0)
+        if early is not None and total != early.total:
+            raise self._bad_chunk(c, f"tag {key[1]} was {early.total} bytes long, now {total}")
+        if early is None and counts[0] >= EARLY_MAX_MSGS_PER_PEER:
+            raise self._bad_chunk(c, f"more than {EARLY_MAX_MSGS_PER_PEER} messages before"
+                                     " their receives were posted")  # fmt: skip
+        if counts[1] >= EARLY_MAX_CHUNKS_PER_PEER:
+            raise self._bad_chunk(c, f"more than {EARLY_MAX_CHUNKS_PER_PEER} chunks before"
+                                     " their receives were posted")  # fmt: skip
+        if self._early_charged + charge > EARLY_MAX_BYTES:
+            raise self._bad_chunk(c, f"{clen} more bytes before a receive was posted"
+                                     f" (at most {EARLY_MAX_BYTES}, each chunk counted"
+                                     f" {EARLY_CHUNK_COST_BYTES} bytes more)")  # fmt: skip
+        if early is None:
+            early = self._early[key] = _Early(total)
+            counts[0] += 1
+        counts[1] += 1
+        self._early_charged += charge
+        self._early_bytes += clen
+        self._bytes["early_bytes"] += clen
+        return early
+
+    def _release_early(self, peer: int, early: _Early, chunk_bytes: int | None = None) -> None:
+        """A held message adopted by its receive (chunk_bytes None: all its
+        chunks and itself), or one of its chunks that landed once adopted."""
+        counts = self._early_counts[peer]
+        if chunk_bytes is not None:
+            n, chunks, msgs = chunk_bytes, 1, 0
+        else:
+            n, chunks, msgs = sum(len(d) for _, d in early.chunks), len(early.chunks), 1
+        counts[0] -= msgs
+        counts[1] -= chunks
+        self._early_bytes -= n
+        self._early_charged -= n + chunks * EARLY_CHUNK_COST_BYTES + msgs * EARLY_MSG_COST_BYTES
 
     def _count_in(self, m: _Msg, n: int, c: _Conn | None = None) -> None:
         """n more bytes of m placed.  Its chunks must add up to its length:
@@ -608,17 +661,7 @@ class TcpTransport(Transport):
                 raise self._bad_chunk(c, f"tag {tag} was {m.total} bytes long, now {total}")
             c.sink, c.body = m, m.view[off : off + clen]
         else:
-            early = self._early.get(key)
-            if early is None:
-                early = self._early[key] = _Early(total)
-            elif total != early.total:
-                raise self._bad_chunk(c, f"tag {tag} was {early.total} bytes long, now {total}")
-            if self._early_bytes + clen > EARLY_MAX_BYTES:
-                raise self._bad_chunk(
-                    c, f"{clen} more bytes before a receive was posted (at most {EARLY_MAX_BYTES})"
-                )
-            self._early_bytes += clen
-            self._bytes["early_bytes"] += clen
+            early = self._hold_early(c, key, total, clen)
             c.sink, c.body = early, memoryview(bytearray(clen))
         c.body_got = 0
         if clen == 0:
@@ -633,7 +676,7 @@ class TcpTransport(Transport):
                 return
             m = sink.msg  # adopted while this chunk was in flight: copy it in
             m.view[c.off : c.off + n] = c.body
-            self._early_bytes -= n
+            self._release_early(c.peer, sink, n)
         else:
             m = sink
         c.body, c.sink = None, None
