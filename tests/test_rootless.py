@@ -57,19 +57,34 @@ def user_env(built_wheel):
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_a_user_without_root_runs_a_whole_lab(user_env):
-    cli, home = user_env
-    env = {"HOME": str(home)}
-    name = f"{RUN_ID}-rl"
+def _as_user(cli, home):
+    """The user's ethplus: run(*args) checked; bg(*args) a Popen."""
 
     def user(*args, timeout=300):
-        return run([cli, *args], home, timeout=timeout, user=NOBODY, env=env)
+        return run([cli, *args], home, timeout=timeout, user=NOBODY, env={"HOME": str(home)})
 
     def user_bg(*args):
         base = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "env",
                 "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={home}"]  # fmt: skip
         return subprocess.Popen([*base, str(cli), *args], cwd=home, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    return user, user_bg
+
+
+def _user_down_and_reap(cli, home, name):
+    """The user's lab down (unchecked), then any of its lab processes killed."""
+    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                    "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={home}",
+                    str(cli), "lab", "down", name], cwd=home, capture_output=True)  # fmt: skip
+    if any("dataplane.lab" in cmd for cmd in _procs(NOBODY)):
+        subprocess.run(["pkill", "-u", str(NOBODY), "-f", "dataplane.lab"])
+
+
+def test_a_user_without_root_runs_a_whole_lab(user_env):
+    cli, home = user_env
+    name = f"{RUN_ID}-rl"
+    user, user_bg = _as_user(cli, home)
 
     try:
         r = user("lab", "up", "erack-8x4", "--name", name)
@@ -123,10 +138,66 @@ def test_a_user_without_root_runs_a_whole_lab(user_env):
         user("lab", "down", name)
         assert not _procs(NOBODY), _procs(NOBODY)  # no keeper, fabric or worker left
     finally:
-        subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                        "env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={home}",
-                        str(cli), "lab", "down", name], cwd=home, capture_output=True)  # fmt: skip
-        for pid_cmd in _procs(NOBODY):
-            if "dataplane.lab" in pid_cmd:
-                subprocess.run(["pkill", "-u", str(NOBODY), "-f", "dataplane.lab"])
-                break
+        _user_down_and_reap(cli, home, name)
+
+
+PING = ("h0", "--", "ping", "-c", "2", "-W", "5", "198.18.0.2")
+
+
+def _root_lab_works(name: str) -> None:
+    r = ethplus("exec", name, *PING, check=True)
+    assert " 0% packet loss" in r.stdout, r.stdout
+
+
+def _fabric_of_uid(uid: int, name: str) -> int:
+    for e in os.scandir("/proc"):
+        try:
+            argv = Path(e.path, "cmdline").read_bytes().split(b"\0")
+            if os.stat(e.path).st_uid == uid and b"dataplane.lab.fabric" in argv:
+                if name.encode() in argv:
+                    return int(e.name)
+        except (OSError, ValueError):
+            continue
+    raise AssertionError(f"no fabric of uid {uid} for {name}")
+
+
+def test_root_and_a_user_never_stop_each_others_lab_of_the_same_name(user_env):
+    """Labs of one name, root's and the user's: each side's `lab down`, and
+    its `clean NAME` of its own dead lab, leave the other's lab running and
+    passing traffic (the fabric is found by the lab's own record, in the
+    caller's own namespaces, never by a scan for its command line)."""
+    cli, home = user_env
+    name = f"{RUN_ID}-rs"
+    lab = str(Path(__file__).resolve().parent.parent / "netns-labs" / "erack-8x4.toml")
+    user, _ = _as_user(cli, home)
+
+    def user_lab_works():
+        assert " 0% packet loss" in user("exec", name, *PING).stdout
+
+    try:
+        user("lab", "up", "erack-8x4", "--name", name, "--pin")
+        ethplus("lab", "up", lab, "--name", name, check=True)
+        ethplus("lab", "down", name, check=True)  # root's
+        user_lab_works()
+
+        ethplus("lab", "up", lab, "--name", name, check=True)
+        r = user("lab", "down", name)  # the user's: no error, root's fabric untouched
+        assert "Traceback" not in r.stderr, r.stderr
+        _root_lab_works(name)
+
+        user("lab", "up", "erack-8x4", "--name", name, "--pin")
+        root_fabric = json.loads(Path(f"/run/ethplus/labs/{name}/journal.json").read_text())
+        os.kill(root_fabric["fabric_pid"], 9)  # root's lab is now a leftover
+        time.sleep(0.3)
+        r = ethplus("clean", name, check=True)
+        assert "of 1 dead lab(s)" in r.stdout, r.stdout
+        user_lab_works()
+
+        ethplus("lab", "up", lab, "--name", name, check=True)
+        os.kill(_fabric_of_uid(NOBODY, name), 9)  # the user's is the leftover now
+        time.sleep(0.3)
+        user("clean", name)
+        _root_lab_works(name)
+    finally:
+        ethplus("lab", "down", name)
+        _user_down_and_reap(cli, home, name)

@@ -31,7 +31,7 @@ import signal
 import time
 
 from dataplane.errors import EthplusError
-from dataplane.lab import registry
+from dataplane.lab import registry, userns
 
 PREFIX = registry.NS_PREFIX  # "ethp-", as every name ethplus makes
 REMOVE_WAIT_S = 5.0
@@ -57,8 +57,11 @@ def _v2_root() -> str | None:
 
 
 def lab_path(name: str) -> str | None:
-    """The cgroup of lab name (which may not exist), or None without cgroup v2."""
-    root = _v2_root()
+    """The cgroup of lab name (which may not exist), or None without cgroup
+    v2, or for a user's rootless lab: those have none, so the ``ethp-NAME``
+    cgroups are root's labs' alone and a user's lab of the same name never
+    touches one."""
+    root = None if userns.rootless() else _v2_root()
     return None if root is None else os.path.join(root, PREFIX + registry.check_name(name))
 
 
@@ -140,7 +143,7 @@ def strays(only: list[str] | None = None) -> list[str]:
     from dataplane.lab import core
     from dataplane.model.topology import valid_name
 
-    root = _v2_root()
+    root = None if userns.rootless() else _v2_root()
     if root is None or not os.path.isdir(root):
         return []
     out = []

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import uvloop
 
-from dataplane.lab import clock, core, cpu, governor, kernel, registry
+from dataplane.lab import clock, core, cpu, fabric_client, governor, kernel, registry
 from dataplane.lab.fabric_client import socket_path
 from dataplane.model import labfile, routing
 from dataplane.report import fidelity
@@ -504,6 +504,7 @@ async def _main(name: str) -> int:
     if rec is None:
         print(f"fabric: no lab {name!r}", file=sys.stderr)
         return 1
+    fabric_client.record_self(name)
     fabric = Fabric(rec)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

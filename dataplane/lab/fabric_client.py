@@ -36,18 +36,65 @@ def request(lab: str, req: dict, timeout_s: float = 10.0) -> dict:
     return json.loads(buf)
 
 
-def find_pids(lab: str) -> list[int]:
-    """Every fabric process of lab, recorded or not (a SIGKILL can orphan one)."""
+IDENTITY_NAME = "fabric.pid"  # in the lab's directory: the fabric's own word of who it is
+
+
+def record_self(lab: str) -> None:
+    """Written by the fabric as it starts: its pid and start time, so that a
+    fabric whose creator was killed before recording it is still found by
+    what the lab's own directory holds."""
+    pid = os.getpid()
+    path = registry.lab_dir(lab) / IDENTITY_NAME
+    tmp = path.with_suffix(f".{pid}")
+    tmp.write_text(f"{pid} {registry.process_start(pid)}\n")
+    os.replace(tmp, path)
+
+
+def recorded(lab: str, journal_pid: int = 0, journal_start: int = 0) -> list[tuple[int, int]]:
+    """The (pid, start time) pairs the lab's records name as its fabric:
+    the journal's, and the fabric's own file."""
+    out = [(journal_pid, journal_start)] if journal_pid else []
+    try:
+        pid, start = (int(x) for x in (registry.lab_dir(lab) / IDENTITY_NAME).read_text().split())
+    except (OSError, ValueError):
+        return out
+    if (pid, start) not in out:
+        out.append((pid, start))
+    return out
+
+
+def find_pids(lab: str, journal_pid: int = 0, journal_start: int = 0) -> list[int]:
+    """The live fabric processes of lab that its records name (recorded),
+    each checked by is_fabric.  Never a scan of the machine's processes:
+    another user's lab of the same name runs a process that looks alike."""
     return [
-        int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and is_fabric(int(e.name), lab)
-    ]
+        pid for pid, start in recorded(lab, journal_pid, journal_start)
+        if is_fabric(pid, lab, start)
+    ]  # fmt: skip
 
 
-def is_fabric(pid: int, lab: str) -> bool:
-    """Is pid (still) the fabric process of lab, and not a recycled pid?"""
+def _ns_ids(pid: int | str) -> tuple[int, int] | None:
+    """The (user, mount) namespaces pid lives in, or None if we may not look."""
+    try:
+        return tuple(os.stat(f"/proc/{pid}/ns/{ns}").st_ino for ns in ("user", "mnt"))  # type: ignore[return-value]
+    except OSError:
+        return None
+
+
+def is_fabric(pid: int, lab: str, start: int = 0) -> bool:
+    """Is pid (still) lab's fabric: the process that started at start (0:
+    a record from before start times were kept), running the fabric module
+    for this lab name, in this process's own user and mount namespaces (a
+    user's rootless lab of the same name is not root's, nor root's the
+    user's)?"""
+    if pid <= 0 or (start and registry.process_start(pid) != start):
+        return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    return b"dataplane.lab.fabric" in argv and lab.encode() in argv
+    if b"dataplane.lab.fabric" not in argv or lab.encode() not in argv:
+        return False
+    mine = _ns_ids("self")
+    return mine is not None and _ns_ids(pid) == mine

@@ -227,6 +227,7 @@ def up(spec: LabSpec) -> dict:
             registry.save_lab(spec.name, record)
             t_fabric = time.perf_counter()
             journal.fabric_pid = _start_fabric(spec.name)
+            journal.fabric_start = registry.process_start(journal.fabric_pid)
             journal.save()
             _wait_fabric(spec.name, journal.fabric_pid)
             record["timings_s"]["fabric_s"] = time.perf_counter() - t_fabric
@@ -317,7 +318,7 @@ def _wait_fabric(name: str, pid: int) -> None:
 
 
 def _stop_fabric(journal: registry.Journal) -> None:
-    pids = fabric_client.find_pids(journal.name)
+    pids = fabric_client.find_pids(journal.name, journal.fabric_pid, journal.fabric_start)
     kernel.kill_all(pids, grace_s=3.0)
     for pid in pids:
         with contextlib.suppress(ChildProcessError):
@@ -325,7 +326,7 @@ def _stop_fabric(journal: registry.Journal) -> None:
 
 
 def fabric_alive(journal: registry.Journal) -> bool:
-    return bool(journal.fabric_pid) and fabric_client.is_fabric(journal.fabric_pid, journal.name)
+    return bool(fabric_client.find_pids(journal.name, journal.fabric_pid, journal.fabric_start))
 
 
 def _record(spec: LabSpec, plan: Plan, timings: dict) -> dict:

@@ -96,6 +96,7 @@ class Journal:
     file: str = ""
     fabric_pid: int = 0
     pid_start: int = 0  # the creator's start time (/proc/PID/stat), against pid reuse
+    fabric_start: int = 0  # the fabric's start time (0: a journal from before it was kept)
 
     def save(self) -> None:
         d = lab_dir(self.name)
@@ -130,7 +131,7 @@ class Journal:
             return f"tag {self.tag!r} is not slot {self.slot}'s"
         if self.status not in STATUSES:
             return f"status {self.status!r} is unknown"
-        for f in ("pid", "fabric_pid", "pid_start"):
+        for f in ("pid", "fabric_pid", "pid_start", "fabric_start"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 return f"{f} {v!r} is not a process id"
