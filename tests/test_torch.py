@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -367,6 +368,64 @@ def test_a_run_past_its_timeout_shows_where_each_rank_waits(erack, tmp_path):
     assert re.search(r"File .*stuck\.py\", line 6 in <module>", stack[0]), stack[0]
     assert re.search(r"Thread 0x[0-9a-f]+", stack[1]), stack[1]
     assert re.search(r"File .* in all_reduce\b", stack[1]), stack[1]
+
+
+@pytest.mark.root
+def test_killed_runs_leave_no_in_network_registration_behind(tmp_path, lab_name):
+    """`ethplus run` with the all-reduce in the switches, killed -9 while its
+    ranks aggregate, 20 times in a row on a lab of 8 slots per switch: the
+    fabric expires each run's registrations once its process is gone, and
+    no run directory is left; a normal run after them aggregates in the
+    switches, exact.  SIGTERM and SIGHUP stop a run the same way, cleaning up."""
+    lab = tmp_path / "erack-8slots.toml"
+    text = (ROOT / "netns-labs" / "erack-8x4.toml").read_text()
+    lab.write_text(text.replace("[switch]\n", "[switch]\ninc_slots = 8\n", 1))
+    ethplus("lab", "up", str(lab), "--name", lab_name, check=True)
+    busy = tmp_path / "busy.py"
+    busy.write_text(PROGRAM_HEAD + (
+        "x = torch.ones(1 << 14)\n"
+        "dist.all_reduce(x)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    dist.all_reduce(x)\n"
+    ))  # fmt: skip
+    runs = Path(f"/run/ethplus/labs/{lab_name}/runs")
+
+    def start() -> subprocess.Popen:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "run", lab_name, "--nodes", "h0,h1", "--algo",
+             "in-network", "--", "python", str(busy)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        )  # fmt: skip
+        assert p.stdout is not None
+        for line in p.stdout:
+            if line.endswith("] ready\n"):
+                return p
+        raise AssertionError(f"the run ended before its ranks aggregated: {p.wait()}")
+
+    for _ in range(20):
+        p = start()
+        p.kill()
+        p.wait()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        p = start()
+        p.send_signal(sig)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 1 and f"interrupted by {sig.name}" in out, out[-2000:]
+    body = (
+        "x = torch.arange(1 << 14, dtype=torch.float32) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(x)\n"
+        "want = torch.arange(1 << 14, dtype=torch.float32) * 3\n"
+        "print('exact' if torch.equal(x, want) else 'wrong', flush=True)\n"
+    )
+    r = run_program(lab_name, tmp_path / "check.py", body, "--nodes", "h0,h1", "--algo",
+                    "in-network")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "all-reduce in the switches" in r.stdout
+    assert rank_lines(r.stdout, "(exact|wrong)") == {0: ["exact"], 1: ["exact"]}, r.stdout[-2000:]
+    st = json.loads(ethplus("lab", "stats", lab_name, "--json", check=True).stdout)
+    assert st["inc_leases"] == 0 and st["inc_leases_expired"] >= 20, st["inc_leases_expired"]
+    assert list(runs.iterdir()) == [], list(runs.iterdir())
 
 
 @pytest.fixture

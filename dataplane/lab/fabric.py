@@ -103,6 +103,11 @@ class Fabric:
         self._pids_at = -1e9
         self.node_up = {n: True for n in self.nodes if self.nodes[n]["role"] == "switch"}
         self.started_ns = time.monotonic_ns()
+        # in-network registrations as leases: group -> (owner pid, its start
+        # time, [switch, ...] joined, [switch, ...] registered); expired by
+        # expire_leases once the owner is gone (a killed job never leaves)
+        self.leases: dict[int, tuple[int, int, list[str], list[str]]] = {}
+        self.leases_expired = 0
 
     # -- translation nominal -> real
     def real(self, link: str, node: str, port_index: int) -> core.LinkState:
@@ -367,6 +372,8 @@ class Fabric:
             "cpu_s": cpu_s,
             "cpu_s_done": cpu.self_s(),
             "frames_cpu_s": frames_cpu_s,  # its switches' threads
+            "inc_leases": len(self.leases),  # in-network groups held by live jobs
+            "inc_leases_expired": self.leases_expired,  # ... undone, their owner gone
             "switches": out,
             "hosts": hosts,  # their uplinks' queues (tc), which the host's kernel fills
             "links": {n: vars(v) for n, v in self.nominal.items()},
@@ -417,15 +424,43 @@ class Fabric:
         a frame): register [switch, group, [[endpoint, address], ...] (its
         members, in index order), slot quota]; join (inner nodes of trees)
         [switch, group, parent id, index at the parent, the parent's
-        members]; leave [switch, group]; unregister [switch, group]."""
+        members]; leave [switch, group]; unregister [switch, group].  What
+        is registered or joined is leased to owner [pid, start time] (the
+        process that will leave), and undone when that process is gone."""
+        owner = req.get("owner")
+        if (req.get("register") or req.get("join")) and not (
+            isinstance(owner, list) and len(owner) == 2
+            and registry.process_alive(int(owner[0]), int(owner[1]))
+        ):  # fmt: skip
+            raise ValueError(f"in-network registration: owner {owner!r} is not a live process")
         for sw, group, members, quota in req.get("register", []):
             self.switches[sw].agg_register(group, [tuple(m) for m in members], quota)
+            self._lease(group, owner)[3].append(sw)
         for sw, group, parent, index, members in req.get("join", []):
             self.switches[sw].agg_join(group, parent, index, members)
+            self._lease(group, owner)[2].append(sw)
         for sw, group in req.get("leave", []):
             self.switches[sw].agg_leave(group)
+            self.leases.pop(group, None)
         for sw, group in req.get("unregister", []):
             self.switches[sw].agg_unregister(group)
+            self.leases.pop(group, None)
+
+    def _lease(self, group: int, owner: list) -> tuple[int, int, list[str], list[str]]:
+        return self.leases.setdefault(group, (int(owner[0]), int(owner[1]), [], []))
+
+    def expire_leases(self) -> int:
+        """Undo the registrations whose owner process is gone; how many groups."""
+        gone = [g for g, (pid, start, _, _) in self.leases.items()
+                if not registry.process_alive(pid, start)]  # fmt: skip
+        for group in gone:
+            _pid, _start, joined, registered = self.leases.pop(group)
+            for sw in joined:
+                self.switches[sw].agg_leave(group)
+            for sw in registered:
+                self.switches[sw].agg_unregister(group)
+        self.leases_expired += len(gone)
+        return len(gone)
 
     def set_node(self, name: str, up: bool) -> dict:
         if name not in self.switches:
@@ -486,6 +521,7 @@ async def _serve(fabric: Fabric, stop: asyncio.Event) -> None:
         # (ethplus clean, a test's fallback), it stops instead of idling on.
         while not stop.is_set():
             await asyncio.sleep(1.0)
+            fabric.expire_leases()
             if not registry.lab_dir(fabric.name).exists():
                 print(f"fabric: lab {fabric.name} was removed; exiting", file=sys.stderr)
                 stop.set()

@@ -34,7 +34,23 @@ from dataplane.model.catalog import canonical
 from dataplane.report import fidelity
 from dataplane.run import inc, transport
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # a job stops on these, cleaning up
+# a job (and `ethplus run`) stops on these, cleaning up: SIGHUP is a closed terminal
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """The signals a run's loop takes (add_signal_handler) while it runs,
+    where it runs in the main thread (none elsewhere); whatever handled them
+    before does again after.  (A Python handler's exception would only be
+    logged by a callback: the loop's own handlers must take them.)"""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in STOP_SIGNALS} if main else {}
+    try:
+        yield list(saved)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 GRACE_S = 2.0
 _serial = 0  # jobs started by this process: each gets its own socket
@@ -164,8 +180,12 @@ def plan_in_network(rec: dict, members: list[int] | None) -> dict:
 
 
 def join_in_network(lab: str, plan_inc: dict) -> None:
-    """Register a job's groups and join its trees in the lab's switches."""
-    _fabric_inc(lab, {"register": plan_inc["register"], "join": inc.inc_trees(plan_inc)})
+    """Register a job's groups and join its trees in the lab's switches,
+    leased to this process: the fabric undoes them once it is gone, however
+    it ended (leave_in_network is the usual way)."""
+    owner = [os.getpid(), registry.process_start(os.getpid())]
+    _fabric_inc(lab, {"register": plan_inc["register"], "join": inc.inc_trees(plan_inc),
+                      "owner": owner})  # fmt: skip
 
 
 def leave_in_network(lab: str, plan_inc: dict) -> None:
@@ -268,7 +288,7 @@ class Job:
         self.sample_s = fidelity.sample_interval_s(rec)
         self.barriers: dict[str, set[int]] = {}
         self.failed: asyncio.Future | None = None
-        self._saved_handlers: dict = {}  # run(): SIGTERM's and SIGINT's, in the main thread
+        self._stop_signals: list = []  # run(): stop_signals()
         self.handlers: set[asyncio.Task] = set()
         self.last_msg = time.monotonic()  # or the fabric's last progress (_sample)
         self._frames_moved = -1
@@ -276,16 +296,8 @@ class Job:
 
     # -- the run
     def run(self) -> dict:
-        # The loop's own handlers take SIGTERM and SIGINT while it runs (a
-        # Python handler's exception would only be logged by a callback);
-        # whatever handled them before does again after it.
-        main = threading.current_thread() is threading.main_thread()
-        self._saved_handlers = {s: signal.getsignal(s) for s in _STOP_SIGNALS} if main else {}
-        try:
+        with stop_signals() as self._stop_signals:
             return uvloop.run(self._main())
-        finally:
-            for s, h in self._saved_handlers.items():
-                signal.signal(s, h)
 
     def _interrupt(self, sig: int) -> None:
         """A signal: the job fails as if a rank had, stopping every worker."""
@@ -295,7 +307,7 @@ class Job:
     async def _main(self) -> dict:
         loop = asyncio.get_running_loop()
         self.failed = loop.create_future()
-        for sig in self._saved_handlers:  # the main thread's job only
+        for sig in self._stop_signals:  # the main thread's job only
             loop.add_signal_handler(sig, self._interrupt, sig)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.sock_path)

@@ -184,13 +184,14 @@ class Launch:
         self.serves_store = importlib.util.find_spec("torch") is not None
         self.store: asyncio.subprocess.Process | None = None
         self.failed: str | None = None
+        self.stop_signals: list = []  # run(): what stops it, its ranks stopped first
 
     def run(self) -> dict:
         import uvloop
 
         from dataplane.run import inc, job
 
-        run_dir = tempfile.mkdtemp(prefix="ethplus-run-")
+        run_dir = make_run_dir(self.rec["name"])
         plan_inc = None
         try:
             if self.algo == "in-network" or (
@@ -204,7 +205,8 @@ class Launch:
                 with open(os.path.join(run_dir, INC_FILE), "w") as f:
                     json.dump(plan_inc, f)
                 job.join_in_network(self.rec["name"], plan_inc)
-            res = uvloop.run(self._main(run_dir))
+            with job.stop_signals() as self.stop_signals:
+                res = uvloop.run(self._main(run_dir))
             res["algo"] = "in-network" if plan_inc is not None else self.algo
             return res
         finally:
@@ -216,6 +218,8 @@ class Launch:
         from dataplane.run.job import fabric_sample, fabric_stats
 
         loop = asyncio.get_running_loop()
+        for sig in self.stop_signals:
+            loop.add_signal_handler(sig, self._fail, f"interrupted by {signal.Signals(sig).name}")
         lab = self.rec["name"]
         before = await loop.run_in_executor(None, fabric_stats, lab)
         busy0 = cpu.machine_s()
@@ -236,8 +240,10 @@ class Launch:
             if self.serves_store:  # the ranks' clients retry until it listens
                 serving = asyncio.create_task(self._serve_store())
             for r in self.ranks:
+                if self.failed:  # a signal came while the ranks were starting
+                    break
                 await self._spawn(r, run_dir)
-            watch = asyncio.gather(*(self._watch(r) for r in self.ranks))
+            watch = asyncio.gather(*(self._watch(r) for r in self.ranks if r.proc))
             try:
                 await asyncio.wait_for(asyncio.shield(watch), self.timeout_s)
             except TimeoutError:
@@ -332,6 +338,29 @@ class Launch:
                 await asyncio.gather(*(p.wait() for p in live))
             for p in procs:  # what each left behind in its session
                 _signal(p, signal.SIGKILL)
+
+
+def make_run_dir(lab: str) -> str:
+    """A run's directory (the ranks' records, the in-network plan): in the
+    lab's own directory under /run/ethplus (a user's: in its keeper's
+    private /run), never the caller's $TMPDIR, root's alone, named for this
+    process (pid and start time).  Those of runs whose process is gone (a
+    SIGKILL skips the removal) are removed first."""
+    from dataplane.lab import registry
+
+    base = registry.lab_dir(lab) / "runs"
+    base.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(base, 0o700)
+    for d in base.iterdir():
+        try:
+            _run, pid, start, _rest = d.name.split("-", 3)
+            alive = registry.process_alive(int(pid), int(start))
+        except ValueError:
+            alive = False
+        if not alive:
+            shutil.rmtree(d, ignore_errors=True)
+    pid = os.getpid()
+    return tempfile.mkdtemp(prefix=f"run-{pid}-{registry.process_start(pid)}-", dir=base)
 
 
 async def output_lines(stream: asyncio.StreamReader, max_chars: int = LINE_MAX_CHARS):
