@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from dataplane.run.collectives import Comm
-from dataplane.run.transport import Transport
+from dataplane.run.transport import ShortMessage, Transport
 
 
 class Hub:
@@ -46,6 +46,9 @@ class LocalTransport(Transport):
             data = self.hub.box.pop(key)
         assert len(data) <= len(view), f"{len(data)}-byte message into a {len(view)}-byte buffer"
         view[: len(data)] = data
+        if len(data) < len(view):
+            raise ShortMessage(f"rank {peer}: {len(data)} of {len(view)} bytes", peer, len(data),
+                               len(view))  # fmt: skip
 
     def _poll(self, handle, timeout_s):
         if handle is not None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import RUN_ID, ethplus
 from labtools import Capture, Lab, assert_missed_only_by_ring
 
-from dataplane.lab import core
+from dataplane.lab import core, nic
 from dataplane.lab.nic import Endpoint
 from dataplane.report import stats
 
@@ -208,6 +208,48 @@ def test_a_payload_that_does_not_match_its_header_is_refused_not_read(erack, mod
         assert a.wait(a.post_send(b.rank, tag, src), 60) == size
         assert b.wait(hr, 60) == size
         assert np.array_equal(src, dst), "the buffer holds bytes that were not sent"
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("mode", ["roce", "ethplus"])
+def test_overlapping_packets_never_complete_a_receive_and_a_short_one_says_so(erack, mode):
+    """A sender whose packets overlap (two PSNs on the first 4 KiB, then
+    the last packet at 8 KiB: three packets' bytes, as many as the message
+    holds, the old count completed it with 4 KiB never written) is refused
+    packet by packet (rx_overlap) and the receive does not complete; a
+    whole message shorter than its receive ends in ShortMessage with its
+    length."""
+    roce = mode == "roce"
+    a, b = Endpoint(erack.name, "h0", roce=roce), Endpoint(erack.name, "h1", roce=roce)
+    try:
+        seg = nic.PAYLOAD_BYTES
+        dst, small = np.zeros(3 * seg, np.uint8), np.zeros(1000, np.uint8)
+        hr, hr_small = b.post_recv(a.rank, 31, dst), b.post_recv(a.rank, 32, small)
+        last = core.lib.ETHP_F_LAST
+        frames = [
+            forge(erack, "h0", to="h1", opcode=core.lib.ETHP_OP_DATA, src_ep=a.rank,
+                  compact=not roce, udp_port=ROCE_PORT if roce else core.UDP_PORT, psn=psn,
+                  flags=flags, tag=tag, msg_id=msg_id, offset=off, payload=bytes([fill]) * n,
+                  src_epoch=a.config["epoch"])
+            for psn, off, flags, fill, n, tag, msg_id in (
+                (0, 0, 0, 0x11, seg, 31, 5),
+                (1, 0, 0, 0x22, seg, 31, 5),  # the first 4 KiB again, under another PSN
+                (2, 2 * seg, last, 0x33, seg, 31, 5),
+                (3, 0, last, 0x44, 100, 32, 6),  # a whole message of 100 bytes
+            )
+        ]  # fmt: skip
+        before = b.counters()
+        send_raw(erack, "h0", frames)
+        with pytest.raises(nic.ShortMessage, match="sent a 100-byte message where 1000 bytes"):
+            b.wait(hr_small, 10)
+        assert (small[:100] == 0x44).all() and not small[100:].any()
+        assert b.wait(hr, 1.0) is None, "a receive completed with 4 KiB never written"
+        got = delta(b.counters(), before)
+        assert got.get("rx_overlap") == 1, got
+        assert (dst[:seg] == 0x11).all() and not dst[seg : 2 * seg].any()
+        assert (dst[2 * seg :] == 0x33).all()
     finally:
         a.close()
         b.close()
@@ -572,6 +614,24 @@ def test_tcp_early_data_is_bounded_in_memory_not_only_in_payload(flood, why):
             pytest.fail(f"no error; the receiver grew by {(_rss_bytes() - rss0) >> 20} MiB")
         grown = _rss_bytes() - rss0
         assert grown < 64 << 20, f"the receiver grew by {grown >> 20} MiB"
+    finally:
+        t1.close()
+        t0.close()
+
+
+def test_tcp_a_message_shorter_than_its_receive_is_an_error_with_its_length():
+    from dataplane.run.transport import ShortMessage
+
+    out = _tcp_pair()
+    t0, t1 = out["h0"], out["h1"]
+    try:
+        dst = np.full(1000, 7, np.uint8)
+        h = t1.irecv(0, 3, dst)
+        t0.wait(t0.isend(1, 3, np.ones(400, np.uint8)))
+        with pytest.raises(ShortMessage, match="rank 1: rank 0 sent a 400-byte message.*1000") as e:
+            t1.wait(h)
+        assert (e.value.peer, e.value.got_bytes) == (0, 400)
+        assert (dst[:400] == 1).all() and (dst[400:] == 7).all()
     finally:
         t1.close()
         t0.close()

@@ -15,7 +15,7 @@
 #endif
 
 /* Bump on any change to a struct or signature below; dataplane/lab/core.py checks it. */
-#define ETHP_ABI_VERSION 46
+#define ETHP_ABI_VERSION 47
 uint32_t ethp_abi_version(void);
 
 /* ------------------------------------------------------------------ wire */
@@ -546,6 +546,7 @@ int ethp_build_pfc(uint8_t *out, size_t cap, const uint8_t *src_mac, uint8_t cla
     X(rx_data_pkts, "data packets received")                                    \
     X(rx_data_bytes, "payload bytes placed")                                    \
     X(rx_dup_pkts, "duplicate data packets discarded")                          \
+    X(rx_overlap, "data packets refused: not at the place their PSN gives them in their message, or past its last packet (they would overlap other data)") \
     X(rx_unexpected_pkts, "data for no posted receive, discarded")              \
     X(rx_trimmed_pkts, "trimmed packets seen (each answered by a NACK)")        \
     X(rx_ce_pkts, "CE-marked packets seen")                                     \
@@ -622,6 +623,7 @@ enum {
     ETHP_NIC_ERR_NO_SUCH = -102,     /* unknown handle or peer */
     ETHP_NIC_ERR_NO_RECEIVE = -103,  /* the peer never posted a receive for the tag */
     ETHP_NIC_ERR_NO_GROUP = -104,    /* in-network all-reduce without ethp_nic_inc_setup */
+    ETHP_NIC_ERR_SHORT = -105,       /* a whole message shorter than the posted buffer */
     /* An engine thread's nice value, the fabric's (fabric.py): a NIC is
      * hardware, due when its pacers say, ahead of the workers' numpy work
      * and kernels on the same cores (where the caller may raise priority) */
@@ -715,6 +717,11 @@ int64_t ethp_nic_post_recv(struct ethp_nic *nic, uint32_t peer, uint32_t tag, ui
 /* Wait up to timeout_ms (-1: forever) for a handle.  Returns ETHP_NIC_OK,
  * ETHP_NIC_PENDING or an error; *bytes gets the message length. */
 int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t *bytes);
+/* A handle that finished ETHP_NIC_ERR_SHORT (ask before releasing it): the
+ * peer whose message was short, its length and the posted buffer's (for a
+ * schedule: its first short receive).  ETHP_NIC_ERR_NO_SUCH otherwise. */
+int ethp_nic_short(struct ethp_nic *nic, int64_t handle, uint32_t *peer, uint64_t *got_bytes,
+                   uint64_t *posted_bytes);
 /* The caller will not wait on handle again: the engine frees its message
  * once it has finished (at once if it has), and its handle answers
  * ETHP_NIC_ERR_NO_SUCH from now on.  A job of many transfers then holds

@@ -164,6 +164,8 @@ static void peer_reset(struct ethp_nic *n, struct nic_peer *p)
         m->bound = 0;
         m->done_bytes = 0;
         m->total = UINT64_MAX;
+        m->psn_known = 0; /* the peer's new incarnation numbers it anew */
+        m->end_bytes = 0;
         int j = nb++;
         for (; j > 0 && back[j - 1]->seq > m->seq; j--)
             back[j] = back[j - 1];
@@ -1376,6 +1378,21 @@ int ethp_nic_wait(struct ethp_nic *n, int64_t handle, int timeout_ms, uint64_t *
     int st = m ? m->status : ETHP_NIC_ERR_NO_SUCH;
     if (bytes)
         *bytes = !m ? 0 : m->is_send ? m->len : (m->total == UINT64_MAX ? 0 : m->total);
+    pthread_mutex_unlock(&n->lock);
+    return st;
+}
+
+int ethp_nic_short(struct ethp_nic *n, int64_t handle, uint32_t *peer, uint64_t *got_bytes,
+                   uint64_t *posted_bytes)
+{
+    pthread_mutex_lock(&n->lock);
+    struct nic_msg *m = nic_msg_lookup_locked(n, handle);
+    int st = m && m->status == ETHP_NIC_ERR_SHORT ? ETHP_NIC_OK : ETHP_NIC_ERR_NO_SUCH;
+    if (st == ETHP_NIC_OK) {
+        *peer = m->peer;
+        *got_bytes = m->total;
+        *posted_bytes = m->len;
+    }
     pthread_mutex_unlock(&n->lock);
     return st;
 }

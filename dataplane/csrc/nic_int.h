@@ -67,6 +67,13 @@ struct nic_msg {
     uint64_t len;
     uint64_t done_bytes; /* recv: placed; send: acknowledged */
     uint64_t total;      /* recv: known once the last packet came */
+    /* recv: where its packets may land (nic_rx.c, nic_fits): the PSN of
+     * its first packet (packets carry consecutive PSNs, so a packet's PSN
+     * gives its offset), the last packet's offset, and the end of the
+     * furthest other packet placed */
+    uint32_t psn_base;
+    int psn_known;
+    uint64_t last_off, end_bytes;
     uint64_t next_off;   /* send: next byte to packetize */
     int status;
     int is_send, bound, queued;

@@ -80,7 +80,7 @@ int nic_take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
         } else {
             memcpy(m->buf, p->eager[i].data, len);
             m->done_bytes = m->total = len;
-            nic_complete(n, m, ETHP_NIC_OK);
+            nic_complete(n, m, len < m->len ? ETHP_NIC_ERR_SHORT : ETHP_NIC_OK);
         }
         p->n_eager--;
         memmove(&p->eager[i], &p->eager[i + 1], (p->n_eager - i) * sizeof(p->eager[0]));
@@ -110,6 +110,40 @@ int nic_payload_whole(struct ethp_nic *n, struct nic_peer *p, const struct ethp_
     return 0;
 }
 
+/* May this data packet land in m?  Its sender cuts a message into packets
+ * of the engines' payload size (the last one shorter or equal) under
+ * consecutive PSNs, so a packet's offset is its PSN's distance from the
+ * message's first PSN times that size.  A packet that says otherwise, or
+ * that lies past the message's last packet (or a last packet before
+ * another packet's end), would overlap other data or leave the count of
+ * placed bytes past the message's length: refused (rx_overlap).  Every
+ * PSN is taken once (the receive window), so with these rules a message
+ * completes exactly when each of its bytes has come once. */
+static int nic_fits(struct ethp_nic *n, struct nic_msg *m, const struct ethp_hdr_fields *h)
+{
+    uint64_t seg = n->data_bytes, off = h->offset_bytes, len = h->len_bytes;
+    int last = (h->flags & ETHP_F_LAST) != 0;
+    if (off % seg || len > seg || (!last && len != seg))
+        return 0;
+    uint32_t idx = (uint32_t)(off / seg);
+    if (m->psn_known && h->psn - m->psn_base != idx)
+        return 0;
+    if (last ? m->total != UINT64_MAX || m->end_bytes > off
+             : m->total != UINT64_MAX && off + len > m->last_off)
+        return 0;
+    if (!m->psn_known) {
+        m->psn_base = h->psn - idx;
+        m->psn_known = 1;
+    }
+    if (last) {
+        m->last_off = off;
+        m->total = off + len;
+    } else if (off + len > m->end_bytes) {
+        m->end_bytes = off + len;
+    }
+    return 1;
+}
+
 void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
                const struct ethp_parsed *ps, const uint8_t *payload)
 {
@@ -118,15 +152,16 @@ void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
         /* a message that already failed (buffer too small): swallow the rest */
     } else if ((uint64_t)h->offset_bytes + h->len_bytes > m->len) {
         nic_complete(n, m, ETHP_NIC_ERR_TOO_SMALL); /* stays bound: its packets keep coming */
+    } else if (!nic_fits(n, m, h)) {
+        nic_count(n, p, ETHP_NC_rx_overlap, 1);
+        return;
     } else {
         memcpy(m->buf + h->offset_bytes, payload, ps->payload_bytes); /* == len_bytes */
         m->done_bytes += h->len_bytes;
-        if (h->flags & ETHP_F_LAST)
-            m->total = (uint64_t)h->offset_bytes + h->len_bytes;
         nic_count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
         if (m->done_bytes == m->total) {
             unbind(n, p, m);
-            nic_complete(n, m, ETHP_NIC_OK);
+            nic_complete(n, m, m->total < m->len ? ETHP_NIC_ERR_SHORT : ETHP_NIC_OK);
         }
     }
     nic_count(n, p, ETHP_NC_rx_data_pkts, 1);

@@ -208,10 +208,15 @@ void nic_sched_pump(struct ethp_nic *n)
             n->sched_done_tail = NULL;
         struct nic_sched *sc = m->sched;
         sc->pending--;
-        if (m->status != ETHP_NIC_OK)
-            sc->failed = sc->failed ? sc->failed : m->status;
-        else
+        if (m->status == ETHP_NIC_OK) {
             finish_op(sc, m->sched_idx);
+        } else if (!sc->failed) {
+            sc->failed = m->status;
+            /* its handle tells which message failed (ethp_nic_short) */
+            sc->whole->peer = m->peer;
+            sc->whole->total = m->total;
+            sc->whole->len = m->len;
+        }
         run_ready(n, sc);
     }
 }

@@ -88,7 +88,7 @@ def rings_unscaled_rtt_ns(ring_timeout_ms: int) -> int:
 
 # Where each frame an endpoint takes (rx_frames) ends: exactly one of these.
 RX_FATES = (
-    "rx_malformed", "rx_spoofed", "rx_stale_epoch", "rx_data_pkts", "rx_dup_pkts",
+    "rx_malformed", "rx_spoofed", "rx_stale_epoch", "rx_data_pkts", "rx_dup_pkts", "rx_overlap",
     "rx_unexpected_pkts", "rx_trimmed_pkts", "rx_oos_drops", "rx_beyond_window", "rx_acks",
     "rx_nacks", "rx_rnrs", "rx_cnps", "rx_hellos", "inc_rx_results", "inc_dup_results",
 )  # fmt: skip
@@ -112,6 +112,18 @@ class Unreachable(NicError):
 
 class BufferTooSmall(NicError):
     pass
+
+
+class ShortMessage(NicError):
+    """A whole message shorter than the buffer posted for it: its length is
+    said (got_bytes), and the tail of the buffer was not written."""
+
+    def __init__(self, peer: int, got_bytes: int, posted_bytes: int):
+        super().__init__(
+            f"rank {peer} sent a {got_bytes}-byte message where {posted_bytes} bytes were"
+            " posted (the rest of the buffer was not written)"
+        )
+        self.peer, self.got_bytes, self.posted_bytes = peer, got_bytes, posted_bytes
 
 
 class NoReceive(NicError):
@@ -544,9 +556,16 @@ class Endpoint:
         st = lib.ethp_nic_wait(self._nic, handle, ms, nbytes)
         if st == lib.ETHP_NIC_PENDING:
             return None
+        short = None
+        if st == lib.ETHP_NIC_ERR_SHORT:
+            peer, posted = ffi.new("uint32_t *"), ffi.new("uint64_t *")
+            lib.ethp_nic_short(self._nic, handle, peer, nbytes, posted)
+            short = ShortMessage(peer[0], nbytes[0], posted[0])
         if st != lib.ETHP_NIC_ERR_NO_SUCH:
             lib.ethp_nic_release(self._nic, handle)
         self._keep.pop(handle, None)
+        if short is not None:
+            raise short
         if st != lib.ETHP_NIC_OK:
             cls, msg = _ERRORS.get(st, (NicError, f"error {st}"))
             raise cls(msg)

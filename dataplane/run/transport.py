@@ -28,6 +28,16 @@ class TransportError(EthplusError, RuntimeError):
     """A transfer failed (peer unreachable, buffer too small, connection lost)."""
 
 
+class ShortMessage(TransportError):
+    """A peer's whole message was shorter than the buffer posted for it (the
+    buffer's tail unwritten): a collective or the torch backend stops on
+    it.  got_bytes is the message's length."""
+
+    def __init__(self, what: str, peer: int, got_bytes: int, posted_bytes: int):
+        super().__init__(what)
+        self.peer, self.got_bytes, self.posted_bytes = peer, got_bytes, posted_bytes
+
+
 def needs_ethplus(name: str) -> TransportError:
     return TransportError(f"in-network all-reduce needs the ethplus transport, not {name}")
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dataplane.lab import nic
 from dataplane.run.schedule import Schedule
-from dataplane.run.transport import Options, Transport, TransportError, needs_ethplus
+from dataplane.run.transport import (
+    Options,
+    ShortMessage,
+    Transport,
+    TransportError,
+    needs_ethplus,
+)
 
 # What an endpoint says of its in-network all-reduces when one fails.
 INC_COUNTERS = ("inc_tx_pkts", "inc_retx_pkts", "inc_rx_results", "inc_dup_results",
@@ -91,7 +97,7 @@ class NicTransport(Transport):
         try:
             return self.ep.post_compiled(compiled)
         except self._errors as e:
-            raise TransportError(f"rank {self.rank}: {e}") from e
+            raise self._failed(e) from e
 
     def _isend(self, peer: int, tag: int, view: memoryview) -> object:
         return self.ep.post_send(peer, tag, view)
@@ -106,7 +112,13 @@ class NicTransport(Transport):
         try:
             return self.ep.wait(handle, timeout_s) is not None
         except self._errors as e:
-            raise TransportError(f"rank {self.rank}: {e}") from e
+            raise self._failed(e) from e
+
+    def _failed(self, e: nic.NicError) -> TransportError:
+        """The engine's error as this rank's transport error."""
+        if isinstance(e, nic.ShortMessage):
+            return ShortMessage(f"rank {self.rank}: {e}", e.peer, e.got_bytes, e.posted_bytes)
+        return TransportError(f"rank {self.rank}: {e}")
 
     def counters(self) -> dict[str, int]:
         return self.ep.counters()

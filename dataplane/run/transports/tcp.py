@@ -28,7 +28,7 @@ import time
 
 from dataplane.lab import cgroup, kernel
 from dataplane.run.schedule import RECV, Schedule
-from dataplane.run.transport import Options, Transport, TransportError
+from dataplane.run.transport import Options, ShortMessage, Transport, TransportError
 
 PORT = 4796
 MIN_CHUNK_BYTES = 64 * 1024  # NCCL socket transport's minimum chunk per stream
@@ -554,6 +554,12 @@ class TcpTransport(Transport):
                 return False
             self._progress(max(left, 0.0))
             moved = True
+        if m.view is not None and m.total < len(m.view):  # a receive, whole but short
+            raise ShortMessage(
+                f"rank {self.rank}: rank {m.peer} sent a {m.total}-byte message (tag {m.tag})"
+                f" where {len(m.view)} bytes were posted (the rest of the buffer was not written)",
+                m.peer, m.total, len(m.view),
+            )  # fmt: skip
         return True
 
     # -- progress
