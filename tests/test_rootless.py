@@ -201,3 +201,54 @@ def test_root_and_a_user_never_stop_each_others_lab_of_the_same_name(user_env):
     finally:
         ethplus("lab", "down", name)
         _user_down_and_reap(cli, home, name)
+
+
+def test_a_users_labs_outlive_its_state_and_a_foreign_tmp_path(user_env, tmp_path):
+    """Another user made /tmp/ethplus-65534 first (the old fallback: a
+    denial of service); the user's lab comes up regardless.  A mount the
+    host makes after the user's keeper started is seen in the user's labs
+    (slave propagation).  The user's state directory is deleted (as logind
+    deletes $XDG_RUNTIME_DIR at logout) while its lab runs: `lab ls` still
+    finds the keeper (by what the kernel shows) and lists the lab, and
+    `lab down` removes it, leaving no process behind."""
+    cli, home = user_env
+    name = f"{RUN_ID}-ro"
+    user, _ = _as_user(cli, home)
+    foreign = Path(f"/tmp/ethplus-{NOBODY}")
+    made_foreign = not foreign.exists()
+    shared = Path(tempfile.mkdtemp(prefix="ethp-prop-", dir="/tmp"))
+    os.chmod(shared, 0o755)
+    mounted: list[Path] = []
+    try:
+        if made_foreign:
+            foreign.mkdir(mode=0o700)  # root's: the user may neither use nor remove it
+        subprocess.run(["mount", "--bind", shared, shared], check=True)
+        mounted.append(shared)
+        subprocess.run(["mount", "--make-shared", shared], check=True)
+        user("lab", "up", "erack-8x4", "--name", name, "--pin")
+
+        sub = shared / "sub"
+        sub.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "ethp-prop", sub], check=True)
+        mounted.append(sub)
+        (sub / "marker").write_text("mounted later\n")
+        assert user("exec", name, "h0", "--", "cat", str(sub / "marker")).stdout == (
+            "mounted later\n"
+        )
+
+        state = home / ".cache" / "ethplus"
+        assert (state / "keeper.pid").exists()
+        shutil.rmtree(state)
+        assert name in user("lab", "ls").stdout
+        user("lab", "down", name)
+        assert name not in user("lab", "ls").stdout
+        time.sleep(0.5)
+        assert not _procs(NOBODY), _procs(NOBODY)
+    finally:
+        _user_down_and_reap(cli, home, name)
+        for m in reversed(mounted):
+            subprocess.run(["umount", "-l", m], check=False)
+        shutil.rmtree(shared, ignore_errors=True)
+        if made_foreign:
+            foreign.rmdir()
+

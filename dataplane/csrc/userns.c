@@ -42,8 +42,9 @@ int ethp_userns_unshare(uint32_t uid, uint32_t gid)
     snprintf(map, sizeof(map), "0 %u 1", gid);
     if ((rc = write_file("/proc/self/gid_map", map)))
         return rc;
-    /* nothing mounted here reaches the host's mount namespace */
-    if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    /* nothing mounted here reaches the host's mount namespace, and what the
+     * host mounts later (where its mounts are shared) is seen here */
+    if (mount("none", "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
         return -errno;
     /* a /run of its own: /run/netns and /run/ethplus live here, and the
      * host's (root's labs) are out of sight */

@@ -10,12 +10,19 @@ else, and everything the labs run (switches, NIC engines, workers, iperf3,
 `exec`) lives under them.  Root's labs and a user's cannot see or remove
 each other: neither sees the other's /run.
 
-The keeper's pid is in the user's runtime directory (``$XDG_RUNTIME_DIR``,
-``/run/user/UID``, or ``/tmp/ethplus-UID``; each must be the user's own,
-mode 0700), ``ethplus/keeper.pid``, next to ``keeper.lock``: every command
-holds that lock shared while it runs; a command that finds no lab left when
-it ends takes it exclusive and stops the keeper (so `lab down` of the last
-lab, or `clean`, leaves nothing behind), unless another command is running.
+The keeper is found by what the kernel says: a process of this uid running
+the keeper module in a user namespace this uid owns (``find_keeper``), so
+that labs are never orphaned when the state below is lost (logind deletes
+``$XDG_RUNTIME_DIR`` at the user's last logout).  The state is a lock and
+the keeper's pid and start time, in the user's runtime directory
+(``$XDG_RUNTIME_DIR`` or ``/run/user/UID``) or else ``~/.cache/ethplus``;
+each must be the user's own, mode 0700, and none is a predictable name in a
+world-writable directory (another user could make it first).  Every command
+holds ``keeper.lock`` shared while it runs; a command that finds no lab
+left when it ends takes it exclusive and stops the keeper (so `lab down` of
+the last lab, or `clean`, leaves nothing behind), unless another command is
+running.  The keeper is signalled through a pidfd opened once its start
+time was checked, never by a pid that may have been recycled.
 
 What a user namespace cannot do is said once at `lab up` (rootless_notes).
 """
@@ -23,12 +30,16 @@ What a user namespace cannot do is said once at `lab up` (rootless_notes).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import select
 import signal
 import stat
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,15 +61,35 @@ def _own_private_dir(d: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
+def _own_dir(d: Path) -> bool:
+    """d is a directory (not a link) of this user's that no other may write."""
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def state_dir() -> Path:
-    """The user's runtime directory for ethplus (made 0700 if missing)."""
+    """The user's directory for ethplus's state (made 0700 if missing): in
+    its runtime directory, else under its home; never a name another user
+    could make first."""
     uid = os.getuid()
     for base in (os.environ.get("XDG_RUNTIME_DIR"), f"/run/user/{uid}"):
         if base and _own_private_dir(Path(base)):
             d = Path(base) / "ethplus"
             break
     else:
-        d = Path(f"/tmp/ethplus-{uid}")
+        home = Path(os.environ.get("HOME") or "/nonexistent")
+        if not home.is_absolute() or not _own_dir(home):
+            raise UsernsError(
+                f"no private directory for ethplus's state: $XDG_RUNTIME_DIR is unset or not"
+                f" a directory of uid {uid}'s own (mode 0700), /run/user/{uid} is not either,"
+                f" and neither is $HOME ({home}); set XDG_RUNTIME_DIR to one"
+            )
+        d = home / ".cache" / "ethplus"
+        with contextlib.suppress(FileExistsError):
+            d.parent.mkdir(mode=0o700)
     with contextlib.suppress(FileExistsError):
         d.mkdir(mode=0o700)
     if not _own_private_dir(d):
@@ -68,52 +99,116 @@ def state_dir() -> Path:
     return d
 
 
-def _keeper_pid(d: Path) -> int | None:
-    """The running keeper of this user, from its pid file, checked: alive,
-    this user's, running the keeper module."""
+_NS_GET_OWNER_UID = 0xB704  # ioctl on a namespace's fd: the uid that owns it
+
+
+def _is_keeper(pid: int, start: int = 0) -> bool:
+    """Is pid this user's keeper (and, given start, the one that started
+    then): this uid's, running the keeper module, in a user namespace of
+    its own that this uid owns?"""
+    from dataplane.lab import registry
+
     try:
-        pid = int((d / "keeper.pid").read_text())
-        st = os.stat(f"/proc/{pid}")
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+        if KEEPER_MODULE.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            return False
+        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(fd).st_ino == os.stat("/proc/self/ns/user").st_ino:
+                return False  # not in a namespace of its own (yet)
+            owner = struct.unpack("I", fcntl.ioctl(fd, _NS_GET_OWNER_UID, b"\0" * 4))[0]
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return owner == os.getuid() and (not start or registry.process_start(pid) == start)
+
+
+def find_keeper() -> int | None:
+    """This user's running keeper, as the kernel shows it (the oldest, if
+    there were ever two), whatever became of the state directory."""
+    from dataplane.lab import registry
+
+    found = [
+        (registry.process_start(int(e.name)), int(e.name))
+        for e in os.scandir("/proc")
+        if e.name.isdigit() and _is_keeper(int(e.name))
+    ]
+    return min(found)[1] if found else None
+
+
+def _keeper_pid(d: Path) -> int | None:
+    """The running keeper of this user: the one its state names (pid and
+    start time, checked), else the one the kernel shows (find_keeper,
+    recorded again)."""
+    try:
+        pid, start = (int(x) for x in (d / "keeper.pid").read_text().split())
+        if _is_keeper(pid, start):
+            return pid
     except (OSError, ValueError):
-        return None
-    if st.st_uid != os.getuid() or KEEPER_MODULE.encode() not in argv:
-        return None
+        pass
+    pid = find_keeper()
+    if pid is not None:
+        _record(d, pid)
     return pid
 
 
+def _record(d: Path, pid: int) -> None:
+    from dataplane.lab import registry
+
+    tmp = d / f"keeper.pid.{os.getpid()}"
+    tmp.write_text(f"{pid} {registry.process_start(pid)}\n")
+    tmp.rename(d / "keeper.pid")
+
+
 def _start(d: Path) -> int:
-    """Start the keeper and wait for its namespaces (the caller holds the
-    lock exclusive)."""
+    """Start the keeper and wait for its namespaces, START_TIMEOUT_S at most
+    (the caller holds the lock exclusive).  A keeper that fails says why:
+    the kernel's refusal of the namespace, or its own last words."""
     r, w = os.pipe()
+    err = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, read if it fails
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-m", KEEPER_MODULE, str(w)],
             cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(w,), start_new_session=True,
+            stderr=err, pass_fds=(w,), start_new_session=True,
         )  # fmt: skip
     finally:
         os.close(w)
-    with os.fdopen(r, "rb") as f:
-        said = f.read().decode(errors="replace").strip()
-    if said != "ok":
+    said, deadline = b"", time.monotonic() + START_TIMEOUT_S
+    with os.fdopen(r, "rb", buffering=0) as f:
+        while (left := deadline - time.monotonic()) > 0 and select.select([f], [], [], left)[0]:
+            chunk = f.read(4096)
+            if not chunk:
+                break
+            said += chunk
+    said_text = said.decode(errors="replace").strip()
+    if said_text != "ok":
         proc.kill()
         proc.wait()
-        raise UsernsError(
-            f"cannot make a user namespace for labs without root: {said or 'the keeper died'}"
-            " (does this kernel allow unprivileged user namespaces?"
-            " `unshare -Urn true` tells; or run ethplus as root)"
-        )
-    tmp = d / f"keeper.pid.{os.getpid()}"
-    tmp.write_text(str(proc.pid))
-    tmp.rename(d / "keeper.pid")
+        err.seek(0)
+        last = (err.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+        err.close()
+        if said_text.startswith(UNSHARE_REFUSED):
+            raise UsernsError(
+                f"cannot make a user namespace for labs without root: "
+                f"{said_text[len(UNSHARE_REFUSED):]} (does this kernel allow unprivileged"
+                " user namespaces? `unshare -Urn true` tells; or run ethplus as root)"
+            )
+        why = ("did not start within " f"{START_TIMEOUT_S:g} s" if not said_text and not last
+               else f"failed: {said_text or last}")  # fmt: skip
+        raise UsernsError(f"the keeper of this user's labs (python -m {KEEPER_MODULE}) {why}")
+    err.close()
+    _record(d, proc.pid)
     return proc.pid
 
 
-# (lock fd, state directory fd, keeper pid) of this process's session: kept
-# from before it joined, since inside the namespace its uid reads 0 and a
-# runtime directory under /run is out of sight
+# (lock fd, state directory fd, keeper pidfd) of this process's session:
+# kept from before it joined, since inside the namespace its uid reads 0
+# and a runtime directory under /run is out of sight
 _session: tuple[int, int, int] | None = None
+UNSHARE_REFUSED = "unshare: "  # the keeper's word when the kernel refused the namespaces
 
 
 def enter() -> None:
@@ -140,14 +235,22 @@ def enter() -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             pid = _keeper_pid(d) or _start(d)
+        except BaseException:
+            os.close(fd)
+            os.close(dir_fd)
+            raise
         finally:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-    rc = core.lib.ethp_userns_join(pid)
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_SH)
+    # from here on the keeper is held by a pidfd: its pid cannot be another
+    # process's while the join checks it and the end signals it
+    pidfd = os.pidfd_open(pid)
+    rc = core.lib.ethp_userns_join(pid) if _is_keeper(pid) else -errno.ESRCH
     if rc < 0:
-        os.close(fd)
-        os.close(dir_fd)
+        for f in (fd, dir_fd, pidfd):
+            os.close(f)
         raise UsernsError(f"cannot join the user namespace of keeper {pid}: {os.strerror(-rc)}")
-    _session = (fd, dir_fd, pid)
+    _session = (fd, dir_fd, pidfd)
 
 
 def leave_if_idle(labs_exist) -> None:
@@ -156,7 +259,7 @@ def leave_if_idle(labs_exist) -> None:
     global _session
     if _session is None:
         return
-    (fd, dir_fd, pid), _session = _session, None
+    (fd, dir_fd, pidfd), _session = _session, None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -164,12 +267,12 @@ def leave_if_idle(labs_exist) -> None:
     else:
         if not labs_exist():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink("keeper.pid", dir_fd=dir_fd)
     finally:
-        os.close(fd)
-        os.close(dir_fd)
+        for f in (fd, dir_fd, pidfd):
+            os.close(f)
 
 
 def rootless() -> bool:
@@ -217,7 +320,7 @@ def _keep(fd: int) -> int:
 
     rc = core.lib.ethp_userns_unshare(os.getuid(), os.getgid())
     with os.fdopen(fd, "wb") as f:
-        f.write(b"ok\n" if rc == 0 else os.strerror(-rc).encode())
+        f.write(b"ok\n" if rc == 0 else (UNSHARE_REFUSED + os.strerror(-rc)).encode())
     if rc < 0:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
