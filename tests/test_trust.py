@@ -6,6 +6,7 @@ transfer must finish byte-exact and every refused frame must be counted."""
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -850,3 +851,79 @@ def test_a_closed_switch_raises_instead_of_passing_null_into_c():
         sw.set_up(False)
     with pytest.raises(OSError, match="closed"):
         sw.counters(0)
+
+
+# ---------------------------------------------------------------- 9: processes
+
+
+@pytest.fixture
+def bare_netns():
+    """A network namespace of this test's own (ethp-RUNID-...), as a lab node's."""
+    name = f"ethp-{RUN_ID}-pn{os.getpid() % 1000}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name, f"/run/netns/{name}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _spawn_as_pid(pid: int, argv: list[str]) -> subprocess.Popen | None:
+    """argv started in a session of its own with pid pid (the kernel's next
+    pid set just before), or None if another process took it meanwhile."""
+    for _ in range(100):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        p = subprocess.Popen(argv, start_new_session=True)
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    return None
+
+
+@pytest.mark.root
+def test_a_finished_ranks_session_is_never_signalled_through_a_recycled_pid(bare_netns):
+    """ethplus run signals a rank's whole session when it stops the run.
+    Once the rank's leader is reaped its pid is free: a new process given
+    that pid, leading a session of its own outside the lab, is left alone;
+    what is left of the rank's own session in its lab namespace is not."""
+    from types import SimpleNamespace
+
+    from dataplane.run import launcher
+
+    name, path = bare_netns
+    rank = subprocess.Popen(["ip", "netns", "exec", name, "sh", "-c", "sleep 60 & exit 0"],
+                            start_new_session=True)  # fmt: skip
+    rank.wait()  # the leader is gone (reaped); its sleep keeps the session, in the namespace
+    left = launcher.session_members(rank.pid, path)
+    assert len(left) == 1
+    launcher._signal(SimpleNamespace(pid=rank.pid, returncode=0, ethp_netns=path), signal.SIGKILL)
+    time.sleep(0.2)
+    assert launcher.session_members(rank.pid, path) == [], "the rank's leftover still runs"
+
+    first = subprocess.Popen(["true"], start_new_session=True)
+    first.wait()
+    other = _spawn_as_pid(first.pid, ["sleep", "60"])
+    if other is None:
+        pytest.skip("the machine took every pid we tried for itself")
+    try:
+        gone = SimpleNamespace(pid=first.pid, returncode=0, ethp_netns=path)
+        launcher._signal(gone, signal.SIGKILL)
+        time.sleep(0.2)
+        assert other.poll() is None, "a recycled pid's session was killed"
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.root
+def test_a_rank_whose_launcher_is_gone_never_runs_under_a_subreaper(bare_netns):
+    """A rank's start checks that its parent is still the ethplus run that
+    started it (told in its environment), not merely that it is not init:
+    a subreaper adopts orphans."""
+    _name, path = bare_netns
+    cmd = [sys.executable, "-I", "-m", "dataplane.run.launcher", "nolab", path, "--", "echo", "ran"]
+    for told, ran in ((1, False), (os.getpid() + 1, False), (os.getpid(), True)):
+        env = {**os.environ, "ETHPLUS_PARENT_PID": str(told)}
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd="/")
+        assert (r.returncode == 0 and r.stdout == "ran\n") == ran, (told, r.returncode, r.stderr)

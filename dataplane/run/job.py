@@ -32,7 +32,7 @@ from dataplane.lab import cpu, fabric_client, registry
 from dataplane.lab.labs import module_environ, python_module
 from dataplane.model.catalog import canonical
 from dataplane.report import fidelity
-from dataplane.run import inc, transport
+from dataplane.run import inc, parent, transport
 
 # a job (and `ethplus run`) stops on these, cleaning up: SIGHUP is a closed terminal
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -379,7 +379,7 @@ class Job:
             h.proc = await asyncio.create_subprocess_exec(
                 *python_module("dataplane.run.worker", self.sock_path, self.plan.lab, *pairs),
                 cwd="/",
-                env=module_environ(),
+                env=parent.child_environ(module_environ()),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
@@ -30,7 +29,7 @@ from dataplane.lab import cpu
 from dataplane.lab.labs import python_module
 from dataplane.model.catalog import ALGORITHMS, bus_factor
 from dataplane.report import fidelity
-from dataplane.run import stacks, store
+from dataplane.run import parent, stacks, store
 
 ENV_LAB = "ETHPLUS_LAB"
 ENV_NODES = "ETHPLUS_NODES"  # the job's accelerators, in rank order, comma-separated
@@ -48,7 +47,6 @@ STACKS_S = 1.0  # --timeout: how long the ranks' stacks have to come out
 SAMPLE_S = 0.5
 READ_BYTES = 64 * 1024  # a rank's output is read in chunks this large
 LINE_MAX_CHARS = 4096  # a longer line is shown cut, and says so
-PR_SET_PDEATHSIG = 1
 
 
 class RunError(EthplusError, RuntimeError):
@@ -402,22 +400,55 @@ async def output_lines(stream: asyncio.StreamReader, max_chars: int = LINE_MAX_C
         yield line()
 
 
-async def _start_in(lab: str, ns: str, cmd: list[str], **kw) -> asyncio.subprocess.Process:
+async def _start_in(lab: str, ns: str, cmd: list[str], env: dict[str, str] | None = None,
+                    **kw) -> asyncio.subprocess.Process:  # fmt: skip
     """cmd in namespace ns of lab (this module's __main__), in a session of
-    its own, its output (stderr too) on a pipe."""
-    return await asyncio.create_subprocess_exec(
+    its own, its output (stderr too) on a pipe; it dies with this process."""
+    proc = await asyncio.create_subprocess_exec(
         *python_module("dataplane.run.launcher", lab, ns, "--", *cmd),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, start_new_session=True, **kw,
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        env=parent.child_environ(env), **kw,
     )  # fmt: skip
+    proc.ethp_netns = ns  # type: ignore[attr-defined]  # where its session lives (_signal)
+    return proc
+
+
+def session_members(sid: int, netns: str) -> list[int]:
+    """The processes of session sid that live in network namespace netns."""
+    try:
+        want = os.stat(netns).st_ino
+    except OSError:
+        return []
+    out = []
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e.name}/stat", "rb") as f:
+                session = int(f.read().rsplit(b")", 1)[1].split()[3])
+            if session == sid and os.stat(f"/proc/{e.name}/ns/net").st_ino == want:
+                out.append(int(e.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _signal(proc: asyncio.subprocess.Process | None, sig: int) -> None:
     """sig to a rank's (or the store's) whole session: its command and what
-    that started."""
-    if proc is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+    that started.  Its group as a whole while its leader is not reaped (its
+    pid is still its own); after, only the processes that still have its
+    session, in its lab namespace: a pid freed by the leader may be
+    another process's, and its group that process's."""
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if proc.returncode is None:
             os.killpg(proc.pid, sig)
+            return
+    for pid in session_members(proc.pid, getattr(proc, "ethp_netns", "")):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _read_report(run_dir: str, r: Rank) -> dict:
@@ -497,11 +528,10 @@ def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: launcher LAB NS -- CMD [ARGS...]", file=sys.stderr)
         return 2
+    if not parent.die_with_parent():
+        return 1  # ethplus run died before it could be told to
     cgroup.join(registry.load_lab(argv[0]) or {"name": argv[0]})
     core.netns_join(argv[1])
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        return 1  # the launcher died before the line above
     cmd = argv[3:]
     try:
         os.execvp(cmd[0], cmd)

@@ -14,11 +14,9 @@ barriers.  It reports one line of JSON per size, then its counters.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
-import signal
 import socket
 import sys
 import threading
@@ -30,13 +28,11 @@ import numpy as np
 from dataplane.lab import cgroup, clock, core, cpu, registry
 from dataplane.memo import once
 from dataplane.model.catalog import available
-from dataplane.run import reference, stacks
+from dataplane.run import parent, reference, stacks
 from dataplane.run.collectives import Comm
 from dataplane.run.transport import Group, Options, Transport, TransportError
 from dataplane.run.workload import Case
 from dataplane.scale import Scale
-
-PR_SET_PDEATHSIG = 1
 
 
 class Link:
@@ -297,9 +293,8 @@ def main(argv: list[str]) -> int:
     ranks = list(zip(pairs[0::2], pairs[1::2], strict=True))
     cgroup.join(_lab_record(lab) or {"name": lab})  # its TCP handshakes' timeout (cgroup.py)
     core.netns_join(ranks[0][1])  # while single-threaded: setns applies to the calling thread
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        return 1  # the job died before the line above
+    if not parent.die_with_parent():
+        return 1  # the job died before it could be told to
     if len(ranks) == 1:
         return serve_rank(path, ranks[0][0])
     codes: dict[str, int] = {}
