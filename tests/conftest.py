@@ -107,7 +107,8 @@ def _stuck_output(p: subprocess.Popen) -> str:
     this run's labs (their ranks, rank hosts and stores) asked for its
     threads' stacks (dataplane.run.stacks), which `ethplus run` passes on;
     then the command killed, and the tail of what it printed."""
-    root = os.path.dirname(cgroup.lab_path(f"{RUN_ID}-x") or "/nonexistent/x")
+    # (their job cgroups are below this process's own: cgroup.join)
+    root = cgroup.own_path() or "/nonexistent"
     for procs in glob.glob(os.path.join(root, f"{cgroup.PREFIX}{RUN_ID}-*", "cgroup.procs")):
         with contextlib.suppress(OSError), open(procs) as f:
             for pid in f.read().split():

@@ -466,6 +466,41 @@ def test_a_command_in_a_lab_waits_the_kernels_largest_rto_before_a_syn_goes_agai
     assert not cg.exists()
 
 
+def test_a_command_in_a_lab_stays_inside_its_callers_cgroup(lab_name, tmp_path):
+    """What ethplus starts in a lab joins a cgroup of its own *below* the one
+    its caller runs in (a systemd unit's, a container's, a batch job's), so
+    the caller's memory and CPU limits still hold; there it waits the
+    kernel's largest RTO before a SYN goes again."""
+    from dataplane.lab import cgroup
+
+    ethplus("lab", "up", ERACK, "--name", lab_name, check=True)
+    if _cgroup(lab_name) is None:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    caller = Path(cgroup.own_path()) / f"ethp-{lab_name}-caller"
+    caller.mkdir()
+    syn = tmp_path / "syn.py"
+    syn.write_text(_SYN_INTO_NOTHING)
+
+    def into_caller() -> None:
+        (caller / "cgroup.procs").write_text("0")
+
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "cli.main", "exec", lab_name, "h0", "--", "sh", "-c",
+             f"cat /proc/self/cgroup; {sys.executable} {syn} 0"],
+            capture_output=True, text=True, timeout=60, preexec_fn=into_caller,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        line = next(x for x in r.stdout.splitlines() if x.startswith("0::"))
+        assert line.startswith(f"0::{'/' + str(caller.relative_to(cgroup._v2_root()))}/"
+                               f"ethp-{lab_name}.job"), line  # fmt: skip
+        assert r.stdout.split()[-1] == "120000000", r.stdout  # us
+    finally:
+        for d in caller.glob("ethp-*"):
+            d.rmdir()
+        caller.rmdir()
+
+
 def test_a_lab_may_keep_linuxs_second_before_a_syn_goes_again(lab_name, tmp_path):
     """[tcp] syn_rto = "linux": no cgroup, and its commands' SYNs go again
     after Linux's real second."""

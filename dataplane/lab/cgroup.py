@@ -19,8 +19,15 @@ process, or a lab whose machine has no cgroup v2 or no BPF (or no root:
 `ethplus` without root), keeps Linux's second; the lab's record says
 which (``tcp_syn_rto``) and so do reports' TCP notes.
 
-`lab down` kills whatever is still in the cgroup (a job or an `ethplus
-exec` left running in a lab that is going) and removes it.
+The processes themselves never leave the cgroup they were started in (the
+caller's, with whatever memory and CPU limits it set: a systemd unit, a
+container, a batch job's allocation): each makes one of its own below it,
+``ethp-<lab>.job<pid>``, attaches the program there and moves in (`join`).
+So a lab's processes stay within their caller's limits.  A job cgroup is
+removed once its process is gone by the next one made beside it; the
+lab's own cgroup at the root (made by `lab up`, the proof that this
+machine can attach the program) is removed by `lab down`, which kills
+whatever is still in it.
 """
 
 from __future__ import annotations
@@ -86,18 +93,70 @@ def create(name: str) -> str:
     return SYN_RTO_MAX
 
 
-def join(rec: dict) -> None:
-    """Move the calling process (all its threads) into the cgroup of the lab
-    whose record is rec, if it made one; call it before entering a namespace."""
-    name = rec["name"]
-    path = lab_path(name)
-    if rec.get("tcp_syn_rto") != SYN_RTO_MAX or path is None:
-        return
+def own_path() -> str | None:
+    """This process's cgroup (v2) directory, or None."""
+    root = _v2_root()
     try:
+        with open("/proc/self/cgroup") as f:
+            rel = next(line[3:].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    if root is None or not rel.startswith("/") or "/.." in rel:
+        return None
+    return os.path.normpath(root + rel)
+
+
+JOB_MARK = ".job"  # never in a lab name: a job cgroup is no lab's (strays)
+
+
+def _job_name(lab: str, pid: int) -> str:
+    return f"{PREFIX}{lab}{JOB_MARK}{pid}"
+
+
+def join(rec: dict) -> None:
+    """Move the calling process (all its threads) into a cgroup of its own
+    below the one it runs in (the caller's limits hold), with the lab's SYN
+    timeout program attached, if the lab asked for it (its record says
+    tcp_syn_rto "max").  Call it before entering a namespace, while the
+    process is single-threaded.  Job cgroups beside it whose process is
+    gone are removed first."""
+    name = rec["name"]
+    if rec.get("tcp_syn_rto") != SYN_RTO_MAX or lab_path(name) is None:
+        return
+    from dataplane.lab import core
+
+    here = own_path()
+    if here is None:
+        raise CgroupError(f"cannot join lab {name!r}'s cgroup: this process's cgroup is unknown")
+    _remove_spent_jobs(here)
+    path = os.path.join(here, _job_name(name, os.getpid()))
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+        rc = core.sockops_syn_rto_max(path)
+        if rc:
+            raise OSError(rc, os.strerror(rc))
         with open(os.path.join(path, "cgroup.procs"), "w") as f:
             f.write("0")
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
         raise CgroupError(f"cannot join lab {name!r}'s cgroup {path}: {exc.strerror}") from None
+
+
+def _remove_spent_jobs(parent: str) -> None:
+    """The job cgroups in parent whose process is gone and that hold nothing."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for e in entries:
+        _lab, sep, pid = e.name.rpartition(JOB_MARK)
+        if not (e.name.startswith(PREFIX) and sep and pid.isdigit() and e.is_dir()):
+            continue
+        if not os.path.exists(f"/proc/{pid}") and not _populated(e.path):
+            with contextlib.suppress(OSError):
+                os.rmdir(e.path)
 
 
 def _populated(path: str) -> bool:
