@@ -53,21 +53,21 @@ class UsernsError(EthplusError, RuntimeError):
     """The user namespace could not be made or joined."""
 
 
+def _own_dir(d: Path, others_may: int = 0o055) -> bool:
+    """d is a directory (not a link) of this user's that no other may do
+    more with than others_may (default: read and enter, not write)."""
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+        and not st.st_mode & 0o077 & ~others_may
+    )  # fmt: skip
+
+
 def _own_private_dir(d: Path) -> bool:
-    try:
-        st = os.lstat(d)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-
-
-def _own_dir(d: Path) -> bool:
-    """d is a directory (not a link) of this user's that no other may write."""
-    try:
-        st = os.lstat(d)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return _own_dir(d, others_may=0)
 
 
 def state_dir() -> Path:
