@@ -244,12 +244,20 @@ def enter() -> None:
                 fcntl.flock(fd, fcntl.LOCK_SH)
     # from here on the keeper is held by a pidfd: its pid cannot be another
     # process's while the join checks it and the end signals it
-    pidfd = os.pidfd_open(pid)
-    rc = core.lib.ethp_userns_join(pid) if _is_keeper(pid) else -errno.ESRCH
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # it ended since it was found: nothing of it to hold
+        pidfd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # (closed below)
+        rc = -errno.ESRCH
+    else:
+        rc = core.lib.ethp_userns_join(pid) if _is_keeper(pid) else -errno.ESRCH
     if rc < 0:
         for f in (fd, dir_fd, pidfd):
             os.close(f)
-        raise UsernsError(f"cannot join the user namespace of keeper {pid}: {os.strerror(-rc)}")
+        raise UsernsError(
+            f"cannot join the user namespace of keeper {pid}: {os.strerror(-rc)}"
+            + (" (it ended meanwhile: run the command again)" if rc == -errno.ESRCH else "")
+        )
     _session = (fd, dir_fd, pidfd)
 
 

@@ -334,8 +334,7 @@ class Launch:
                 for p in live:
                     _signal(p, signal.SIGKILL)
                 await asyncio.gather(*(p.wait() for p in live))
-            for p in procs:  # what each left behind in its session
-                _signal(p, signal.SIGKILL)
+            _signal_all(procs, signal.SIGKILL)  # what each left behind in its session
 
 
 def make_run_dir(lab: str) -> str:
@@ -414,41 +413,59 @@ async def _start_in(lab: str, ns: str, cmd: list[str], env: dict[str, str] | Non
     return proc
 
 
-def session_members(sid: int, netns: str) -> list[int]:
-    """The processes of session sid that live in network namespace netns."""
-    try:
-        want = os.stat(netns).st_ino
-    except OSError:
-        return []
-    out = []
+def sessions_members(sessions: dict[int, str]) -> dict[int, list[int]]:
+    """The processes of each session (sid -> the network namespace it lives
+    in) that live in that namespace: one look at /proc for them all."""
+    want = {}
+    for sid, netns in sessions.items():
+        with contextlib.suppress(OSError):
+            want[sid] = os.stat(netns).st_ino
+    out: dict[int, list[int]] = {sid: [] for sid in sessions}
+    if not want:
+        return out
     for e in os.scandir("/proc"):
         if not e.name.isdigit():
             continue
         try:
             with open(f"/proc/{e.name}/stat", "rb") as f:
                 session = int(f.read().rsplit(b")", 1)[1].split()[3])
-            if session == sid and os.stat(f"/proc/{e.name}/ns/net").st_ino == want:
-                out.append(int(e.name))
+            if session in want and os.stat(f"/proc/{e.name}/ns/net").st_ino == want[session]:
+                out[session].append(int(e.name))
         except (OSError, ValueError, IndexError):
             continue
     return out
 
 
+def session_members(sid: int, netns: str) -> list[int]:
+    """The processes of session sid that live in network namespace netns."""
+    return sessions_members({sid: netns})[sid]
+
+
 def _signal(proc: asyncio.subprocess.Process | None, sig: int) -> None:
     """sig to a rank's (or the store's) whole session: its command and what
-    that started.  Its group as a whole while its leader is not reaped (its
-    pid is still its own); after, only the processes that still have its
-    session, in its lab namespace: a pid freed by the leader may be
-    another process's, and its group that process's."""
-    if proc is None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    that started (_signal_all)."""
+    _signal_all([proc], sig)
+
+
+def _signal_all(procs: list, sig: int) -> None:
+    """sig to each rank's (or the store's) whole session.  Its group as a
+    whole while its leader is not reaped (its pid is still its own); after,
+    only the processes that still have its session, in its lab namespace: a
+    pid freed by the leader may be another process's, and its group that
+    process's."""
+    reaped = {}
+    for proc in procs:
+        if proc is None:
+            continue
         if proc.returncode is None:
-            os.killpg(proc.pid, sig)
-            return
-    for pid in session_members(proc.pid, getattr(proc, "ethp_netns", "")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        else:
+            reaped[proc.pid] = getattr(proc, "ethp_netns", "")
+    for pids in sessions_members(reaped).values() if reaped else ():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
 
 def _read_report(run_dir: str, r: Rank) -> dict:
