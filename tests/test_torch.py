@@ -268,6 +268,31 @@ def test_a_send_waits_for_a_peer_that_computes_before_receiving(erack, transport
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("transport", ["ethplus", "tcp"])
+def test_a_message_shorter_than_its_receive_is_an_error_naming_the_peer(erack, transport,
+                                                                       tmp_path):  # fmt: skip
+    """Rank 0 sends 4 floats where rank 1 receives 8: the receive fails,
+    naming rank 0 and both lengths, never a success with half the tensor
+    unwritten."""
+    body = (
+        "if dist.get_rank() == 0:\n"
+        "    dist.send(torch.ones(4), 1)\n"
+        "else:\n"
+        "    y = torch.zeros(8)\n"
+        "    try:\n"
+        "        dist.recv(y, 0)\n"
+        "        print('received', flush=True)\n"
+        "    except Exception as e:\n"
+        "        print(f'refused: {e}', flush=True)\n"
+    )
+    r = run_program(erack, tmp_path / "short.py", body, "--nodes", "h0,h1",
+                    "--transport", transport)  # fmt: skip
+    said = rank_lines(r.stdout, r"(refused: .*|received)")
+    assert len(said.get(1, [])) == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "rank 0 sent a 16-byte message" in said[1][0] and "32 bytes" in said[1][0], said
+
+
+@pytest.mark.root
 def test_a_taken_master_port_fails_the_run_naming_it(erack):
     holder = subprocess.Popen(
         ["ip", "netns", "exec", f"ethp-{erack}-h0", sys.executable, "-c",

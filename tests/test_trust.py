@@ -220,8 +220,7 @@ def test_overlapping_packets_never_complete_a_receive_and_a_short_one_says_so(er
     the last packet at 8 KiB: three packets' bytes, as many as the message
     holds, the old count completed it with 4 KiB never written) is refused
     packet by packet (rx_overlap) and the receive does not complete; a
-    whole message shorter than its receive ends in ShortMessage with its
-    length."""
+    whole message shorter than its receive is reported with its length."""
     roce = mode == "roce"
     a, b = Endpoint(erack.name, "h0", roce=roce), Endpoint(erack.name, "h1", roce=roce)
     try:
@@ -243,8 +242,7 @@ def test_overlapping_packets_never_complete_a_receive_and_a_short_one_says_so(er
         ]  # fmt: skip
         before = b.counters()
         send_raw(erack, "h0", frames)
-        with pytest.raises(nic.ShortMessage, match="sent a 100-byte message where 1000 bytes"):
-            b.wait(hr_small, 10)
+        assert b.wait(hr_small, 10) == 100  # the length that came (a transport's: ShortMessage)
         assert (small[:100] == 0x44).all() and not small[100:].any()
         assert b.wait(hr, 1.0) is None, "a receive completed with 4 KiB never written"
         got = delta(b.counters(), before)

@@ -623,7 +623,7 @@ enum {
     ETHP_NIC_ERR_NO_SUCH = -102,     /* unknown handle or peer */
     ETHP_NIC_ERR_NO_RECEIVE = -103,  /* the peer never posted a receive for the tag */
     ETHP_NIC_ERR_NO_GROUP = -104,    /* in-network all-reduce without ethp_nic_inc_setup */
-    ETHP_NIC_ERR_SHORT = -105,       /* a whole message shorter than the posted buffer */
+    ETHP_NIC_ERR_SHORT = -105,       /* a schedule's receive got a shorter whole message */
     /* An engine thread's nice value, the fabric's (fabric.py): a NIC is
      * hardware, due when its pacers say, ahead of the workers' numpy work
      * and kernels on the same cores (where the caller may raise priority) */
@@ -717,9 +717,11 @@ int64_t ethp_nic_post_recv(struct ethp_nic *nic, uint32_t peer, uint32_t tag, ui
 /* Wait up to timeout_ms (-1: forever) for a handle.  Returns ETHP_NIC_OK,
  * ETHP_NIC_PENDING or an error; *bytes gets the message length. */
 int ethp_nic_wait(struct ethp_nic *nic, int64_t handle, int timeout_ms, uint64_t *bytes);
-/* A handle that finished ETHP_NIC_ERR_SHORT (ask before releasing it): the
- * peer whose message was short, its length and the posted buffer's (for a
- * schedule: its first short receive).  ETHP_NIC_ERR_NO_SUCH otherwise. */
+/* A schedule's handle that finished ETHP_NIC_ERR_SHORT (ask before
+ * releasing it): the peer of its first receive whose message was shorter
+ * than its buffer, that message's length and the buffer's.
+ * ETHP_NIC_ERR_NO_SUCH otherwise.  (A plain receive completes OK with its
+ * message's length: ethp_nic_wait's *bytes.) */
 int ethp_nic_short(struct ethp_nic *nic, int64_t handle, uint32_t *peer, uint64_t *got_bytes,
                    uint64_t *posted_bytes);
 /* The caller will not wait on handle again: the engine frees its message

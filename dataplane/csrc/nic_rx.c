@@ -67,6 +67,15 @@ static int nic_keep_eager(struct ethp_nic *n, struct nic_peer *p, const struct e
     return 1;
 }
 
+/* How a receive whose message came whole ends: OK, its length for its
+ * caller to see (ethp_nic_wait's *bytes: a caller may post a larger buffer
+ * than the message); but a schedule's receive is sized to its message, so
+ * a shorter one fails the schedule (ETHP_NIC_ERR_SHORT, ethp_nic_short). */
+static int nic_whole_status(const struct nic_msg *m)
+{
+    return m->sched && m->total < m->len ? ETHP_NIC_ERR_SHORT : ETHP_NIC_OK;
+}
+
 /* A receive just posted: the oldest kept message of its tag completes it
  * (1), or there is none (0). */
 int nic_take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
@@ -80,7 +89,7 @@ int nic_take_eager(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m)
         } else {
             memcpy(m->buf, p->eager[i].data, len);
             m->done_bytes = m->total = len;
-            nic_complete(n, m, len < m->len ? ETHP_NIC_ERR_SHORT : ETHP_NIC_OK);
+            nic_complete(n, m, nic_whole_status(m));
         }
         p->n_eager--;
         memmove(&p->eager[i], &p->eager[i + 1], (p->n_eager - i) * sizeof(p->eager[0]));
@@ -161,7 +170,7 @@ void nic_place(struct ethp_nic *n, struct nic_peer *p, struct nic_msg *m,
         nic_count(n, p, ETHP_NC_rx_data_bytes, h->len_bytes);
         if (m->done_bytes == m->total) {
             unbind(n, p, m);
-            nic_complete(n, m, m->total < m->len ? ETHP_NIC_ERR_SHORT : ETHP_NIC_OK);
+            nic_complete(n, m, nic_whole_status(m));
         }
     }
     nic_count(n, p, ETHP_NC_rx_data_pkts, 1);

@@ -230,8 +230,8 @@ class _Engine:
             try:
                 done = self.comm.t.poll(h, timeout_s if i == 0 else 0.0)
             except BaseException as e:  # noqa: BLE001 - to the caller's work
-                self._fail(e, fut)
-                continue
+                self._fail(e, fut)  # (and every other open transfer's)
+                return
             if done:
                 self.calls.add(name, nbytes, n0)
                 fut.set_result(result)
@@ -243,9 +243,9 @@ class _Engine:
         """A failed transfer leaves the transport's matching unknown: every
         later call fails with the same error."""
         self.failed = e
-        fut.set_exception(e)
-        for _h, f, *_ in self.open:
-            f.set_exception(e)
+        for f in (fut, *(x[1] for x in self.open)):
+            if not f.done():
+                f.set_exception(e)
         self.open = []
 
     def drain(self) -> None:

@@ -32,6 +32,7 @@ class NicTransport(Transport):
     def __init__(self, name: str, lab: str, node: str, rec: dict, opts: Options):
         self.name = name
         self._errors, self._unreachable = nic.NicError, nic.Unreachable
+        self._receiving: dict = {}  # handle -> (peer, posted bytes) of an open receive
         inc = None
         if opts.inc is not None:
             if name != "ethplus":
@@ -103,16 +104,28 @@ class NicTransport(Transport):
         return self.ep.post_send(peer, tag, view)
 
     def _irecv(self, peer: int, tag: int, view: memoryview) -> object:
-        return self.ep.post_recv(peer, tag, view)
+        h = self.ep.post_recv(peer, tag, view)
+        self._receiving[h] = (peer, len(view))
+        return h
 
     def _wait(self, handle: object) -> None:
         self._poll(handle, None)
 
     def _poll(self, handle: object, timeout_s: float | None) -> bool:
         try:
-            return self.ep.wait(handle, timeout_s) is not None
+            got = self.ep.wait(handle, timeout_s)
         except self._errors as e:
+            self._receiving.pop(handle, None)
             raise self._failed(e) from e
+        if got is None:
+            return False
+        peer, posted = self._receiving.pop(handle, (None, got))
+        if got < posted:  # the engine says how long it was; a collective's is exact
+            raise ShortMessage(
+                f"rank {self.rank}: rank {peer} sent a {got}-byte message where {posted} bytes"
+                " were posted (the rest of the buffer was not written)", peer, got, posted,
+            )  # fmt: skip
+        return True
 
     def _failed(self, e: nic.NicError) -> TransportError:
         """The engine's error as this rank's transport error."""
