@@ -437,7 +437,7 @@ def test_a_counted_run_that_fell_behind_runs_again_at_a_larger_k(monkeypatch):
 
     ks = iter([6400.0, 9600.0, 14400.0])
 
-    def run_jobs(sc, rec, tname, jobs, with_faults, log, fault_scale=1.0):
+    def run_jobs(sc, rec, tname, jobs, with_faults, log):
         k = next(ks)
         row = {"k_range": [k, k], "fell_behind": k < 14400.0}
         return {"jobs": {"j": {"rows": [row]}}, "errors": {}, "faults": []}
@@ -447,7 +447,7 @@ def test_a_counted_run_that_fell_behind_runs_again_at_a_larger_k(monkeypatch):
     monkeypatch.setattr(trials, "_wait_for_a_change", lambda rec, k: True)  # the governor raised k
     said = []
     sc = sc_mod.load("netns-labs/scenarios/ecmp-collision.toml")
-    res, real_s, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, True, 1.0)
+    res, real_s, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, True)
     assert res["jobs"]["j"]["rows"][0]["k_range"] == [14400.0, 14400.0]  # the last run's
     assert [r["k_range"] for r in reruns] == [[6400.0, 6400.0], [9600.0, 9600.0]]
     assert all(r["fell_behind"] for r in reruns) and real_s >= 0
@@ -469,7 +469,7 @@ def test_a_counted_run_that_fell_behind_runs_again_at_a_larger_k(monkeypatch):
     assert "k = 14400." in md_lines and "governed: its floor" in md_lines
     # not governed (or a check's run): one run, whatever its verdict
     ks = iter([6400.0])
-    res, _, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, False, 1.0)
+    res, _, reruns = sc_mod._counted(sc, {"name": "x"}, "ethplus", said.append, False)
     assert reruns == [] and res["jobs"]["j"]["rows"][0]["fell_behind"]
 
 
@@ -485,7 +485,7 @@ def test_repeated_runs_give_the_median_and_every_run_is_kept(monkeypatch):
     jcts = iter([300.0, 100.0, 200.0, 400.0, None])
     counter = itertools.count()
 
-    def transport(sc, rec, tname, log, with_trials=True, fault_scale=1.0, rerun=None):
+    def transport(sc, rec, tname, log, with_trials=True, rerun=None):
         jct, n = next(jcts), next(counter)
         calls.append((with_trials, rerun))
         job = {"status": "ok" if jct else "failed", "jct_nominal_us": jct or 0.0,

@@ -124,10 +124,9 @@ def _run_jobs(
     jobs: list[JobSpec],
     with_faults: bool,
     log,
-    fault_scale: float = 1.0,
 ) -> dict:
-    """The jobs at once, the fault schedule beside them (its nominal times x
-    fault_scale, on the fabric's clock); results by job."""
+    """The jobs at once, the fault schedule beside them (at its nominal
+    times, on the fabric's clock); results by job."""
     started = threading.Event()
     t0 = [0.0, None]  # real (monotonic) and nominal (the fabric clock's) seconds
     from dataplane.lab import clock  # the compiled C: a scenario file is read without it
@@ -177,7 +176,7 @@ def _run_jobs(
         if with_faults and sc.faults:
             started.wait()
             for f in sc.faults:
-                due_us = f.at_us * fault_scale
+                due_us = f.at_us
                 while (left_us := due_us - nominal_us_since_t0()) > 0 and any(
                     t.is_alive() for t in threads
                 ):  # a few ms of real time at a time: k may change meanwhile
@@ -314,7 +313,7 @@ def _verdict(res: dict) -> dict:
     }
 
 
-def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool, fault_scale: float):
+def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool):
     """The run that counts, with its faults; on a governed lab (rerun) one
     that fell behind all the same (the machine got busier since the trials)
     runs again once k was raised, up to SCENARIO_TRIALS times, as bench's
@@ -326,7 +325,7 @@ def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool, fault_scale:
 
     def attempt() -> dict:
         t0 = time.monotonic()
-        last["res"] = _run_jobs(sc, rec, tname, sc.jobs, True, log, fault_scale)
+        last["res"] = _run_jobs(sc, rec, tname, sc.jobs, True, log)
         last["real_s"] = time.monotonic() - t0
         return _verdict(last["res"])
 
@@ -346,7 +345,6 @@ def _repeated(
     log,
     repeat: int = 1,
     with_trials: bool = True,
-    fault_scale: float = 1.0,
 ) -> dict:
     """The scenario over one transport, repeat times (trials before the
     first run only; each run is redone at a larger k if it fell behind on a
@@ -361,8 +359,7 @@ def _repeated(
     for i in range(repeat):
         if repeat > 1:
             log(f"# {sc.name}: {tname}, run {i + 1} of {repeat}")
-        runs.append(_transport(sc, rec, tname, log, with_trials and i == 0, fault_scale,
-                               rerun=with_trials))  # fmt: skip
+        runs.append(_transport(sc, rec, tname, log, with_trials and i == 0, rerun=with_trials))
     if repeat == 1:
         return runs[0]
     figs = [_figure(sc, tname, r) for r in runs]
@@ -417,17 +414,16 @@ def _transport(
     tname: str,
     log,
     with_trials: bool = True,
-    fault_scale: float = 1.0,
     rerun: bool | None = None,
 ) -> dict:
     """The scenario over one transport: trials on a governed lab (with_trials),
-    then the run that counts, with its faults (their times x fault_scale),
-    run again at a larger k if it fell behind (rerun; default with_trials)."""
+    then the run that counts, with its faults, run again at a larger k if
+    it fell behind (rerun; default with_trials)."""
     label = bench.transport_label(*split_run(tname))
     log(f"# {sc.name}: {label}")
     trials = _trials(sc, rec, tname, log) if with_trials else []
     rerun = with_trials if rerun is None else rerun
-    res, real_s, reruns = _counted(sc, rec, tname, log, rerun, fault_scale)
+    res, real_s, reruns = _counted(sc, rec, tname, log, rerun)
     alone = {}
     if sc.alone:
         for j in sc.jobs:
@@ -522,8 +518,7 @@ def check_k(
     """Run each of out's transports again with k pinned at factor x the
     highest k any of them ran at (at most k_max; kernel TCP at most at 0.9
     of the k where the kernel's RTO cap would cut the lab's minimum RTO),
-    without trials, the faults at the same nominal times (their real times
-    x the pinned k over the highest), as many times as the run did (or
+    without trials, the faults at the same nominal times, as many times as the run did (or
     repeat; the medians), and compare each headline figure.
     Sets and returns out["k_check"]; the lab's time scale is as before
     after (governed again if it was)."""
@@ -553,7 +548,7 @@ def check_k(
             labs.control(rec["name"], {"op": "scale", "k": k})
             if k != factor * k_top and not note:
                 note = f"pinned at {k / k_top:.2f}x the highest k (at most k={k_max:g})"
-            again = _repeated(sc, rec, tname, log, repeat, False, k / k_top)
+            again = _repeated(sc, rec, tname, log, repeat, False)
             pinned[tname] = again
             check["transports"][tname] = _compared(sc, tname, r, again, ranges[tname], k, note)
     finally:
