@@ -51,11 +51,48 @@ def test_every_scenario_runs_on_every_transport(request, name, tmp_path):
         if t == "tcp" and name == "plane-failure":  # a dead plane's connections time out
             assert tcp["tcp_rtos"] > tcp["tcp_setup_rtos"], tcp  # in the traffic, not set-up
             assert tcp["tcp_rto_time_ms"] > tcp["tcp_setup_rto_time_ms"], tcp
+        again, headline = _recomputed(sc, r), res["summary"]["figures"][t]
+        assert (again is None) == (headline is None), (t, again, headline)
+        assert again is None or again == pytest.approx(headline, rel=1e-9), (t, again, headline)
     md = (tmp_path / name / "report.md").read_text()
     assert sc.explain.split()[0] in md and "## Result" in md
     assert "k check: not run (`--check-k`" in md  # and what it would cost
     for png in ("timeline.png", "busbw.png", "link-utilisation.png", "queue-depth.png"):
         assert (tmp_path / name / png).stat().st_size > 10_000
+
+
+def _recomputed(sc, r: dict) -> float | None:
+    """A transport's headline figure worked out again from its run's
+    per-iteration timeline and faults, without timeline.py: what the
+    headline must agree with."""
+    if sc.alone or sc.metric in ("jct", "busbw"):
+        return res_figure_by_jobs(sc, r)
+    its = next(iter(r["jobs"].values()))["iterations"]
+    spans = [(x["start_nominal_us"], x["end_nominal_us"], x["busbw_GBps"]) for x in its]
+    at = [f["at_nominal_us"] for f in r["faults_applied"]]
+    if sc.metric == "slowdown":
+        lo, hi = at[0], at[1] if len(at) > 1 else float("inf")
+        met = [(a, b) for a, b, _ in spans if a < hi and b > lo]
+        clean = sorted(b - a for a, b, _ in spans if not (a < hi and b > lo))
+        if not met or len(clean) < 2:
+            return None
+        mid = len(clean) // 2
+        median = clean[mid] if len(clean) % 2 else (clean[mid - 1] + clean[mid]) / 2
+        return (max(b for _, b in met) - min(a for a, _ in met)) / (len(met) * median)
+    edges = [0.0, *at, float("inf")]  # phases: whole iterations of the last span over the first's
+    bw = [[w for a, b, w in spans if a >= lo and b <= hi] for lo, hi in zip(edges, edges[1:], strict=False)]
+    if len(bw) < 2 or len(bw[0]) < 2 or len(bw[-1]) < 2:
+        return None
+    return (sum(bw[-1]) / len(bw[-1])) / (sum(bw[0]) / len(bw[0]))
+
+
+def res_figure_by_jobs(sc, r: dict) -> float | None:
+    jobs = list(r["jobs"].values())
+    if sc.alone:
+        return max(j["slowdown_vs_alone"] or 0.0 for j in jobs)
+    if sc.metric == "jct":
+        return max(j["jct_nominal_us"] for j in jobs)
+    return min(j["busbw_GBps"] for j in jobs)
 
 
 @pytest.mark.root
