@@ -80,7 +80,8 @@ def _recomputed(sc, r: dict) -> float | None:
         median = clean[mid] if len(clean) % 2 else (clean[mid - 1] + clean[mid]) / 2
         return (max(b for _, b in met) - min(a for a, _ in met)) / (len(met) * median)
     edges = [0.0, *at, float("inf")]  # phases: whole iterations of the last span over the first's
-    bw = [[w for a, b, w in spans if a >= lo and b <= hi] for lo, hi in zip(edges, edges[1:], strict=False)]
+    bw = [[w for a, b, w in spans if a >= lo and b <= hi]
+          for lo, hi in zip(edges, edges[1:], strict=False)]  # fmt: skip
     if len(bw) < 2 or len(bw[0]) < 2 or len(bw[-1]) < 2:
         return None
     return (sum(bw[-1]) / len(bw[-1])) / (sum(bw[0]) / len(bw[0]))
