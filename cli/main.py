@@ -797,14 +797,18 @@ def cmd_scenario_run(args) -> int:
             scenario.check_k(sc, rec, res, factor=factor, log=log)
         paths = reports.write_scenario(out_dir, res, rec)
     s = res["summary"]
-    print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['unit']}")
+    bound = reports.plane_bound(res, rec)
+    print(f"scenario {sc.name}{' (short form)' if sc.short else ''}: {s['unit']}"
+          + (f" (bound P/(P-1) {bound:.3f})" if bound else ""))  # fmt: skip
     for t, v in s["figures"].items():
         adv = s["ethplus_advantage"].get(t)
         wrong = scenario.wrong(res["transports"][t])
         spread = s["spread"].get(t)
+        stalled = reports.stalled_text(res["transports"][t])
         print(
-            f"  {t:12s} {'stalled or failed' if v is None else f'{v:.3f}'}"
+            f"  {t:12s} {reports.figure_text(res['transports'][t], v)}"
             + (f" (iterations {spread[0]:.3f}-{spread[1]:.3f})" if spread else "")
+            + (f"   stalled {stalled} us nominal" if stalled != "-" else "")
             + (f"   {s['reference']}'s advantage {adv:.2f}x" if adv else "")
             + f"   #wrong {wrong}"
             + ("   (fell behind: rerun at a larger time scale)" if t in s["fell_behind"] else "")

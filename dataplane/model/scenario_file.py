@@ -41,7 +41,7 @@ class JobSpec:
 
 @dataclass
 class Fault:
-    at_s: float
+    at_us: float  # nominal microseconds after the jobs' timed phase starts
     target: str  # "link" or "node"
     name: str
     words: list[str]
@@ -117,7 +117,7 @@ SHORT_FIELDS = {
     "sizes": SIZES,
     "iters": lf.pos_int(),
     "warmup": lf.nonneg_int(),
-    "time_scale": lf.pos_num(1.0, "fault times are multiplied by this"),
+    "time_scale": lf.pos_num(1.0, "fault times (at_us) are multiplied by this"),
 }
 JOB_FIELDS = {
     "name": lf.text(),
@@ -138,12 +138,18 @@ JOB_FIELDS = {
 }
 FAULT_SET = changes.CHANGES
 FAULT_FIELDS = {
-    "at_s": lf.nonneg_num(lf.REQUIRED, "seconds (real) after the jobs' timed phase starts"),
+    "at_us": lf.nonneg_num(
+        lf.REQUIRED, "microseconds of nominal time after the jobs' timed phase starts"
+    ),
     "link": lf.text(),
     "node": lf.text(),
     "set": lf.Field(FAULT_SET, lambda v: isinstance(v, str), lf.REQUIRED),
-    "jitter_s": lf.nonneg_num(0.0, "a seeded offset in [0, jitter_s)"),
+    "jitter_us": lf.nonneg_num(0.0, "a seeded offset in [0, jitter_us) nominal us"),
 }
+# Faults were once planned in real seconds (at_s), which met each transport
+# at another point of its job, and moved with k: such a file is refused,
+# saying how to convert.
+REAL_TIME_KEYS = {"at_s": "at_us", "jitter_s": "jitter_us"}
 
 
 def _scenario_fields() -> dict[str, lf.Field]:
@@ -214,7 +220,7 @@ def load(name_or_path: str, short: bool = False) -> Scenario:
         alone=sc["alone"],
         metric=sc["metric"],
         jobs=jobs,
-        faults=sorted(fl, key=lambda f: f.at_s),
+        faults=sorted(fl, key=lambda f: f.at_us),
         short=short,
     )
 
@@ -256,6 +262,15 @@ def _job(path: str, i: int, j, overrides: dict) -> JobSpec:
 
 def _fault(path: str, i: int, f, scale: float, rng: random.Random) -> Fault:
     where = f"fault[{i}]"
+    for old, new in REAL_TIME_KEYS.items():
+        if isinstance(f, dict) and old in f:
+            raise LabFileError(
+                path, f"{where}.{old}",
+                f"{new}: faults are planned in nominal time now, in microseconds after the"
+                f" timed phase starts ({old} was real seconds: at time scale k, {old} = S is"
+                f" {new} = S * 1e6 / k; at k 19200, {old} = 3 is {new} = 156)",
+                f[old],
+            )  # fmt: skip
     v = lf.read_table(path, f, where, FAULT_FIELDS)
     if (v["link"] is None) == (v["node"] is None):
         raise _err(path, where, 'exactly one of link = "..." or node = "..."')
@@ -270,7 +285,7 @@ def _fault(path: str, i: int, f, scale: float, rng: random.Random) -> Fault:
     elif words not in ("up", "down"):
         raise _err(path, f"{where}.set", "up or down (a switch)", words)
     return Fault(
-        at_s=(v["at_s"] + rng.random() * v["jitter_s"]) * scale,
+        at_us=(v["at_us"] + rng.random() * v["jitter_us"]) * scale,
         target=target,
         name=v[target],
         words=words.split(),

@@ -20,6 +20,7 @@ from dataplane.model import (
     catalog,  # noqa: E402
     scenario_file,  # noqa: E402
 )
+from dataplane.report import timeline
 from dataplane.report.fidelity import K_CHECK_FACTOR, K_MOVED_MAX, cpu_text, k_text, kernel_tcp_text
 from dataplane.scale import Scale
 from dataplane.units import rate_text, size_text  # noqa: E402
@@ -385,17 +386,33 @@ def scenario_markdown(result: dict, rec: dict) -> str:
     ]
     unit = scenario_file.METRIC_UNITS[s["metric"]]
     spread = s.get("spread", {})
+    bound = plane_bound(result, rec)
     rows = [
         [
             t,
-            "stalled or failed" if v is None else f"{v:.3f}",
+            figure_text(result["transports"].get(t, {}), v),
             f"{spread[t][0]:.3f}-{spread[t][1]:.3f}" if spread.get(t) else "-",
+            stalled_text(result["transports"].get(t, {})),
+            *([f"{bound:.3f}"] if bound else []),
             f"{s['ethplus_advantage'][t]:.2f}x" if t in s["ethplus_advantage"] else "-",
         ]
         for t, v in s["figures"].items()
     ]
     ref = s.get("reference") or "ethplus"
-    lines += _md_table(["transport", unit, "iterations' range", f"{ref}'s advantage"], rows)
+    lines += _md_table(
+        ["transport", unit, "iterations' range", "stalled (nominal us)",
+         *(["bound P/(P-1)"] if bound else []), f"{ref}'s advantage"],
+        rows,
+    )  # fmt: skip
+    if s["metric"] == "slowdown" and not result.get("alone"):
+        lines += [
+            "",
+            "Slowdown: the nominal time the iterations that met the fault window (from the"
+            " first fault to the next, its restore) took, first start to last end, against as"
+            " many clean iterations (the median of those wholly outside the window); an"
+            " iteration that straddles the window counts whole. Stalled: the time iterations"
+            f" over {timeline.STALL_FACTOR:g}x the job's median took beyond the median.",
+        ]
     lines += [
         "",
         "The range is the figure had every timed iteration been the job's best, or its"
@@ -417,12 +434,11 @@ def scenario_markdown(result: dict, rec: dict) -> str:
             " figures are partly the machine's; rerun at a larger time scale.",
             "",
         ]
-    planes = sorted({n.get("plane") for n in rec["topology"]["nodes"]
-                     if n["role"] == "switch" and n.get("plane") is not None})  # fmt: skip
-    if s["metric"] == "slowdown" and result["planned_faults"] and len(planes) > 1:
-        p = len(planes)
+    if bound:
+        p = round(bound / (bound - 1))
         lines += [f"With one of its {p} planes gone, the best a transport can do is"
-                  f" P/(P-1) = {p / (p - 1):.2f} of its time per iteration.", ""]  # fmt: skip
+                  f" P/(P-1) = {p}/{p - 1} = {bound:.2f} of its time per iteration.",
+                  ""]  # fmt: skip
     for tname, r in result["transports"].items():
         lines += [f"## {r['label']}", ""]
         if r.get("k_range"):
@@ -463,10 +479,13 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         for jname, j in r["jobs"].items():
             if len(j.get("phases", [])) > 1:
                 lines.append(
-                    f"Phases of {jname}: "
+                    f"Phases of {jname} (busbw of the iterations wholly inside each): "
                     + "; ".join(
-                        f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations,"
-                        f" the longest {_nominal_us(p, 'longest_iteration', k)} nominal)"
+                        (f"{p['phase']}: {p['busbw_GBps']:.2f} GB/s ({p['iterations']} iterations"
+                         if p["busbw_GBps"] is not None else
+                         f"{p['phase']}: too few whole iterations to tell ({p['iterations']}"
+                         f" whole, {p['met']} met it")
+                        + f", the longest {_nominal_us(p, 'longest_iteration', k)} nominal)"
                         for p in j["phases"]
                     )
                     + "."
@@ -474,11 +493,12 @@ def scenario_markdown(result: dict, rec: dict) -> str:
         if r["faults_applied"]:
             lines += [
                 "",
-                "Faults applied (after the timed phase began; the scenario plans them in real"
-                " seconds: planned, actual, and actual in nominal time): "
+                "Faults applied (nominal time after the timed phase began, on the fabric's"
+                " clock: planned, and when it took effect; real seconds for reference): "
                 + "; ".join(
-                    f"{f['name']} {f['set']} at {f['planned_s']:.2f} s ({f['at_s']:.3f} s real,"
-                    f" {f.get('late_s', 0.0) * 1e3:.0f} ms late; {_nominal_us(f, 'at', k)} nominal)"
+                    f"{f['name']} {f['set']} at {f['planned_us']:.1f} us"
+                    f" ({f['at_nominal_us']:.1f} us, {f['late_us']:.1f} us late;"
+                    f" {f['at_s']:.3f} s real)"
                     for f in r["faults_applied"]
                 )
                 + ".",
@@ -558,22 +578,90 @@ def scenario_k_check_lines(result: dict) -> list[str]:
     return out
 
 
-def _stall_lines(r: dict, k: float) -> list[str]:
-    """Whether each job stalled (iteration times nominal: k, the time
-    scale), and the deepest queues sampled."""
-    out = []
+def plane_bound(result: dict, rec: dict) -> float | None:
+    """P/(P-1), the best slowdown a transport can have with one of P planes
+    gone: for a scenario that takes a plane's switch down, else None."""
+    planes = {n["name"]: n.get("plane") for n in rec["topology"]["nodes"]
+              if n["role"] == "switch" and n.get("plane") is not None}  # fmt: skip
+    p = len(set(planes.values()))
+    down = any(f.get("target") == "node" and f.get("name") in planes and f.get("words") == ["down"]
+               for f in result.get("planned_faults", []))  # fmt: skip
+    return p / (p - 1) if down and p > 1 else None
 
+
+def figure_text(r: dict, v: float | None) -> str:
+    """A headline figure, or why there is none."""
+    if v is not None:
+        return f"{v:.3f}"
+    whys = [j.get("fault_slowdown", {}).get("why") for j in r.get("jobs", {}).values()]
+    why = next((w for w in whys if w), None)
+    return f"none: {why}" if why else "stalled or failed"
+
+
+def stalled_text(r: dict) -> str:
+    """The longest a transport's jobs stalled (nominal us), or '-'."""
+    st = [j.get("stalled_nominal_us") or 0.0 for j in r.get("jobs", {}).values()]
+    return f"{max(st):.1f}" if st and max(st) > 0 else "-"
+
+
+STALL_COUNTERS = (  # what a job's counters say about a stall: (key, words)
+    ("retx_timeout", "NIC retransmit timeouts"),
+    ("tx_rnrs", "receiver-not-ready answers"),
+    ("peer_resets", "peer restarts"),
+)
+
+
+def stall_counters(res: dict) -> str:
+    """A job's run in counters that explain a stall: the transport's
+    timeouts (the NIC's, or kernel TCP's), and the switches' drops by reason
+    and pauses (fidelity.drops), nonzero only."""
+    said = []
+    nic = res.get("nic_counters") or {}
+    said += [f"{nic[key]} {words}" for key, words in STALL_COUNTERS if nic.get(key)]
+    tcp = (res.get("fidelity") or {}).get("kernel_tcp") or {}
+    if tcp.get("tcp_rtos"):
+        said.append(f"{tcp['tcp_rtos']} kernel TCP retransmit timeouts"
+                    f" ({tcp.get('tcp_rto_time_ms', 0)} ms real in RTO recovery)")  # fmt: skip
+    by_reason: dict[str, int] = {}
+    for counts in ((res.get("fidelity") or {}).get("drops") or {}).values():
+        for why, n in counts.items():
+            by_reason[why] = by_reason.get(why, 0) + n
+    said += [f"{n} {why}" for why, n in sorted(by_reason.items()) if n]
+    return ", ".join(said)
+
+
+def _stall_lines(r: dict, k: float) -> list[str]:
+    """Whether each job stalled (timeline.stalls: an iteration over
+    STALL_FACTOR times the job's median, nominal), what the counters say
+    happened over its run, and the deepest queues sampled."""
+    out = []
     for jname, j in r["jobs"].items():
-        longest = _nominal_us(j, "longest_iteration", k) if "iterations" in j else ""
-        typical = _nominal_us(j, "typical_iteration", k) if "iterations" in j else ""
-        if j.get("stalled_nominal_us", j.get("stalled_s")):
-            out.append(
-                f"**{jname} stalled**: its longest iteration took {longest} against a typical"
-                f" {typical} (nominal)."
+        if j["status"] == "failed" or "iterations" not in j:
+            continue
+        median = j.get("median_iteration_nominal_us")
+        if median is None:
+            if r["faults_applied"]:
+                out.append(f"{jname}: {len(j['iterations'])} timed iteration(s), too few to tell"
+                           " a stall by.")  # fmt: skip
+            continue
+        if j.get("stalls"):
+            each = "; ".join(
+                f"iteration {x['iteration'] + 1} took {x['time_nominal_us']:.1f} us"
+                f" ({x['times_median']:.1f}x), from {x['start_nominal_us']:.1f} us"
+                for x in j["stalls"]
             )
-        elif j["status"] != "failed" and r["faults_applied"]:
             out.append(
-                f"{jname} did not stall (longest iteration {longest}, typical {typical}, nominal)."
+                f"**{jname} stalled** {j['stalled_nominal_us']:.1f} us nominal in all (iterations"
+                f" over {timeline.STALL_FACTOR:g}x its median of {median:.1f} us): {each}."
+            )
+            said = stall_counters(r["results"].get(jname, {}))
+            if said:
+                out.append(f"Over {jname}'s run (counters are the run's, not an iteration's):"
+                           f" {said}.")  # fmt: skip
+        elif r["faults_applied"]:
+            out.append(
+                f"{jname} did not stall (longest iteration"
+                f" {j['longest_iteration_nominal_us']:.1f} us, median {median:.1f} us, nominal)."
             )
     sampled = r["results"].get(next(iter(r["jobs"])), {}).get("series", {})
     deepest = {sw: max(q) for sw, q in sampled.get("queue_bytes", {}).items() if q}

@@ -23,20 +23,25 @@ A scenario file (TOML, in netns-labs/scenarios/):
     iters = 10
     warmup = 1                           # also algo, dtype, op, root, uneven
 
-    [[fault]]                            # at_s: seconds (real) after the jobs'
-    at_s = 5.0                           # timed phase starts
+    [[fault]]                            # at_us: nominal microseconds after
+    at_us = 500.0                        # the jobs' timed phase starts
     node = "plane2"                      # a switch; or link = "h0-plane1"
     set = "down"                         # up, down, loss P, corrupt P, rate R, delay D, jitter J,
                                          # llr on|off
-    jitter_s = 0.0                       # a seeded offset in [0, jitter_s)
+    jitter_us = 0.0                      # a seeded offset in [0, jitter_us)
 
     [short]                              # the CI form: overrides
     sizes = ["1M"]
     iters = 3
     time_scale = 0.3                     # fault times are multiplied by this
 
-Every run is reproducible from the seed: the same data, the same uneven
-sizes, the same fault times (to the scheduler's precision, recorded).
+Faults are planned and applied in nominal time, on the fabric's clock, so
+every transport meets each at the same point of its job whatever k is or
+becomes (the governor may change it mid-run).  Every run is reproducible
+from the seed: the same data, the same uneven sizes, the same fault times
+(to the scheduler's precision, recorded: planned and applied, nominal).
+How the results are read against the faults (slowdown, stalls, phases):
+timeline.py.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from dataplane.model.scenario_file import (  # noqa: F401 - scenario.load and th
     split_run,
     valid_run_name,
 )
-from dataplane.report import fidelity
+from dataplane.report import fidelity, timeline
 from dataplane.run import bench
 from dataplane.run.job import JobError
 from dataplane.scale import Scale
@@ -109,6 +114,9 @@ def _spec(sc: Scenario, j: JobSpec, run_name: str, check_all: bool = False) -> b
     ).validate()
 
 
+FAULT_POLL_S = 0.002  # how often (real) the fault schedule reads the fabric's clock
+
+
 def _run_jobs(
     sc: Scenario,
     rec: dict,
@@ -116,10 +124,9 @@ def _run_jobs(
     jobs: list[JobSpec],
     with_faults: bool,
     log,
-    fault_scale: float = 1.0,
 ) -> dict:
-    """The jobs at once, the fault schedule beside them (its real times x
-    fault_scale); results by job."""
+    """The jobs at once, the fault schedule beside them (at its nominal
+    times, on the fabric's clock); results by job."""
     started = threading.Event()
     t0 = [0.0, None]  # real (monotonic) and nominal (the fabric clock's) seconds
     from dataplane.lab import clock  # the compiled C: a scenario file is read without it
@@ -128,6 +135,14 @@ def _run_jobs(
 
     def stamp() -> tuple[float, float | None]:
         return fabric_clock.now() if fabric_clock else (time.monotonic(), None)
+
+    def nominal_us_since_t0() -> float:
+        """Nominal time since the timed phase started (without a fabric
+        clock, real time over the lab's k)."""
+        real, nominal = stamp()
+        if nominal is not None and t0[1] is not None:
+            return (nominal - t0[1]) * 1e6
+        return Scale.of(rec).nominal_s(real - t0[0]) * 1e6
 
     def progress(name: str) -> None:
         if name == "time-0" and not started.is_set():
@@ -161,9 +176,11 @@ def _run_jobs(
         if with_faults and sc.faults:
             started.wait()
             for f in sc.faults:
-                due = t0[0] + f.at_s * fault_scale
-                while time.monotonic() < due and any(t.is_alive() for t in threads):
-                    time.sleep(min(0.01, max(0.0, due - time.monotonic())))
+                due_us = f.at_us
+                while (left_us := due_us - nominal_us_since_t0()) > 0 and any(
+                    t.is_alive() for t in threads
+                ):  # a few ms of real time at a time: k may change meanwhile
+                    time.sleep(min(FAULT_POLL_S, Scale.of(rec).real_ns(left_us * 1e3) / 1e9))
                 if not any(t.is_alive() for t in threads):
                     break
                 if f.target == "link":
@@ -172,22 +189,21 @@ def _run_jobs(
                 else:
                     faults.set_node(rec["name"], f.name, f.words[0] == "up")
                     touched[1].add(f.name)
-                at_real, at_nominal = stamp()
-                at = at_real - t0[0]
+                at = stamp()[0] - t0[0]
+                at_us = nominal_us_since_t0()
                 out["faults"].append(
                     {
-                        "planned_s": f.at_s * fault_scale,
-                        "at_s": at,
-                        "late_s": at - f.at_s * fault_scale,
-                        "at_nominal_us": (
-                            (at_nominal - t0[1]) * 1e6 if t0[1] is not None else None
-                        ),
+                        "planned_us": due_us,
+                        "at_nominal_us": at_us,
+                        "late_us": at_us - due_us,
+                        "at_s": at,  # real, this machine's
                         "target": f.target,
                         "name": f.name,
                         "set": " ".join(f.words),
                     }
                 )
-                log(f"# t={at:6.2f} s  {f.target} {f.name} {' '.join(f.words)}")
+                log(f"# t={at_us:9.1f} us nominal ({at:6.2f} s real)  {f.target} {f.name}"
+                    f" {' '.join(f.words)}")  # fmt: skip
         for t in threads:
             t.join()
     finally:
@@ -197,10 +213,10 @@ def _run_jobs(
 
 
 def _iterations(result: dict, t0: float, t0_nominal: float | None = None) -> list[dict]:
-    """Every timed iteration of a job: start and end (real s after t0; and
-    nominal us after t0_nominal, on the fabric clock, if it had one), its
-    nominal time and busbw (from the fabric clock's times of the same
-    iteration)."""
+    """Every timed iteration of a job: start and end (real s after t0, and
+    nominal us after the timed phase's start: on the fabric clock, after
+    t0_nominal, if it had one; else real time over the lab's k), its nominal
+    time and busbw (from the fabric clock's times of the same iteration)."""
     out = []
     world, coll = result["world"], result["collective"]
     scale = Scale.of(result["lab"])
@@ -223,34 +239,26 @@ def _iterations(result: dict, t0: float, t0_nominal: float | None = None) -> lis
                 it["start_nominal_us"] = (nstart - t0_nominal) * 1e6
                 it["end_nominal_us"] = (nends[i] - t0_nominal) * 1e6
                 nstart = nends[i]
+            else:
+                it["start_nominal_us"] = scale.nominal_s(start - t0) * 1e6
+                it["end_nominal_us"] = it["start_nominal_us"] + dt * 1e6
             out.append(it)
             start = end
     return out
 
 
-def _stall(iters: list[dict], applied: list[dict]) -> dict:
-    """Whether a job stalled: an iteration that took over three typical
-    ones (the median before any fault), in nominal time (real time moves
-    with k); it stalled for about the difference.  Real seconds beside."""
-    before = [x for x in iters if not applied or x["end_s"] <= applied[0]["at_s"]]
-    longest_n = max((x["time_nominal_us"] for x in iters), default=0.0)
-    typical_n = _median([x["time_nominal_us"] for x in before])
-    longest = max((x["end_s"] - x["start_s"] for x in iters), default=0.0)
-    typical = _median([x["end_s"] - x["start_s"] for x in before])
-    stalled = bool(typical_n) and longest_n > 3 * typical_n
+def analyse(iters: list[dict], applied: list[dict]) -> dict:
+    """A job's iterations read against the faults applied (timeline.py): the
+    fault window's slowdown, the stalls, the phases between faults."""
+    st = timeline.stalls(iters)
     return {
-        "typical_iteration_nominal_us": typical_n,
-        "longest_iteration_nominal_us": longest_n,
-        "stalled_nominal_us": longest_n - typical_n if stalled else 0.0,
-        "typical_iteration_s": typical,  # real, this machine's
-        "longest_iteration_s": longest,
-        "stalled_s": longest - typical if stalled else 0.0,
+        "fault_slowdown": timeline.slowdown(iters, timeline.fault_window(applied)),
+        "median_iteration_nominal_us": st["median_iteration_us"],
+        "longest_iteration_nominal_us": st["longest_iteration_us"],
+        "stalls": st["stalls"],
+        "stalled_nominal_us": st["stalled_us"],
+        "phases": timeline.phases(iters, applied),
     }
-
-
-def _median(xs: list[float]) -> float:
-    """The upper median (0.0 for none): a typical iteration."""
-    return sorted(xs)[len(xs) // 2] if xs else 0.0
 
 
 def _jct_s(result: dict) -> float:
@@ -264,23 +272,6 @@ def _jct_nominal_s(result: dict) -> float:
     rows = result.get("real_rows", [])
     scale = Scale.of(result["lab"])
     return sum(r["n1"] - r["n0"] if "n1" in r else scale.nominal_s(r["t1"] - r["t0"]) for r in rows)
-
-
-def _phases(iters: list[dict], applied: list[dict]) -> list[dict]:
-    """Mean busbw of the iterations that overlap each span between faults (an
-    iteration stalled across a whole span counts, at its low busbw)."""
-    edges = [0.0] + [f["at_s"] for f in applied] + [float("inf")]
-    names = ["before any fault"] + [f"after {f['name']} {f['set']}" for f in applied]
-    out = []
-    for (a, b), name in zip(zip(edges, edges[1:], strict=False), names, strict=False):
-        over = [x for x in iters if x["start_s"] < b and x["end_s"] > a]
-        mean = sum(x["busbw_GBps"] for x in over) / len(over) if over else 0.0
-        longest = max((x["end_s"] - x["start_s"] for x in over), default=0.0)
-        longest_nominal = max((x["time_nominal_us"] for x in over), default=0.0)
-        out.append({"phase": name, "iterations": len(over), "busbw_GBps": mean,
-                    "longest_iteration_s": longest,  # real
-                    "longest_iteration_nominal_us": longest_nominal})  # fmt: skip
-    return out
 
 
 SCENARIO_TRIALS = 3  # a trial is the whole scenario, without its faults
@@ -322,7 +313,7 @@ def _verdict(res: dict) -> dict:
     }
 
 
-def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool, fault_scale: float):
+def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool):
     """The run that counts, with its faults; on a governed lab (rerun) one
     that fell behind all the same (the machine got busier since the trials)
     runs again once k was raised, up to SCENARIO_TRIALS times, as bench's
@@ -334,7 +325,7 @@ def _counted(sc: Scenario, rec: dict, tname: str, log, rerun: bool, fault_scale:
 
     def attempt() -> dict:
         t0 = time.monotonic()
-        last["res"] = _run_jobs(sc, rec, tname, sc.jobs, True, log, fault_scale)
+        last["res"] = _run_jobs(sc, rec, tname, sc.jobs, True, log)
         last["real_s"] = time.monotonic() - t0
         return _verdict(last["res"])
 
@@ -354,7 +345,6 @@ def _repeated(
     log,
     repeat: int = 1,
     with_trials: bool = True,
-    fault_scale: float = 1.0,
 ) -> dict:
     """The scenario over one transport, repeat times (trials before the
     first run only; each run is redone at a larger k if it fell behind on a
@@ -369,8 +359,7 @@ def _repeated(
     for i in range(repeat):
         if repeat > 1:
             log(f"# {sc.name}: {tname}, run {i + 1} of {repeat}")
-        runs.append(_transport(sc, rec, tname, log, with_trials and i == 0, fault_scale,
-                               rerun=with_trials))  # fmt: skip
+        runs.append(_transport(sc, rec, tname, log, with_trials and i == 0, rerun=with_trials))
     if repeat == 1:
         return runs[0]
     figs = [_figure(sc, tname, r) for r in runs]
@@ -425,17 +414,16 @@ def _transport(
     tname: str,
     log,
     with_trials: bool = True,
-    fault_scale: float = 1.0,
     rerun: bool | None = None,
 ) -> dict:
     """The scenario over one transport: trials on a governed lab (with_trials),
-    then the run that counts, with its faults (their times x fault_scale),
-    run again at a larger k if it fell behind (rerun; default with_trials)."""
+    then the run that counts, with its faults, run again at a larger k if
+    it fell behind (rerun; default with_trials)."""
     label = bench.transport_label(*split_run(tname))
     log(f"# {sc.name}: {label}")
     trials = _trials(sc, rec, tname, log) if with_trials else []
     rerun = with_trials if rerun is None else rerun
-    res, real_s, reruns = _counted(sc, rec, tname, log, rerun, fault_scale)
+    res, real_s, reruns = _counted(sc, rec, tname, log, rerun)
     alone = {}
     if sc.alone:
         for j in sc.jobs:
@@ -463,9 +451,8 @@ def _transport(
             "busbw_GBps": r["rows"][-1]["busbw_GBps"],
             "busbw_range_GBps": r["rows"][-1]["busbw_range_GBps"],
             "iterations": iters,
-            "phases": _phases(iters, res["faults"]),
             "slowdown_vs_alone": (_jct_nominal_s(r) / alone[j.name] if alone.get(j.name) else None),
-            **_stall(iters, res["faults"]),
+            **analyse(iters, res["faults"]),
         }
     sampled = res["jobs"].get(sc.jobs[0].name)
     return {
@@ -531,8 +518,7 @@ def check_k(
     """Run each of out's transports again with k pinned at factor x the
     highest k any of them ran at (at most k_max; kernel TCP at most at 0.9
     of the k where the kernel's RTO cap would cut the lab's minimum RTO),
-    without trials, the faults at the same nominal times (their real times
-    x the pinned k over the highest), as many times as the run did (or
+    without trials, the faults at the same nominal times, as many times as the run did (or
     repeat; the medians), and compare each headline figure.
     Sets and returns out["k_check"]; the lab's time scale is as before
     after (governed again if it was)."""
@@ -562,7 +548,7 @@ def check_k(
             labs.control(rec["name"], {"op": "scale", "k": k})
             if k != factor * k_top and not note:
                 note = f"pinned at {k / k_top:.2f}x the highest k (at most k={k_max:g})"
-            again = _repeated(sc, rec, tname, log, repeat, False, k / k_top)
+            again = _repeated(sc, rec, tname, log, repeat, False)
             pinned[tname] = again
             check["transports"][tname] = _compared(sc, tname, r, again, ranges[tname], k, note)
     finally:
@@ -621,11 +607,11 @@ def summary(sc: Scenario, out: dict) -> dict:
                 if sc.alone
                 else _fault_slowdown(jobs[0])
             )
-        else:  # phases: the last phase's busbw against the first's
+        else:  # phases: the last phase's busbw against the first's (None: too few iterations)
             ph = jobs[0]["phases"]
             fig[t] = (
                 ph[-1]["busbw_GBps"] / ph[0]["busbw_GBps"]
-                if len(ph) > 1 and ph[0]["busbw_GBps"]
+                if len(ph) > 1 and ph[0]["busbw_GBps"] and ph[-1]["busbw_GBps"] is not None
                 else None
             )
         if r.get("repeats"):  # several runs: their median (_repeated)
@@ -675,8 +661,6 @@ def reference_run(names: list[str]) -> str | None:
 
 
 def _fault_slowdown(job: dict) -> float | None:
-    """Busbw before the first fault over busbw while it lasted (its phase)."""
-    ph = job["phases"]
-    if len(ph) < 2 or not ph[1]["busbw_GBps"]:
-        return None
-    return ph[0]["busbw_GBps"] / ph[1]["busbw_GBps"]
+    """The fault window's slowdown (timeline.slowdown); None when it cannot
+    be told (the job's record says why)."""
+    return job.get("fault_slowdown", {}).get("slowdown")
