@@ -593,7 +593,14 @@ def figure_text(r: dict, v: float | None) -> str:
     """A headline figure, or why there is none."""
     if v is not None:
         return f"{v:.3f}"
-    whys = [j.get("fault_slowdown", {}).get("why") for j in r.get("jobs", {}).values()]
+    whys = []
+    for j in r.get("jobs", {}).values():
+        whys.append(j.get("fault_slowdown", {}).get("why"))
+        ph = j.get("phases", [])
+        for p in (ph[0], ph[-1]) if len(ph) > 1 else ():  # what the phases metric compares
+            if p["busbw_GBps"] is None:
+                whys.append(f"{p['phase']}: {p['iterations']} whole iteration(s), fewer than"
+                            f" {timeline.MIN_CLEAN}")  # fmt: skip
     why = next((w for w in whys if w), None)
     return f"none: {why}" if why else "stalled or failed"
 
