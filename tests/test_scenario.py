@@ -463,6 +463,8 @@ def test_a_stall_across_the_whole_fault_window_is_the_slowdown_not_a_phase_again
     short = _timeline([2000.0, 85.0])
     fs = sc_mod.analyse(short, faults)["fault_slowdown"]
     assert fs["slowdown"] is None and "fewer than 2" in fs["why"]
+    said = reports.figure_text({"jobs": {"allreduce": sc_mod.analyse(short, faults)}}, None)
+    assert said.startswith("none: ") and "fewer than 2" in said, said
 
 
 def test_a_counted_run_that_fell_behind_runs_again_at_a_larger_k(monkeypatch):
