@@ -462,8 +462,11 @@ def test_a_command_in_a_lab_waits_the_kernels_largest_rto_before_a_syn_goes_agai
     )  # fmt: skip
     assert outside.stdout.split()[1] == "1000000", outside.stdout
     assert cg.is_dir()
+    from dataplane.lab import cgroup
+
     ethplus("lab", "down", lab_name, check=True)
-    assert not cg.exists()
+    # its processes' job cgroups (below this process's own) go with it
+    assert not cg.exists() and not list(Path(cgroup.own_path()).glob(f"ethp-{lab_name}.job*"))
 
 
 def test_a_command_in_a_lab_stays_inside_its_callers_cgroup(lab_name, tmp_path):

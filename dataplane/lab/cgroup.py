@@ -168,9 +168,24 @@ def _populated(path: str) -> bool:
 
 
 def remove(name: str) -> None:
-    """Kill what is left in lab name's cgroup and remove it."""
+    """Kill what is left in lab name's cgroup and remove it, and so the job
+    cgroups of its processes below this process's own cgroup (those below
+    another caller's go when the next job cgroup beside them is made)."""
     path = lab_path(name)
-    if path is None or not os.path.isdir(path):
+    here = own_path()
+    if path is None:
+        return
+    jobs = []
+    if here is not None and os.path.isdir(here):
+        mark = f"{PREFIX}{name}{JOB_MARK}"
+        jobs = [e.path for e in os.scandir(here)
+                if e.name.startswith(mark) and e.name[len(mark):].isdigit()]  # fmt: skip
+    for p in (*jobs, path):
+        _kill_and_remove(p)
+
+
+def _kill_and_remove(path: str) -> None:
+    if not os.path.isdir(path):
         return
     pids = _pids(path)
     if pids:
