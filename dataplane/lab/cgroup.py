@@ -24,7 +24,8 @@ caller's, with whatever memory and CPU limits it set: a systemd unit, a
 container, a batch job's allocation): each makes one of its own below it,
 ``ethp-<lab>.job<pid>``, attaches the program there and moves in (`join`).
 So a lab's processes stay within their caller's limits.  A job cgroup is
-removed once its process is gone by the next one made beside it; the
+removed once its process is gone by the next one made beside it, or by
+`lab down` (those below its own cgroup, what is left in them killed); the
 lab's own cgroup at the root (made by `lab up`, the proof that this
 machine can attach the program) is removed by `lab down`, which kills
 whatever is still in it.
